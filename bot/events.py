@@ -1,0 +1,130 @@
+"""Typed events: everything that wakes an agent, and the replies it produces.
+
+Adapters build events from platform payloads and deliver replies; they never
+see memory. Each event renders itself as one line of text for the queue.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from memory.types import utc_now
+
+
+def agent_key(platform: str, user_id: str) -> str:
+    """The one persistent agent per (platform, user): e.g. "slack:T01:U02"."""
+    return f"{platform}:{user_id}"
+
+
+def parse_user(spec: str) -> tuple[str, str]:
+    """`--user alice` (a terminal user) or `--user discord:1234` / `slack:T01:U02`."""
+    platform, sep, user_id = spec.partition(":")
+    if not sep:
+        return "terminal", spec
+    if not platform or not user_id:
+        raise ValueError(f"bad user {spec!r}: use NAME or PLATFORM:ID, e.g. discord:1234")
+    return platform, user_id
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M %Z").strip()
+
+
+@dataclass(kw_only=True)
+class Event:
+    platform: str
+    user_id: str
+    created_at: datetime = field(default_factory=utc_now)
+    event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Where replies go, opaque to the runtime (a channel id, a thread ts...).
+    reply_to: dict[str, Any] = field(default_factory=dict)
+    kind = "event"
+
+    @property
+    def agent_key(self) -> str:
+        return agent_key(self.platform, self.user_id)
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class UserMessage(Event):
+    text: str
+    display_name: str = ""
+    channel: str = ""
+    kind = "user_message"
+
+    def render(self) -> str:
+        who = self.display_name or "user"
+        where = f" in {self.channel}" if self.channel else ""
+        return f"[{_stamp(self.created_at)}] {who}{where}: {self.text}"
+
+
+@dataclass(kw_only=True)
+class SystemAlert(Event):
+    text: str
+    kind = "system_alert"
+
+    def render(self) -> str:
+        return f"[{_stamp(self.created_at)}] [system alert] {self.text}"
+
+
+@dataclass(kw_only=True)
+class UserJoined(Event):
+    display_name: str = ""
+    place: str = ""
+    kind = "user_joined"
+
+    def render(self) -> str:
+        who = self.display_name or "The person"
+        return f"[{_stamp(self.created_at)}] [event] {who} joined {self.place or 'a space where you live'}."
+
+
+@dataclass(kw_only=True)
+class FileUploaded(Event):
+    filename: str
+    text: str
+    display_name: str = ""
+    kind = "file_uploaded"
+    # Filled in by the runtime once the text is in archival storage.
+    passages_saved: int = 0
+
+    def render(self) -> str:
+        who = self.display_name or "The person"
+        return (
+            f"[{_stamp(self.created_at)}] [event] {who} uploaded the file {self.filename!r}; "
+            f"its text was saved to archival storage as {self.passages_saved} passages "
+            "(search it with archival_memory_search)."
+        )
+
+
+@dataclass(kw_only=True)
+class ScheduledTick(Event):
+    reason: str
+    local_time: str = ""
+    since_last_conversation: str = ""
+    kind = "scheduled_tick"
+
+    def render(self) -> str:
+        parts = [f"[{_stamp(self.created_at)}] [scheduled tick] {self.reason}."]
+        if self.local_time:
+            parts.append(f"Their local time: {self.local_time}.")
+        if self.since_last_conversation:
+            parts.append(f"Last conversation: {self.since_last_conversation} ago.")
+        parts.append("Message them with send_message only if it is worth it; silence is fine.")
+        return " ".join(parts)
+
+
+@dataclass(slots=True)
+class Reply:
+    """A text the agent sent with send_message, addressed like its event."""
+
+    text: str
+    platform: str
+    user_id: str
+    reply_to: dict[str, Any]
+    event_id: str

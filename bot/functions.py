@@ -1,0 +1,169 @@
+"""The functions the model may call: their schemas, validation and dispatch.
+
+Names and arguments are a contract (see the agent core issue). Schemas are
+written tersely because they are sent with every request. Anything wrong with
+a call (bad JSON, unknown name, arguments that fail the schema, an edit that
+cannot be done) becomes a `FunctionError`, whose text goes back to the model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from jsonschema import Draft202012Validator
+
+if TYPE_CHECKING:
+    from bot.agent import Agent
+
+HEARTBEAT = {"type": "boolean", "description": "true: run again right after this returns."}
+PAGE = {"type": "integer", "minimum": 0, "description": "Result page, 0 first."}
+
+
+def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": required},
+        },
+    }
+
+
+BLOCK_NAME = {"type": "string", "description": "Block: persona or human."}
+
+CORE_SCHEMAS: list[dict[str, Any]] = [
+    _function(
+        "send_message",
+        "Send a message to the person. The only way they see anything you write.",
+        {"message": {"type": "string", "description": "Text, in the person's language."}},
+        ["message"],
+    ),
+    _function(
+        "core_memory_append",
+        "Append a line to a working context block.",
+        {"name": BLOCK_NAME, "content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
+        ["name", "content", "request_heartbeat"],
+    ),
+    _function(
+        "core_memory_replace",
+        "Replace exact text in a working context block; empty new_content deletes it.",
+        {
+            "name": BLOCK_NAME,
+            "old_content": {"type": "string", "description": "Exact text to replace."},
+            "new_content": {"type": "string"},
+            "request_heartbeat": HEARTBEAT,
+        },
+        ["name", "old_content", "new_content", "request_heartbeat"],
+    ),
+    _function(
+        "conversation_search",
+        "Search all past messages (recall storage) by words, most relevant first.",
+        {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
+        ["query", "request_heartbeat"],
+    ),
+    _function(
+        "conversation_search_date",
+        "List past messages between two dates, oldest first.",
+        {
+            "start_date": {"type": "string", "description": "YYYY-MM-DD (or ISO time), inclusive."},
+            "end_date": {"type": "string", "description": "YYYY-MM-DD (or ISO time), inclusive."},
+            "page": PAGE,
+            "request_heartbeat": HEARTBEAT,
+        },
+        ["start_date", "end_date", "request_heartbeat"],
+    ),
+    _function(
+        "archival_memory_insert",
+        "Save a passage to archival storage (long-term, searchable by meaning). Self-contained text.",
+        {"content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
+        ["content", "request_heartbeat"],
+    ),
+    _function(
+        "archival_memory_search",
+        "Search archival storage by meaning, best first.",
+        {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
+        ["query", "request_heartbeat"],
+    ),
+]
+
+
+class FunctionError(Exception):
+    """A call the model made that failed; the message is shown to the model."""
+
+
+@dataclass(slots=True)
+class FunctionOutcome:
+    name: str
+    ok: bool
+    result: str
+    heartbeat: bool
+
+
+Implementation = Callable[["Agent", dict[str, Any]], Awaitable[str]]
+
+
+class FunctionSet:
+    """Schemas plus implementations; validates and runs one call at a time."""
+
+    def __init__(self) -> None:
+        self.schemas: list[dict[str, Any]] = []
+        self._validators: dict[str, Draft202012Validator] = {}
+        self._implementations: dict[str, Implementation] = {}
+
+    def register(self, schema: dict[str, Any], implementation: Implementation) -> None:
+        name = schema["function"]["name"]
+        strict = dict(schema["function"]["parameters"], additionalProperties=False)
+        self.schemas.append(schema)
+        self._validators[name] = Draft202012Validator(strict)
+        self._implementations[name] = implementation
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._implementations)
+
+    def parse(self, name: str, raw_arguments: str) -> dict[str, Any]:
+        if name not in self._implementations:
+            raise FunctionError(f"Unknown function {name!r}. Available: {', '.join(self.names)}.")
+        try:
+            arguments = json.loads(raw_arguments) if raw_arguments.strip() else {}
+        except json.JSONDecodeError as error:
+            raise FunctionError(f"Arguments of {name} are not valid JSON ({error.msg} at {error.pos}).") from None
+        if not isinstance(arguments, dict):
+            raise FunctionError(f"Arguments of {name} must be a JSON object.")
+        arguments = _coerce_scalars(arguments)
+        errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
+        if errors:
+            details = "; ".join(_describe(error) for error in errors[:5])
+            raise FunctionError(f"Invalid arguments for {name}: {details}.")
+        return arguments
+
+    async def run(self, agent: Agent, name: str, raw_arguments: str) -> FunctionOutcome:
+        try:
+            arguments = self.parse(name, raw_arguments)
+            result = await self._implementations[name](agent, arguments)
+        except FunctionError as error:
+            return FunctionOutcome(name, ok=False, result=str(error), heartbeat=True)
+        return FunctionOutcome(name, ok=True, result=result, heartbeat=bool(arguments.get("request_heartbeat")))
+
+
+def _coerce_scalars(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Accept the near-misses small models often send ("true", "2")."""
+    fixed = dict(arguments)
+    value = fixed.get("request_heartbeat")
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        fixed["request_heartbeat"] = value.strip().lower() == "true"
+    page = fixed.get("page")
+    if isinstance(page, str) and page.strip().isdigit():
+        fixed["page"] = int(page.strip())
+    return fixed
+
+
+def _describe(error: Any) -> str:
+    where = ".".join(str(part) for part in error.path)
+    if error.validator == "additionalProperties":
+        return error.message.replace("Additional properties are not allowed", "unexpected argument(s)")
+    return f"{where}: {error.message}" if where else error.message

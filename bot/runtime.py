@@ -1,0 +1,198 @@
+"""The runtime: maps each (platform, user) to one persistent agent and runs
+its events one at a time, in arrival order; different agents run concurrently.
+
+This is the API adapters call: `await runtime.handle(event) -> list[Reply]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bot.agent import Agent, AgentServices, EventResult
+from bot.config import Settings
+from bot.core_functions import build_core_functions
+from bot.events import Event, FileUploaded, Reply
+from bot.llm import LLMClient
+from bot.prompts import SYSTEM_INSTRUCTIONS
+from memory.archival import ArchivalMemory
+from memory.chunking import chunk_text
+from memory.embeddings import Embedder
+from memory.sqlite_store import SQLiteStore
+from memory.store import Store
+from memory.tokens import TokenCounter, load_encoder
+from memory.types import Message, Passage, utc_now
+from memory.working_context import default_blocks
+
+log = logging.getLogger(__name__)
+
+
+def default_store(settings: Settings) -> Store:
+    return SQLiteStore(Path(settings.data_dir) / "memgpt.sqlite3")
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        llm: LLMClient,
+        embedder: Embedder,
+        counter: TokenCounter | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.embedder = embedder
+        self.archival = ArchivalMemory(store, embedder)
+        counter = counter or TokenCounter(load_encoder(settings.model, settings.fallback_encoding))
+        self.services = AgentServices(
+            store=store,
+            archival=self.archival,
+            llm=llm,
+            counter=counter,
+            functions=build_core_functions(),
+            instructions=SYSTEM_INSTRUCTIONS,
+            context_window=settings.context_window,
+            warning_threshold=settings.warning_threshold,
+            flush_threshold=settings.flush_threshold,
+            evict_fraction=settings.evict_fraction,
+            response_reserve=settings.response_reserve,
+            max_steps=settings.max_steps_per_event,
+            search_page_size=settings.search_page_size,
+        )
+        self._agents: dict[str, Agent] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    async def create(
+        cls,
+        settings: Settings,
+        *,
+        store: Store | None = None,
+        llm: LLMClient | None = None,
+        embedder: Embedder | None = None,
+    ) -> Runtime:
+        store = store or default_store(settings)
+        await store.open()
+        llm = llm or LLMClient(
+            settings.model,
+            api_key=settings.openai_api_key,
+            base_url=settings.openai_base_url,
+            timeout=settings.llm_timeout,
+            max_retries=settings.llm_max_retries,
+        )
+        return cls(settings, store, llm, embedder or Embedder(settings.embedding_model))
+
+    # -- the adapters' API -------------------------------------------------
+    async def handle(self, event: Event) -> list[Reply]:
+        return (await self.handle_with_details(event)).replies
+
+    async def handle_with_details(self, event: Event) -> EventResult:
+        key = event.agent_key
+        # The lock is taken before any await, so events keep their arrival order.
+        async with self._lock(key):
+            agent = await self._agent(key)
+            if isinstance(event, FileUploaded):
+                event.passages_saved = await self._save_upload(agent, event)
+            return await agent.handle(event)
+
+    # -- agents ------------------------------------------------------------
+    def _lock(self, key: str) -> asyncio.Lock:
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = asyncio.Lock()
+        return lock
+
+    async def _agent(self, key: str) -> Agent:
+        agent = self._agents.get(key)
+        if agent is None:
+            blocks = default_blocks(self.settings.persona_limit, self.settings.human_limit)
+            agent = self._agents[key] = await Agent.load(key, blocks, self.services)
+        return agent
+
+    async def agent(self, key: str) -> Agent:
+        async with self._lock(key):
+            return await self._agent(key)
+
+    async def _save_upload(self, agent: Agent, event: FileUploaded) -> int:
+        chunks = chunk_text(event.text, self.services.counter)
+        passages = [
+            Passage(text=chunk.text, source=event.filename, position=chunk.position) for chunk in chunks
+        ]
+        if passages:
+            await self.archival.insert(agent.id, passages)
+            agent.archival_count += len(passages)
+        return len(passages)
+
+    # -- admin and data rights ---------------------------------------------
+    async def forget(self, key: str) -> bool:
+        """Delete everything held on this user. Returns whether there was anything."""
+        async with self._lock(key):
+            record = await self.store.find_agent(key)
+            self._agents.pop(key, None)
+            if record is None:
+                return False
+            self.archival.forget(record.id)
+            await self.store.delete_agent(record.id)
+            return True
+
+    async def export(self, key: str) -> dict[str, Any] | None:
+        async with self._lock(key):
+            record = await self.store.find_agent(key)
+            if record is None:
+                return None
+            await self.archival.settle(record.id)
+            blocks = await self.store.load_blocks(record.id)
+            messages = await self.store.messages_since(record.id, 0)
+            count = await self.store.count_passages(record.id)
+            passages = await self.store.list_passages(record.id, count, 0) if count else []
+        return {
+            "user": key,
+            "agent_id": record.id,
+            "created_at": record.created_at.isoformat(),
+            "working_context": {b.label: {"value": b.value, "limit": b.limit} for b in blocks},
+            "summary": record.summary,
+            "messages": [
+                {
+                    "seq": m.seq,
+                    "role": m.role,
+                    "content": m.content,
+                    "tool_calls": m.tool_calls,
+                    "tool_call_id": m.tool_call_id,
+                    "created_at": m.created_at.isoformat(),
+                }
+                for m in messages
+            ],
+            "passages": [
+                {"id": p.id, "text": p.text, "source": p.source, "position": p.position,
+                 "created_at": p.created_at.isoformat()}
+                for p in passages
+            ],
+        }
+
+    async def import_history(self, key: str, messages: Iterable[Message]) -> int:
+        """Load past conversation into recall storage (not into the queue)."""
+        batch = list(messages)
+        async with self._lock(key):
+            agent = await self._agent(key)
+            await self.store.append_messages(agent.id, batch)
+            agent.recall_count += len(batch)
+            # Imported history is older than anything live: it belongs in recall
+            # storage, not in the queue, so the queue restarts after it.
+            if batch:
+                start = batch[-1].seq + 1
+                await self.store.update_queue(agent.id, agent.record.summary, start, utc_now())
+                agent.record.queue_start_seq = start
+                agent.queue.load(agent.record.summary, [], agent.working_context.render())
+            return len(batch)
+
+    async def close(self, *, close_embedder: bool = True) -> None:
+        await self.archival.settle_all()
+        await self.llm.close()
+        if close_embedder:
+            await self.embedder.close()
+        await self.store.close()

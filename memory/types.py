@@ -1,0 +1,99 @@
+"""Plain data records shared by the memory layer and its storage backends."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class Message:
+    """One item of recall storage, in OpenAI chat shape.
+
+    `seq` is assigned by the store on append (1, 2, 3 ... per agent) and is the
+    total order of an agent's history: the FIFO queue is always a suffix of it.
+    `name` is internal (the kind of event or the function called) and is not sent
+    to the model: several OpenAI-compatible servers reject it.
+    """
+
+    role: Role
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+    name: str | None = None
+    created_at: datetime = field(default_factory=utc_now)
+    seq: int = 0
+
+    def to_openai(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            payload["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            payload["tool_call_id"] = self.tool_call_id
+        return payload
+
+    def searchable_text(self) -> str:
+        """Text that recall search indexes: the content plus any call arguments."""
+        parts = [self.content or ""]
+        for call in self.tool_calls or []:
+            function = call.get("function", {})
+            parts.append(f"{function.get('name', '')} {function.get('arguments', '')}")
+        return "\n".join(part for part in parts if part)
+
+    def tool_calls_json(self) -> str | None:
+        return json.dumps(self.tool_calls) if self.tool_calls else None
+
+
+@dataclass(slots=True)
+class Block:
+    """A labelled, size-limited piece of working context (e.g. persona, human)."""
+
+    label: str
+    value: str
+    limit: int
+    updated_at: datetime = field(default_factory=utc_now)
+
+
+@dataclass(slots=True)
+class Passage:
+    """An archival storage item. `embedding` is None until computed."""
+
+    text: str
+    id: int = 0
+    source: str | None = None
+    position: str | None = None
+    created_at: datetime = field(default_factory=utc_now)
+    embedding: list[float] | None = None
+
+
+@dataclass(slots=True)
+class AgentRecord:
+    """What the store keeps about an agent besides its messages and passages.
+
+    `queue_start_seq` marks where the FIFO queue starts in the message history;
+    messages before it were evicted and live on only in recall storage and in
+    the recursive `summary`.
+    """
+
+    id: str
+    key: str
+    created_at: datetime = field(default_factory=utc_now)
+    summary: str = ""
+    queue_start_seq: int = 1
+    summary_updated_at: datetime | None = None
+
+
+@dataclass(slots=True)
+class SearchPage:
+    """One page of search results plus the total count, for paging."""
+
+    items: list[Any]
+    total: int

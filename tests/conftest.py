@@ -1,0 +1,89 @@
+"""Shared fixtures: a real local LLM server, real SQLite files, real embeddings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bot.config import Settings  # noqa: E402
+from bot.llm import LLMClient  # noqa: E402
+from bot.runtime import Runtime  # noqa: E402
+from memory.embeddings import Embedder  # noqa: E402
+from memory.sqlite_store import SQLiteStore  # noqa: E402
+from tests.fake_llm import FakeLLMServer, start_fake_llm  # noqa: E402
+
+TEST_MODEL = "test-model"
+
+
+@pytest.fixture(scope="session")
+def llm_server_session() -> Iterator[FakeLLMServer]:
+    server = start_fake_llm()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def llm_server(llm_server_session: FakeLLMServer) -> Iterator[FakeLLMServer]:
+    llm_server_session.reset()
+    yield llm_server_session
+    llm_server_session.reset()
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    # One model per test session; the Embedder re-binds itself to each test's loop.
+    return Embedder()
+
+
+def make_settings(data_dir: Path, **overrides: Any) -> Settings:
+    settings = Settings(
+        openai_api_key="test-key",
+        model=TEST_MODEL,
+        context_window=8_192,
+        data_dir=data_dir,
+        llm_timeout=5.0,
+        llm_max_retries=2,
+        response_reserve=256,
+    )
+    for name, value in overrides.items():
+        setattr(settings, name, value)
+    settings.validate()
+    return settings
+
+
+RuntimeFactory = Callable[..., Awaitable[Runtime]]
+
+
+@pytest.fixture
+async def make_runtime(
+    tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder
+) -> AsyncIterator[RuntimeFactory]:
+    """Build runtimes on a real SQLite file in tmp_path, talking to the local
+    LLM server through the real openai client. Several runtimes may share a
+    data directory (a 'restart')."""
+    created: list[Runtime] = []
+
+    async def factory(data_dir: Path | None = None, **overrides: Any) -> Runtime:
+        settings = make_settings(data_dir or tmp_path / "data", **overrides)
+        llm = LLMClient(
+            settings.model,
+            api_key=settings.openai_api_key,
+            base_url=llm_server.base_url,
+            timeout=settings.llm_timeout,
+            max_retries=settings.llm_max_retries,
+        )
+        store = SQLiteStore(Path(settings.data_dir) / "memgpt.sqlite3")
+        runtime = await Runtime.create(settings, store=store, llm=llm, embedder=embedder)
+        created.append(runtime)
+        return runtime
+
+    yield factory
+    for runtime in created:
+        await runtime.close(close_embedder=False)

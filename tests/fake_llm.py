@@ -1,0 +1,585 @@
+"""A local, scriptable, OpenAI-compatible chat-completions server for the test suite.
+
+Test tool only, never part of the product. Standard library only on the server side.
+
+Usage::
+
+    from tests.fake_llm import fake_llm, reply_text, reply_tool_calls, tool_call
+
+    with fake_llm() as server:
+        server.script(
+            reply_tool_calls(tool_call("send_message", {"message": "hi"})),
+            reply_text("done"),
+        )
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="test")
+        ...
+        assert server.requests[0]["messages"][0]["role"] == "system"
+
+Replies are served from a FIFO queue (``server.script(...)``); when the queue is empty the
+optional fallback ``server.set_handler(fn)`` is called with the parsed request body; when
+neither yields a reply the server answers a loud HTTP 500 (with ``x-should-retry: false`` so
+the openai client does not retry it) saying the script ran out.
+
+Faults (``fault_status``, ``fault_delay``, ``fault_malformed_json``, ``fault_disconnect``) are
+replies too and can be scripted or returned from a handler.
+
+What the real openai client (openai 3.x over httpx2) raises for each fault:
+
+- ``fault_status(429)``                  -> ``openai.RateLimitError`` (retried first)
+- ``fault_status(500)`` / ``(503)``      -> ``openai.InternalServerError`` (retried first)
+- ``fault_status(400)``                  -> ``openai.BadRequestError`` (not retried)
+- ``fault_delay(s)`` with s > timeout    -> ``openai.APITimeoutError`` (retried first)
+- ``fault_malformed_json()``             -> ``json.JSONDecodeError`` (a ``ValueError``; NOT an
+  ``openai.OpenAIError`` and not retried: the body is parsed after the retry loop)
+- ``fault_disconnect()``                 -> ``openai.APIConnectionError`` (retried first)
+
+The client retries 408/409/429/5xx, timeouts and connection errors ``max_retries`` times. To
+keep retries fast, send ``retry-after-ms`` (e.g. ``fault_status(429, headers=RETRY_NOW)``);
+note that ``Retry-After: 0`` does NOT mean "immediately" to the client: it only honours
+values > 0 and otherwise falls back to its 0.5 s+ exponential backoff.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http
+import json
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any, ClassVar
+
+__all__ = [
+    "RETRY_NOW",
+    "CompletionReply",
+    "DelayFault",
+    "DisconnectFault",
+    "FakeLLMServer",
+    "Handler",
+    "MalformedJSONFault",
+    "RecordedRequest",
+    "Reply",
+    "StatusFault",
+    "ToolCall",
+    "fake_llm",
+    "fault_delay",
+    "fault_disconnect",
+    "fault_malformed_json",
+    "fault_status",
+    "reply_text",
+    "reply_tool_calls",
+    "start_fake_llm",
+    "tool_call",
+]
+
+CHAT_PATH = "/v1/chat/completions"
+MODELS_PATH = "/v1/models"
+DEFAULT_MODEL = "fake-model"
+
+# Headers that make the openai client retry after 1 ms instead of its exponential backoff.
+RETRY_NOW: dict[str, str] = {"retry-after-ms": "1"}
+
+JSONDict = dict[str, Any]
+
+
+# --------------------------------------------------------------------------- replies
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call in an assistant message. ``arguments`` is sent verbatim."""
+
+    name: str
+    arguments: str
+    id: str
+
+    def to_json(self) -> JSONDict:
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+class Reply:
+    """Base class of everything the server can answer a chat-completions request with."""
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CompletionReply(Reply):
+    """A successful (HTTP 200) chat.completion with an assistant message."""
+
+    content: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: str = "stop"
+    usage: JSONDict | None = None
+
+    def to_json(self, request: JSONDict) -> JSONDict:
+        message: JSONDict = {
+            "role": "assistant",
+            "content": self.content,
+            "refusal": None,
+            "annotations": [],
+        }
+        if self.tool_calls:
+            message["tool_calls"] = [tc.to_json() for tc in self.tool_calls]
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": str(request.get("model") or DEFAULT_MODEL),
+            "system_fingerprint": "fp_fake_llm",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": message,
+                    "logprobs": None,
+                    "finish_reason": self.finish_reason,
+                }
+            ],
+            "usage": self.usage if self.usage is not None else self._rough_usage(request),
+        }
+
+    def _rough_usage(self, request: JSONDict) -> JSONDict:
+        # Deliberately rough (~4 chars per token); the product must never trust it.
+        prompt = len(json.dumps(request.get("messages", []))) // 4
+        out = len(self.content or "") + sum(len(t.name) + len(t.arguments) for t in self.tool_calls)
+        completion = out // 4 + 1
+        return {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        h.send_json(200, self.to_json(request))
+
+
+@dataclass(frozen=True)
+class StatusFault(Reply):
+    """An HTTP error status with an OpenAI-style error body (or a custom body)."""
+
+    status: int
+    body: JSONDict | str | bytes | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        body = self.body
+        if body is None:
+            body = _error_body(
+                f"fake_llm scripted fault: HTTP {self.status}", _error_type(self.status)
+            )
+        if isinstance(body, dict):
+            h.send_json(self.status, body, self.headers)
+        else:
+            raw = body.encode() if isinstance(body, str) else body
+            headers = {"Content-Type": "text/plain; charset=utf-8", **self.headers}
+            h.send_raw(self.status, raw, headers)
+
+
+@dataclass(frozen=True)
+class DelayFault(Reply):
+    """Sleep ``seconds`` (without blocking other requests), then answer with ``then``."""
+
+    seconds: float
+    then: Reply
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        if h.fake_server.stopping.wait(self.seconds):
+            h.close_connection = True  # server is stopping: drop the request
+            return
+        self.then.respond(h, request)
+
+
+@dataclass(frozen=True)
+class MalformedJSONFault(Reply):
+    """HTTP 200, ``Content-Type: application/json``, but a truncated (invalid) JSON body."""
+
+    body: bytes = b'{"id": "chatcmpl-truncated", "object": "chat.completion", "choices": [{"in'
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        h.send_raw(200, self.body, {"Content-Type": "application/json"})
+
+
+@dataclass(frozen=True)
+class DisconnectFault(Reply):
+    """Close the connection without sending any response."""
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        h.close_connection = True
+        with contextlib.suppress(OSError):
+            h.connection.shutdown(socket.SHUT_RDWR)
+
+
+Handler = Callable[[JSONDict], Reply]
+
+
+def tool_call(name: str, arguments: JSONDict | str, *, call_id: str | None = None) -> ToolCall:
+    """A tool call; a dict is JSON-encoded, a str is sent verbatim (may be malformed JSON)."""
+    args = arguments if isinstance(arguments, str) else json.dumps(arguments)
+    return ToolCall(name=name, arguments=args, id=call_id or f"call_{uuid.uuid4().hex[:24]}")
+
+
+def reply_tool_calls(
+    *calls: ToolCall,
+    content: str | None = None,
+    finish_reason: str = "tool_calls",
+    usage: JSONDict | None = None,
+) -> CompletionReply:
+    """An assistant message carrying one or more tool calls."""
+    if not calls:
+        raise ValueError("reply_tool_calls needs at least one tool_call(...)")
+    return CompletionReply(
+        content=content, tool_calls=tuple(calls), finish_reason=finish_reason, usage=usage
+    )
+
+
+def reply_text(
+    text: str, *, finish_reason: str = "stop", usage: JSONDict | None = None
+) -> CompletionReply:
+    """A plain assistant message with no tool calls."""
+    return CompletionReply(content=text, finish_reason=finish_reason, usage=usage)
+
+
+def fault_status(
+    status: int,
+    body: JSONDict | str | bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> StatusFault:
+    """An HTTP error (e.g. 429, 500, 503). Pass ``headers=RETRY_NOW`` for fast client retries."""
+    return StatusFault(status=status, body=body, headers=dict(headers or {}))
+
+
+def fault_delay(seconds: float, then: Reply | None = None) -> DelayFault:
+    """Sleep, then answer ``then`` (default: ``reply_text("delayed reply")``)."""
+    if then is None:
+        then = reply_text("delayed reply")
+    return DelayFault(seconds=seconds, then=then)
+
+
+def fault_malformed_json() -> MalformedJSONFault:
+    """HTTP 200 whose body is truncated JSON."""
+    return MalformedJSONFault()
+
+
+def fault_disconnect() -> DisconnectFault:
+    """Close the connection without a response."""
+    return DisconnectFault()
+
+
+def _error_type(status: int) -> str:
+    if status == 429:
+        return "rate_limit_exceeded"
+    if status >= 500:
+        return "server_error"
+    return "invalid_request_error"
+
+
+def _error_body(message: str, type_: str, code: str | None = None) -> JSONDict:
+    return {"error": {"message": message, "type": type_, "param": None, "code": code}}
+
+
+# --------------------------------------------------------------------------- server
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    """Everything received for one HTTP request (``body`` is None if it was not JSON)."""
+
+    method: str
+    path: str
+    headers: dict[str, str]
+    raw_body: bytes
+    body: JSONDict | None
+    received_at: float
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "fake-llm/1.0"
+    server: _HTTPServer  # narrowed for type checkers
+
+    @property
+    def fake_server(self) -> FakeLLMServer:
+        return self.server.owner
+
+    def setup(self) -> None:
+        super().setup()
+        # Without TCP_NODELAY, Nagle + delayed ACK add ~40 ms per round trip.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.fake_server._track(self.connection, add=True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.fake_server._track(self.connection, add=False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # keep test output quiet
+
+    # -- writing (always one write: status line + headers + body) --
+
+    def send_raw(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        try:
+            reason = http.HTTPStatus(status).phrase
+        except ValueError:
+            reason = "Unknown"
+        hdrs = {"Content-Type": "application/octet-stream", **(headers or {})}
+        hdrs["Content-Length"] = str(len(body))
+        if self.close_connection:
+            hdrs["Connection"] = "close"
+        head = f"HTTP/1.1 {status} {reason}\r\n"
+        head += f"Server: {self.server_version}\r\nDate: {self.date_time_string()}\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in hdrs.items())
+        try:
+            self.wfile.write(head.encode("latin-1") + b"\r\n" + body)
+        except OSError:  # client went away (e.g. it timed out while we were delaying)
+            self.close_connection = True
+
+    def send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
+        body = json.dumps(obj).encode()
+        self.send_raw(status, body, {"Content-Type": "application/json", **(headers or {})})
+
+    def send_api_error(
+        self, status: int, message: str, *, retry: bool = True, code: str | None = None
+    ) -> None:
+        headers = {} if retry else {"x-should-retry": "false"}
+        self.send_json(status, _error_body(message, _error_type(status), code), headers)
+
+    # -- reading --
+
+    def _read_body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length > 0 else b""
+
+    def _record(self, raw: bytes, body: JSONDict | None) -> None:
+        rec = RecordedRequest(
+            method=self.command,
+            path=self.path,
+            headers={k.lower(): v for k, v in self.headers.items()},
+            raw_body=raw,
+            body=body,
+            received_at=time.time(),
+        )
+        self.fake_server._record(rec)
+
+    # -- routes --
+
+    def do_GET(self) -> None:
+        raw = self._read_body()
+        self._record(raw, None)
+        if self.path.split("?", 1)[0].rstrip("/") == MODELS_PATH:
+            models = [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fake-llm"}
+                for m in (DEFAULT_MODEL, "gpt-4o-mini", "gpt-4o")
+            ]
+            self.send_json(200, {"object": "list", "data": models})
+        else:
+            self.send_api_error(404, f"fake_llm: no route GET {self.path}", retry=False)
+
+    def do_POST(self) -> None:
+        raw = self._read_body()
+        if self.path.split("?", 1)[0].rstrip("/") != CHAT_PATH:
+            self._record(raw, None)
+            self.send_api_error(404, f"fake_llm: no route POST {self.path}", retry=False)
+            return
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise ValueError("request body is not a JSON object")
+        except ValueError as exc:
+            self._record(raw, None)
+            self.send_api_error(400, f"fake_llm: request body is not JSON: {exc}", retry=False)
+            return
+        self._record(raw, body)
+        if body.get("stream"):
+            self.send_api_error(
+                400, "fake_llm: streaming (stream=true) is not supported", retry=False
+            )
+            return
+        try:
+            reply = self.fake_server._next_reply(body)
+        except Exception:
+            self.send_api_error(
+                500, f"fake_llm: handler raised:\n{traceback.format_exc()}", retry=False
+            )
+            return
+        if reply is None:
+            self.send_api_error(
+                500,
+                "fake_llm: script ran out: no scripted reply left and no handler set "
+                f"(request #{len(self.fake_server.requests)})",
+                retry=False,
+                code="fake_llm_script_exhausted",
+            )
+            return
+        reply.respond(self, body)
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64
+
+    def __init__(self, owner: FakeLLMServer) -> None:
+        self.owner = owner
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Connection resets etc. are expected (timeouts, disconnect faults); stay quiet.
+        pass
+
+
+class FakeLLMServer:
+    """A scriptable OpenAI-compatible server on 127.0.0.1 (free port), run in a daemon thread."""
+
+    api_key: ClassVar[str] = "sk-fake-llm"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queue: deque[Reply] = deque()
+        self._handler: Handler | None = None
+        self._conns: set[socket.socket] = set()
+        self.requests: list[JSONDict] = []
+        self.raw_requests: list[RecordedRequest] = []
+        self.stopping = threading.Event()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle --
+
+    def start(self) -> FakeLLMServer:
+        if self._httpd is not None:
+            return self
+        self.stopping.clear()
+        self._httpd = _HTTPServer(self)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"fake-llm:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        httpd, thread = self._httpd, self._thread
+        if httpd is None:
+            return
+        self.stopping.set()  # wakes delayed handlers
+        httpd.shutdown()
+        httpd.server_close()
+        with self._lock:
+            conns = list(self._conns)
+        for conn in conns:  # drop idle keep-alive connections
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+        if thread is not None:
+            thread.join(timeout=5)
+        self._httpd = None
+        self._thread = None
+
+    def __enter__(self) -> FakeLLMServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("FakeLLMServer is not started")
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    # -- scripting --
+
+    def script(self, *replies: Reply) -> FakeLLMServer:
+        """Append replies to the FIFO queue."""
+        for r in replies:
+            if not isinstance(r, Reply):
+                raise TypeError(f"script() takes Reply objects, got {type(r).__name__}")
+        with self._lock:
+            self._queue.extend(replies)
+        return self
+
+    def set_handler(self, fn: Handler | None) -> FakeLLMServer:
+        """Fallback used when the queue is empty (None removes it)."""
+        with self._lock:
+            self._handler = fn
+        return self
+
+    def reset(self) -> None:
+        """Clear the queue, the handler and the recorded requests."""
+        with self._lock:
+            self._queue.clear()
+            self._handler = None
+            self.requests.clear()
+            self.raw_requests.clear()
+
+    @property
+    def pending(self) -> int:
+        """Number of scripted replies not yet served."""
+        with self._lock:
+            return len(self._queue)
+
+    # -- internals used by the request handler --
+
+    def _next_reply(self, request: JSONDict) -> Reply | None:
+        with self._lock:
+            if self._queue:
+                return self._queue.popleft()
+            handler = self._handler
+        if handler is None:
+            return None
+        reply = handler(request)
+        if not isinstance(reply, Reply):
+            raise TypeError(f"handler returned {type(reply).__name__}, expected a Reply")
+        return reply
+
+    def _record(self, rec: RecordedRequest) -> None:
+        with self._lock:
+            self.raw_requests.append(rec)
+            if rec.body is not None and rec.path.split("?", 1)[0].rstrip("/") == CHAT_PATH:
+                self.requests.append(rec.body)
+
+    def _track(self, conn: socket.socket, *, add: bool) -> None:
+        with self._lock:
+            if add:
+                self._conns.add(conn)
+            else:
+                self._conns.discard(conn)
+
+
+def start_fake_llm() -> FakeLLMServer:
+    """Start a new server; the caller must ``stop()`` it."""
+    return FakeLLMServer().start()
+
+
+@contextlib.contextmanager
+def fake_llm() -> Iterator[FakeLLMServer]:
+    """Context manager: a started server, stopped on exit."""
+    server = start_fake_llm()
+    try:
+        yield server
+    finally:
+        server.stop()
