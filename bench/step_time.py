@@ -23,15 +23,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import openai  # noqa: E402
+import openai
 
-from bot.config import Settings  # noqa: E402
-from bot.events import UserMessage  # noqa: E402
-from bot.llm import LLMClient  # noqa: E402
-from bot.runtime import Runtime  # noqa: E402
-from memory.embeddings import Embedder  # noqa: E402
-from memory.sqlite_store import SQLiteStore  # noqa: E402
-from tests.fake_llm import reply_text, reply_tool_calls, start_fake_llm, tool_call  # noqa: E402
+from bot.config import Settings
+from bot.events import UserMessage
+from bot.llm import LLMClient
+from bot.runtime import Runtime
+from memory.embeddings import Embedder
+from memory.sqlite_store import SQLiteStore
+from tests.fake_llm import reply_text, reply_tool_calls, start_fake_llm, tool_call
 
 
 def machine() -> str:

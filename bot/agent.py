@@ -32,8 +32,7 @@ from memory.working_context import WorkingContext
 log = logging.getLogger(__name__)
 
 NO_CALL_NUDGE = (
-    "[system alert] Your last reply called no function, so the person saw nothing. "
-    "Use send_message to answer them."
+    "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
 MAX_FLUSHES_PER_STEP = 3
 
@@ -133,7 +132,9 @@ class Agent:
                 break
             except ContextOverflowError as error:
                 log.error("agent %s: %s", self.id, error)
-                result.trouble = "I'm having trouble: my memory is overfull and I could not make room. An admin has been told."
+                result.trouble = (
+                    "I'm having trouble: my memory is overfull and I could not make room. An admin has been told."
+                )
                 break
             heartbeat = await self._execute(completion)
             if not heartbeat:
@@ -142,13 +143,21 @@ class Agent:
                 result.hit_step_cap = True
                 log.warning(
                     "agent %s: step cap of %d reached for event %s; yielding",
-                    self.id, self.services.max_steps, event.event_id,
+                    self.id,
+                    self.services.max_steps,
+                    event.event_id,
                 )
                 break
         if result.trouble and not self._outbox:
             self._outbox.append(result.trouble)
         result.replies = [
-            Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id)
+            Reply(
+                text=text,
+                platform=event.platform,
+                user_id=event.user_id,
+                reply_to=event.reply_to,
+                event_id=event.event_id,
+            )
             for text in self._outbox
         ]
         return result
@@ -211,7 +220,9 @@ class Agent:
             self.record.summary, self.record.queue_start_seq = eviction.summary, eviction.new_start_seq
             log.info(
                 "agent %s: evicted %d messages (summary by %s)",
-                self.id, len(eviction.evicted), "LLM" if eviction.summarized_by_llm else "truncation",
+                self.id,
+                len(eviction.evicted),
+                "LLM" if eviction.summarized_by_llm else "truncation",
             )
         self.queue.fits_or_raise(self.status_line())
 
@@ -219,9 +230,11 @@ class Agent:
         counter = self.services.counter
         system = SUMMARIZER_INSTRUCTIONS.format(max_words=max(40, int(budget * 0.6)))
         header = f"Previous summary:\n{previous or '(none)'}\n\nMessages leaving memory:\n"
-        room = self.queue.flush_limit - counter.count_request(
-            [{"role": "system", "content": system}, {"role": "user", "content": header}]
-        ) - 16
+        room = (
+            self.queue.flush_limit
+            - counter.count_request([{"role": "system", "content": system}, {"role": "user", "content": header}])
+            - 16
+        )
         transcript = counter.truncate(render_transcript(evicted), max(0, room))
         completion = await self.services.llm.complete(
             [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}]

@@ -54,7 +54,7 @@ def _split_long(paragraph: str, counter: TokenCounter, max_tokens: int) -> list[
             cut = head.rfind(" ")
             head = head[:cut] if cut > len(head) // 2 else head
             pieces.append(head.strip())
-            sentence = sentence[len(head):].strip()
+            sentence = sentence[len(head) :].strip()
         current = sentence
     if current:
         pieces.append(current)
@@ -73,7 +73,9 @@ def chunk_text(text: str, counter: TokenCounter, max_tokens: int = 256, overlap_
                 chunks.append(Chunk("\n\n".join(current), position))
                 tail = current[-1]
                 # Overlap: carry the last paragraph over when it is short enough.
-                current, current_tokens = ([tail], counter.count(tail)) if counter.count(tail) <= overlap_tokens else ([], 0)
+                current, current_tokens = (
+                    ([tail], counter.count(tail)) if counter.count(tail) <= overlap_tokens else ([], 0)
+                )
             if not current:
                 position = heading
             current.append(piece)

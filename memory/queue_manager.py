@@ -135,7 +135,8 @@ class QueueManager:
 
     def total_tokens(self, status_line: str) -> int:
         headers = self.counter.count(
-            "## Working context ## Memory status ## Summary of earlier conversation (first item of your queue) (none yet)"
+            "## Working context ## Memory status "
+            "## Summary of earlier conversation (first item of your queue) (none yet)"
         )
         return (
             self.fixed_tokens

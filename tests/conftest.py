@@ -12,12 +12,12 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from bot.config import Settings  # noqa: E402
-from bot.llm import LLMClient  # noqa: E402
-from bot.runtime import Runtime  # noqa: E402
-from memory.embeddings import Embedder  # noqa: E402
-from memory.sqlite_store import SQLiteStore  # noqa: E402
-from tests.fake_llm import FakeLLMServer, start_fake_llm  # noqa: E402
+from bot.config import Settings
+from bot.llm import LLMClient
+from bot.runtime import Runtime
+from memory.embeddings import Embedder
+from memory.sqlite_store import SQLiteStore
+from tests.fake_llm import FakeLLMServer, start_fake_llm
 
 TEST_MODEL = "test-model"
 

@@ -20,7 +20,10 @@ async def test_fact_is_saved_and_survives_a_restart(
 ) -> None:
     llm_server.script(
         reply_tool_calls(
-            tool_call("core_memory_append", {"name": "human", "content": "Name: Alice. Has a cat called Miso.", "request_heartbeat": True}),
+            tool_call(
+                "core_memory_append",
+                {"name": "human", "content": "Name: Alice. Has a cat called Miso.", "request_heartbeat": True},
+            ),
             content="She told me about her cat; saving it.",
         ),
         reply_tool_calls(tool_call("send_message", {"message": "Miso is a lovely name!"})),
@@ -35,8 +38,13 @@ async def test_fact_is_saved_and_survives_a_restart(
     assert system["role"] == "system"
     assert "Working context" in system["content"]
     assert {tool["function"]["name"] for tool in first["tools"]} >= {
-        "send_message", "core_memory_append", "core_memory_replace", "conversation_search",
-        "conversation_search_date", "archival_memory_insert", "archival_memory_search",
+        "send_message",
+        "core_memory_append",
+        "core_memory_replace",
+        "conversation_search",
+        "conversation_search_date",
+        "archival_memory_insert",
+        "archival_memory_search",
     }
     assert "my cat is called Miso" in first["messages"][-1]["content"]
     # The heartbeat step saw the function's result and the updated block.

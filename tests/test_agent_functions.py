@@ -25,13 +25,24 @@ def last_tool_result(request: dict[str, Any]) -> dict[str, Any]:
 
 async def test_heartbeat_chain_insert_search_reply(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.script(
-        reply_tool_calls(tool_call("archival_memory_insert", {
-            "content": "Alice's sister Beatrice lives in Lisbon and works as a marine biologist.",
-            "request_heartbeat": True,
-        })),
-        reply_tool_calls(tool_call("archival_memory_search", {
-            "query": "where does her sibling live?", "request_heartbeat": True,
-        })),
+        reply_tool_calls(
+            tool_call(
+                "archival_memory_insert",
+                {
+                    "content": "Alice's sister Beatrice lives in Lisbon and works as a marine biologist.",
+                    "request_heartbeat": True,
+                },
+            )
+        ),
+        reply_tool_calls(
+            tool_call(
+                "archival_memory_search",
+                {
+                    "query": "where does her sibling live?",
+                    "request_heartbeat": True,
+                },
+            )
+        ),
         reply_tool_calls(tool_call("send_message", {"message": "Your sister is in Lisbon."})),
     )
     runtime = await make_runtime()
@@ -48,7 +59,9 @@ async def test_step_cap_stops_an_endless_chain(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     llm_server.set_handler(
-        lambda request: reply_tool_calls(tool_call("conversation_search", {"query": "anything", "request_heartbeat": True}))
+        lambda request: reply_tool_calls(
+            tool_call("conversation_search", {"query": "anything", "request_heartbeat": True})
+        )
     )
     runtime = await make_runtime(max_steps_per_event=4)
     with caplog.at_level(logging.WARNING):
@@ -77,9 +90,15 @@ MALFORMED_CALLS = {
         "over its limit",
     ),
     "old_content not found": (
-        tool_call("core_memory_replace", {
-            "name": "persona", "old_content": "text that is not there", "new_content": "y", "request_heartbeat": False,
-        }),
+        tool_call(
+            "core_memory_replace",
+            {
+                "name": "persona",
+                "old_content": "text that is not there",
+                "new_content": "y",
+                "request_heartbeat": False,
+            },
+        ),
         "old_content not found",
     ),
     "arguments not an object": (tool_call("send_message", "[1, 2]"), "JSON object"),
@@ -120,10 +139,15 @@ async def test_reply_without_a_function_call_is_nudged(make_runtime: RuntimeFact
 
 async def test_core_memory_replace_edits_and_persists(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.script(
-        reply_tool_calls(tool_call("core_memory_append", {
-            "name": "human", "content": "Lives in Paris.", "request_heartbeat": True})),
-        reply_tool_calls(tool_call("core_memory_replace", {
-            "name": "human", "old_content": "Paris", "new_content": "Berlin", "request_heartbeat": True})),
+        reply_tool_calls(
+            tool_call("core_memory_append", {"name": "human", "content": "Lives in Paris.", "request_heartbeat": True})
+        ),
+        reply_tool_calls(
+            tool_call(
+                "core_memory_replace",
+                {"name": "human", "old_content": "Paris", "new_content": "Berlin", "request_heartbeat": True},
+            )
+        ),
         reply_tool_calls(tool_call("send_message", {"message": "Noted: Berlin."})),
     )
     runtime = await make_runtime()
@@ -139,7 +163,9 @@ async def test_two_users_never_see_each_others_memory(make_runtime: RuntimeFacto
     llm_server.script(
         reply_tool_calls(tool_call("archival_memory_insert", {"content": secret, "request_heartbeat": False})),
         reply_tool_calls(tool_call("conversation_search", {"query": "vault code", "request_heartbeat": True})),
-        reply_tool_calls(tool_call("archival_memory_search", {"query": "the code of the vault", "request_heartbeat": True})),
+        reply_tool_calls(
+            tool_call("archival_memory_search", {"query": "the code of the vault", "request_heartbeat": True})
+        ),
         reply_tool_calls(tool_call("send_message", {"message": "I know nothing about a vault."})),
     )
     runtime = await make_runtime()

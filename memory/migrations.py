@@ -1,0 +1,119 @@
+"""SQLite schema versioning: an ordered list of small named migration functions.
+
+Each migration runs once, in list order, inside its own write transaction, and
+its name is recorded in the `_migrations` table of the same database. To change
+the schema, append a new function decorated with `@migration`; never edit or
+reorder one that has shipped, because existing databases have already run it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Sequence
+
+Migration = Callable[[sqlite3.Connection], None]
+
+MIGRATIONS: list[Migration] = []
+
+
+def migration(fn: Migration) -> Migration:
+    """Register `fn` as the next migration of the store schema."""
+    MIGRATIONS.append(fn)
+    return fn
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> list[str]:
+    """Apply every migration not yet recorded; returns the names applied now.
+
+    The connection must be in autocommit mode (isolation_level=None) so that
+    each migration and its bookkeeping row commit together or not at all.
+    """
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
+    )
+    applied_now: list[str] = []
+    for fn in migrations:
+        name = fn.__name__
+        # BEGIN IMMEDIATE takes the write lock before the check, so two
+        # processes opening the same new file cannot both run a migration.
+        conn.execute("BEGIN IMMEDIATE")
+        with conn:
+            done = conn.execute("SELECT 1 FROM _migrations WHERE name = ?", (name,)).fetchone()
+            if done:
+                continue
+            fn(conn)
+            conn.execute(
+                "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time())
+            )
+        applied_now.append(name)
+    return applied_now
+
+
+def _run(conn: sqlite3.Connection, *statements: str) -> None:
+    # Not executescript(): it commits first, which would break the per-migration
+    # transaction that migrate() holds open.
+    for statement in statements:
+        conn.execute(statement)
+
+
+@migration
+def m001_initial(conn: sqlite3.Connection) -> None:
+    _run(
+        conn,
+        """CREATE TABLE agents (
+            id TEXT PRIMARY KEY,
+            key TEXT NOT NULL UNIQUE,
+            created_at REAL NOT NULL,
+            summary TEXT NOT NULL DEFAULT '',
+            queue_start_seq INTEGER NOT NULL DEFAULT 1,
+            summary_updated_at REAL
+        )""",
+        # `position` (not rowid) keeps block order stable: VACUUM may renumber
+        # rowids of tables without an INTEGER PRIMARY KEY.
+        """CREATE TABLE blocks (
+            agent_id TEXT NOT NULL REFERENCES agents(id) ON DELETE CASCADE,
+            label TEXT NOT NULL,
+            value TEXT NOT NULL,
+            "limit" INTEGER NOT NULL,
+            updated_at REAL NOT NULL,
+            position INTEGER NOT NULL,
+            PRIMARY KEY (agent_id, label)
+        )""",
+        # An explicit INTEGER PRIMARY KEY gives each message a rowid that VACUUM
+        # keeps, because the FTS index refers to messages by that rowid.
+        """CREATE TABLE messages (
+            id INTEGER PRIMARY KEY,
+            agent_id TEXT NOT NULL REFERENCES agents(id) ON DELETE CASCADE,
+            seq INTEGER NOT NULL,
+            role TEXT NOT NULL,
+            content TEXT,
+            tool_calls TEXT,
+            tool_call_id TEXT,
+            name TEXT,
+            created_at REAL NOT NULL,
+            UNIQUE (agent_id, seq)
+        )""",
+        "CREATE INDEX messages_agent_created ON messages (agent_id, created_at)",
+        # agent_id is an indexed FTS column so a search intersects the posting
+        # lists inside FTS5 instead of filtering every agent's hits afterwards.
+        """CREATE VIRTUAL TABLE messages_fts USING fts5(
+            agent_id, text, tokenize = 'unicode61 remove_diacritics 2'
+        )""",
+        # Fires for ON DELETE CASCADE too, so deleting an agent empties its FTS rows.
+        """CREATE TRIGGER messages_fts_delete AFTER DELETE ON messages BEGIN
+            DELETE FROM messages_fts WHERE rowid = old.id;
+        END""",
+        """CREATE TABLE passages (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            agent_id TEXT NOT NULL REFERENCES agents(id) ON DELETE CASCADE,
+            text TEXT NOT NULL,
+            source TEXT,
+            position TEXT,
+            created_at REAL NOT NULL,
+            embedding BLOB
+        )""",
+        "CREATE INDEX passages_agent_created ON passages (agent_id, created_at)",
+        # Partial index: the embedding backlog is found without scanning done rows.
+        "CREATE INDEX passages_pending ON passages (agent_id) WHERE embedding IS NULL",
+    )

@@ -1,0 +1,289 @@
+"""SQLite-only behaviour: what is on disk, reopening, migrations, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import threading
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from memory.migrations import MIGRATIONS, migrate
+from memory.sqlite_store import SQLiteStore, fts_terms
+from memory.store import StoreError
+from memory.types import Block, Message, Passage
+
+T0 = datetime(2024, 5, 17, 9, 30, tzinfo=UTC)
+SECRET = "xylophonequartz"
+
+
+def blocks() -> list[Block]:
+    return [Block("persona", "helper", 500), Block("human", "unknown", 500)]
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "memory.db"
+
+
+@pytest.fixture
+async def store(db_path: Path) -> AsyncIterator[SQLiteStore]:
+    sqlite_store = SQLiteStore(db_path)
+    await sqlite_store.open()
+    yield sqlite_store
+    await sqlite_store.close()
+
+
+async def fill(store: SQLiteStore, key: str, word: str) -> str:
+    """An agent with `word` in every kind of stored text; returns its id."""
+    agent, _ = await store.get_or_create_agent(key, blocks())
+    await store.save_block(agent.id, Block("notes", f"likes {word}", 100))
+    call = {"id": "c", "type": "function",
+            "function": {"name": "core_memory_append", "arguments": f'{{"content": "{word}"}}'}}
+    await store.append_messages(
+        agent.id,
+        [Message("user", f"my {word} is blue", name=word, created_at=T0),
+         Message("assistant", None, tool_calls=[call], created_at=T0)]
+        + [Message("user", f"filler {n} about {word}") for n in range(30)],
+    )
+    ids = await store.insert_passages(agent.id, [Passage(f"{word} facts", source=word)] * 3)
+    await store.set_embeddings(agent.id, {ids[0]: [1.0, 0.0], ids[1]: [0.0, 1.0]})
+    await store.search_passages(agent.id, word, [1.0, 0.0], 5)  # loads the vector index
+    await store.update_queue(agent.id, f"summary mentions {word}", 3, T0)
+    return agent.id
+
+
+def tables_containing(path: Path, needle: str) -> set[str]:
+    """Every table (FTS5 shadow tables included) holding `needle` in any cell,
+    as text or as bytes inside a BLOB."""
+    raw = sqlite3.connect(path)
+    try:
+        names = [row[0] for row in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        found = set()
+        for name in names:
+            for row in raw.execute(f'SELECT * FROM "{name}"'):
+                for cell in row:
+                    if (isinstance(cell, str) and needle in cell) or (
+                        isinstance(cell, bytes) and needle.encode() in cell
+                    ):
+                        found.add(name)
+        return found
+    finally:
+        raw.close()
+
+
+async def test_delete_agent_leaves_no_trace_in_any_table(store: SQLiteStore, db_path: Path) -> None:
+    agent_id = await fill(store, "discord:doomed", SECRET)
+    await fill(store, "discord:kept", "marmalade")
+
+    # FTS5 prefix-compresses each term against the one before it, so the
+    # agent id token is looked for by its tail, which is always stored whole.
+    id_tail = agent_id[8:]
+    everywhere = {"agents", "blocks", "messages", "passages", "messages_fts_data"}
+    # The scan itself must see the FTS index, or the checks below prove nothing.
+    assert everywhere <= tables_containing(db_path, SECRET)
+    assert everywhere <= tables_containing(db_path, id_tail)
+
+    await store.delete_agent(agent_id)
+
+    assert tables_containing(db_path, SECRET) == set()
+    assert tables_containing(db_path, id_tail) == set()
+    assert "messages_fts_data" in tables_containing(db_path, "marmalade")
+    assert agent_id not in store._indexes
+    await store.close()
+    # With secure_delete the freed pages are zeroed too, so even the raw file
+    # (checkpointed on close) holds no copy.
+    raw = await asyncio.to_thread(db_path.read_bytes)
+    assert SECRET.encode() not in raw
+    assert id_tail.encode() not in raw
+
+
+async def test_everything_survives_close_and_reopen(store: SQLiteStore, db_path: Path) -> None:
+    agent_id = await fill(store, "slack:persist", "gooseberry")
+    before_blocks = await store.load_blocks(agent_id)
+    before_messages = await store.messages_since(agent_id, 1)
+    await store.close()
+
+    reopened = SQLiteStore(db_path)
+    await reopened.open()
+    try:
+        agent = await reopened.find_agent("slack:persist")
+        assert agent is not None and agent.id == agent_id
+        assert (agent.summary, agent.queue_start_seq, agent.summary_updated_at) == (
+            "summary mentions gooseberry", 3, T0,
+        )
+        assert await reopened.load_blocks(agent_id) == before_blocks
+        assert await reopened.messages_since(agent_id, 1) == before_messages
+        page = await reopened.search_messages(agent_id, "blue", 5)
+        assert [m.seq for m in page.items] == [1]
+        page = await reopened.search_passages(agent_id, "", [0.0, 1.0], 5)
+        assert page.total == 2 and page.items[0][0].embedding == [0.0, 1.0]
+        assert len(await reopened.passages_without_embedding(agent_id)) == 1
+        more = await reopened.append_messages(agent_id, [Message("user", "after reopen")])
+        assert more[0].seq == 33
+    finally:
+        await reopened.close()
+
+
+async def test_migrations_recorded_once(store: SQLiteStore, db_path: Path) -> None:
+    names = [fn.__name__ for fn in MIGRATIONS]
+    raw = sqlite3.connect(db_path)
+    recorded = raw.execute("SELECT name, applied_at FROM _migrations ORDER BY rowid").fetchall()
+    raw.close()
+    assert [name for name, _ in recorded] == names
+
+    await store.close()
+    await store.open()
+    await store.open()  # idempotent
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    assert raw.execute("SELECT name, applied_at FROM _migrations ORDER BY rowid").fetchall() == (
+        recorded
+    )
+    assert migrate(raw, MIGRATIONS) == []
+    raw.close()
+
+
+def test_migrate_applies_only_new_functions_in_order() -> None:
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    calls: list[str] = []
+
+    def m1(c: sqlite3.Connection) -> None:
+        calls.append("m1")
+        c.execute("CREATE TABLE t (a)")
+
+    def m2(c: sqlite3.Connection) -> None:
+        calls.append("m2")
+        c.execute("ALTER TABLE t ADD COLUMN b")
+
+    def broken(c: sqlite3.Connection) -> None:
+        c.execute("CREATE TABLE u (a)")
+        raise RuntimeError("half done")
+
+    assert migrate(conn, [m1]) == ["m1"]
+    assert migrate(conn, [m1, m2]) == ["m2"]
+    assert calls == ["m1", "m2"]
+    with pytest.raises(RuntimeError):
+        migrate(conn, [m1, m2, broken])
+    # A failed migration is rolled back whole and not recorded.
+    assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'u'").fetchone() is None
+    assert [r[0] for r in conn.execute("SELECT name FROM _migrations")] == ["m1", "m2"]
+
+
+async def test_connection_settings(store: SQLiteStore, db_path: Path) -> None:
+    def settings() -> tuple[str, ...]:
+        conn = store._db
+        return (
+            threading.current_thread().name,
+            *(str(conn.execute(f"PRAGMA {p}").fetchone()[0])
+              for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")),
+        )
+
+    thread, journal, synchronous, foreign_keys, busy = await store._call(settings)
+    assert thread.startswith("sqlite")
+    assert (journal, synchronous, foreign_keys) == ("wal", "1", "1")
+    assert int(busy) > 0
+    assert db_path.parent.is_dir()
+
+
+async def test_unwritable_path_is_a_store_error_naming_the_file(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "plain-file"
+    not_a_dir.write_text("x")
+    for path in (not_a_dir / "sub" / "memory.db", tmp_path):
+        store = SQLiteStore(path)
+        with pytest.raises(StoreError, match=str(path)):
+            await store.open()
+        await store.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+async def test_read_only_directory_is_a_store_error(tmp_path: Path) -> None:
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        store = SQLiteStore(locked / "memory.db")
+        with pytest.raises(StoreError, match=str(locked / "memory.db")):
+            await store.open()
+        await store.close()
+    finally:
+        locked.chmod(0o700)
+
+
+async def test_corrupt_file_is_a_store_error(tmp_path: Path) -> None:
+    path = tmp_path / "memory.db"
+    path.write_bytes(b"this is not a database" * 400)
+    store = SQLiteStore(path)
+    with pytest.raises(StoreError, match=str(path)):
+        await store.open()
+    await store.close()
+
+
+async def test_calls_after_close_raise_store_error(store: SQLiteStore) -> None:
+    await store.close()
+    await store.close()  # harmless
+    with pytest.raises(StoreError, match="not open"):
+        await store.find_agent("discord:x")
+
+
+async def test_writes_for_unknown_agent_are_store_errors(store: SQLiteStore) -> None:
+    with pytest.raises(StoreError):
+        await store.append_messages("ghost", [Message("user", "boo")])
+    with pytest.raises(StoreError):
+        await store.update_queue("ghost", "", 1, T0)
+
+
+async def test_embedding_length_mismatch_is_refused_before_writing(store: SQLiteStore) -> None:
+    agent, _ = await store.get_or_create_agent("discord:dims", blocks())
+    ids = await store.insert_passages(agent.id, [Passage("a"), Passage("b")])
+    await store.set_embeddings(agent.id, {ids[0]: [1.0, 0.0]})
+    with pytest.raises(ValueError):
+        await store.set_embeddings(agent.id, {ids[1]: [1.0, 0.0, 0.0]})
+    with pytest.raises(ValueError):
+        await store.set_embeddings(agent.id, {ids[1]: [1.0], ids[0]: [1.0, 0.0]})
+    assert [p.id for p in await store.passages_without_embedding(agent.id)] == [ids[1]]
+
+
+async def test_index_cache_eviction_keeps_results_right(db_path: Path) -> None:
+    store = SQLiteStore(db_path, max_cached_indexes=1)
+    await store.open()
+    try:
+        agents = []
+        for n in range(3):
+            agent, _ = await store.get_or_create_agent(f"discord:{n}", blocks())
+            [pid] = await store.insert_passages(agent.id, [Passage(f"agent {n}")])
+            await store.set_embeddings(agent.id, {pid: [1.0, float(n)]})
+            agents.append(agent)
+        for _ in range(2):
+            for n, agent in enumerate(agents):
+                page = await store.search_passages(agent.id, "", [1.0, 0.0], 5)
+                assert [p.text for p, _ in page.items] == [f"agent {n}"]
+                assert len(store._indexes) == 1
+    finally:
+        await store.close()
+
+
+async def test_message_timestamps_survive_microseconds(store: SQLiteStore) -> None:
+    agent, _ = await store.get_or_create_agent("discord:time", blocks())
+    moments = [T0 + timedelta(microseconds=n * 999_983) for n in range(200)]
+    await store.append_messages(agent.id, [Message("user", "t", created_at=m) for m in moments])
+    assert [m.created_at for m in await store.messages_since(agent.id, 1)] == moments
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("", None),
+        ("?! ...", None),
+        ("🦄", None),
+        ("tea AND cake", '"tea" OR "AND" OR "cake"'),
+        ('say "hi" -now*', '"say" OR "hi" OR "now"'),
+        ("tea tea TEA", '"tea" OR "TEA"'),
+        ("ünï-cödé", '"ünï" OR "cödé"'),
+    ],
+)
+def test_fts_terms(text: str, expected: str | None) -> None:
+    assert fts_terms(text) == expected
