@@ -67,6 +67,10 @@ def chunk_text(text: str, counter: TokenCounter, max_tokens: int = 256, overlap_
     current_tokens = 0
     position = ""
     for paragraph, heading in _paragraphs(text):
+        if current and heading != position:
+            # A new section starts a new passage, so results name the right heading.
+            chunks.append(Chunk("\n\n".join(current), position))
+            current, current_tokens = [], 0
         for piece in _split_long(paragraph, counter, max_tokens):
             tokens = counter.count(piece)
             if current and current_tokens + tokens > max_tokens:

@@ -1,0 +1,116 @@
+"""The runtime's contract: one agent per (platform, user), events of one agent
+in arrival order, different agents concurrently, every event kind rendered."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from typing import Any
+
+from bot.events import FileUploaded, ScheduledTick, SystemAlert, UserJoined, UserMessage
+from tests.conftest import RuntimeFactory
+from tests.fake_llm import FakeLLMServer, Reply, fault_status, reply_tool_calls, tool_call
+
+
+def echo_turn(request: dict[str, Any]) -> Reply:
+    said = [m["content"] for m in request["messages"] if m["role"] == "user"]
+    number = re.findall(r"number (\d+)", said[-1])
+    return reply_tool_calls(tool_call("send_message", {"message": f"reply to {number[-1] if number else '?'}"}))
+
+
+async def test_one_users_messages_are_answered_in_order(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    in_flight = 0
+    most_in_flight = 0
+    lock = threading.Lock()
+
+    def model(request: dict[str, Any]) -> Reply:
+        nonlocal in_flight, most_in_flight
+        with lock:
+            in_flight += 1
+            most_in_flight = max(most_in_flight, in_flight)
+        try:
+            threading.Event().wait(0.01)
+            return echo_turn(request)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    llm_server.set_handler(model)
+    runtime = await make_runtime()
+    events = [UserMessage(platform="discord", user_id="42", text=f"message number {i}") for i in range(10)]
+    results = await asyncio.gather(*(runtime.handle(event) for event in events))
+    assert [[r.text for r in replies] for replies in results] == [[f"reply to {i}"] for i in range(10)]
+    assert most_in_flight == 1
+    agent = await runtime.agent("discord:42")
+    stored = await runtime.store.messages_since(agent.id, 0)
+    user_lines = [m.content for m in stored if m.role == "user"]
+    assert [re.findall(r"number (\d+)", line)[0] for line in user_lines] == [str(i) for i in range(10)]
+
+
+async def test_different_users_run_concurrently(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
+    # The first three requests only get an answer once all three are in flight at once:
+    # a runtime that served users one by one would break the barrier.
+    barrier = threading.Barrier(3, timeout=10)
+
+    def model(request: dict[str, Any]) -> Reply:
+        try:
+            barrier.wait()
+        except threading.BrokenBarrierError:
+            return fault_status(500, body="users were not served concurrently", headers={"x-should-retry": "false"})
+        return echo_turn(request)
+
+    llm_server.set_handler(model)
+    runtime = await make_runtime(llm_max_retries=0)
+    results = await asyncio.gather(
+        *(runtime.handle(UserMessage(platform="slack", user_id=f"T1:U{i}", text=f"number {i}")) for i in range(3))
+    )
+    assert [[r.text for r in replies] for replies in results] == [[f"reply to {i}"] for i in range(3)]
+    ids = {(await runtime.agent(f"slack:T1:U{i}")).id for i in range(3)}
+    assert len(ids) == 3
+
+
+async def test_every_event_kind_reaches_the_model_as_text(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    llm_server.set_handler(lambda request: reply_tool_calls(tool_call("send_message", {"message": "ok"})))
+    runtime = await make_runtime()
+    base = {"platform": "discord", "user_id": "7"}
+    await runtime.handle(UserJoined(**base, display_name="Maya", place="the Gardening server"))
+    await runtime.handle(SystemAlert(**base, text="Maintenance tonight at 22:00 UTC"))
+    await runtime.handle(ScheduledTick(**base, reason="Daily check-in", local_time="Mon 09:00 Europe/Paris",
+                                       since_last_conversation="2 days"))
+    handbook = "# Watering\n\nWater tomatoes at dawn, never at noon.\n\n# Soil\n\nUse compost rich in nitrogen."
+    await runtime.handle(FileUploaded(**base, filename="garden.md", text=handbook, display_name="Maya"))
+    texts = [request["messages"][-1]["content"] for request in llm_server.requests]
+    assert "Maya joined the Gardening server" in texts[0]
+    assert "[system alert] Maintenance tonight" in texts[1]
+    assert "[scheduled tick] Daily check-in" in texts[2] and "Europe/Paris" in texts[2]
+    assert "uploaded the file 'garden.md'" in texts[3] and "2 passages" in texts[3]
+    agent = await runtime.agent("discord:7")
+    found = await runtime.archival.search(agent.id, "when should I water my tomato plants?", 2)
+    assert found.items[0][0].source == "garden.md"
+    assert "dawn" in found.items[0][0].text
+    assert found.items[0][0].position == "Watering"
+    # The memory status line tells the model what lives outside its window.
+    system = llm_server.requests[-1]["messages"][0]["content"]
+    assert re.search(r"\d+ messages in recall storage", system)
+    assert "2 passages in archival storage" in system
+
+
+async def test_forget_removes_the_agent_and_a_new_one_starts_fresh(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    llm_server.set_handler(lambda request: reply_tool_calls(
+        tool_call("core_memory_append", {"name": "human", "content": "Likes jazz.", "request_heartbeat": False})))
+    runtime = await make_runtime()
+    await runtime.handle(UserMessage(platform="terminal", user_id="zoe", text="I like jazz"))
+    exported = await runtime.export("terminal:zoe")
+    assert exported is not None and "Likes jazz." in exported["working_context"]["human"]["value"]
+    assert await runtime.forget("terminal:zoe")
+    assert await runtime.export("terminal:zoe") is None
+    agent = await runtime.agent("terminal:zoe")
+    assert "jazz" not in agent.working_context.get("human").value
+    assert await runtime.store.count_messages(agent.id) == 0
