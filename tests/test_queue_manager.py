@@ -1,0 +1,118 @@
+"""Token counting and the queue manager's eviction rules, with real tiktoken counts."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import pytest
+
+from bot.core_functions import build_core_functions
+from bot.prompts import SYSTEM_INSTRUCTIONS
+from memory.queue_manager import QueueManager
+from memory.tokens import TokenCounter, load_encoder
+from memory.types import Message
+
+
+@pytest.fixture(scope="module")
+def counter() -> TokenCounter:
+    return TokenCounter(load_encoder("some-local-model", "cl100k_base"))
+
+
+def test_offline_encoding_is_the_real_cl100k(counter: TokenCounter) -> None:
+    assert counter.encoding_name.startswith("cl100k_base")
+    # Known cl100k_base token ids: the real file, not an estimate.
+    assert counter.encoder.encode_ordinary("hello world") == [15339, 1917]
+    assert counter.count("tiktoken is great!") == 6
+
+
+def test_unloadable_model_encoding_is_logged_not_silent(caplog: pytest.LogCaptureFixture) -> None:
+    load_encoder.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="memory.tokens"):
+        encoder = load_encoder("gpt-4o", "cl100k_base")
+    # gpt-4o wants o200k_base, which is not available offline here: the
+    # fallback is used and the log says so.
+    if encoder.name.startswith("o200k"):
+        pytest.skip("o200k_base is available on this machine")
+    assert encoder.name.startswith("cl100k_base")
+    assert any("o200k_base" in r.getMessage() and "instead" in r.getMessage() for r in caplog.records)
+
+
+def make_queue(counter: TokenCounter, window: int = 4_096) -> QueueManager:
+    return QueueManager(
+        counter, SYSTEM_INSTRUCTIONS, build_core_functions().schemas, window, response_reserve=256
+    )
+
+
+def conversation(turns: int) -> list[Message]:
+    messages: list[Message] = []
+    seq = 1
+    for turn in range(turns):
+        calls = [{"id": f"c{turn}", "type": "function",
+                  "function": {"name": "send_message", "arguments": f'{{"message": "answer {turn}"}}'}}]
+        for message in (
+            Message(role="user", content=f"question {turn}: " + "words " * 20),
+            Message(role="assistant", content="thinking", tool_calls=calls),
+            Message(role="tool", tool_call_id=f"c{turn}", content='{"status": "OK", "result": "Sent."}'),
+        ):
+            message.seq = seq
+            seq += 1
+            messages.append(message)
+    return messages
+
+
+def test_cached_total_bounds_a_full_recount(counter: TokenCounter) -> None:
+    queue = make_queue(counter)
+    queue.load("An earlier summary about the person.", conversation(12), "<human>Likes tea.</human>")
+    status = "40 messages in recall storage; 0 passages"
+    recount = counter.count_request(queue.compile(status), queue.tools)
+    cached = queue.total_tokens(status)
+    assert recount <= cached <= recount * 1.03 + 20
+
+
+async def summarize_ok(previous: str, evicted: Sequence[Message], budget: int) -> str:
+    return f"summary of {len(evicted)} messages after: {previous}"
+
+
+async def test_eviction_never_splits_a_call_from_its_result(counter: TokenCounter) -> None:
+    queue = make_queue(counter, window=2_048)
+    queue.load("", conversation(8), "")
+    while not queue.needs_flush("status"):
+        extra = conversation(1)[0]
+        extra.seq = queue.entries[-1].message.seq + 1
+        queue.append(extra)
+    eviction = await queue.evict("status", summarize_ok)
+    queue.apply(eviction)
+    assert queue.entries[0].message.role != "tool"
+    assert eviction.new_start_seq == queue.entries[0].message.seq
+    assert not queue.needs_flush("status")
+    # Every tool result left in the queue still has its call before it.
+    seen_calls = set()
+    for entry in queue.entries:
+        for call in entry.message.tool_calls or []:
+            seen_calls.add(call["id"])
+        if entry.message.role == "tool":
+            assert entry.message.tool_call_id in seen_calls
+    assert queue.summary.startswith(f"summary of {len(eviction.evicted)} messages")
+
+
+async def test_failed_summarizer_falls_back_to_a_truncated_summary(counter: TokenCounter) -> None:
+    async def broken(previous: str, evicted: Sequence[Message], budget: int) -> str:
+        raise RuntimeError("LLM down")
+
+    queue = make_queue(counter, window=2_048)
+    queue.load("OLD-SUMMARY", conversation(30), "")
+    eviction = await queue.evict("status", broken)
+    assert not eviction.summarized_by_llm
+    assert eviction.summary.startswith("OLD-SUMMARY")
+    assert counter.count(eviction.summary) <= queue.summary_budget()
+
+
+def test_oversized_item_is_shown_shortened_but_kept_whole(counter: TokenCounter) -> None:
+    queue = make_queue(counter, window=2_048)
+    huge = Message(role="user", content="lorem ipsum " * 2_000, seq=1)
+    queue.load("", [huge], "")
+    shown = queue.entries[0]
+    assert shown.tokens <= queue.max_item_tokens
+    assert "shortened here" in shown.payload["content"]
+    assert huge.content == "lorem ipsum " * 2_000
