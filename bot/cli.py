@@ -36,11 +36,13 @@ from typing import TYPE_CHECKING, Any, TextIO
 from bot.config import ConfigError, Settings
 from bot.events import agent_key, parse_user
 from bot.llm import LLMUnavailableError
+from bot.reports import plural, render_description
 from memory.store import StoreError
 from memory.types import Message, Passage
 
 if TYPE_CHECKING:
-    from bot.runtime import Runtime
+    from bot.reports import plural, render_description
+from bot.runtime import Runtime
 
 log = logging.getLogger("memgpt_bot.cli")
 
@@ -351,50 +353,13 @@ async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     user: User = args.user
     runtime = await open_runtime(settings)
     try:
-        store = runtime.store
-        record = await store.find_agent(user.key)
-        if record is None:
-            raise _unknown(user)
-        blocks = await store.load_blocks(record.id)
-        counts = {
-            "recall_messages": await store.count_messages(record.id),
-            "archival_passages": await store.count_passages(record.id),
-            "queue_messages": len(await store.messages_since(record.id, record.queue_start_seq)),
-        }
+        description = await runtime.describe(user.key)
     finally:
         await runtime.close()
-    if args.json:
-        _write(_dumps({
-            "user": user.key,
-            "agent_id": record.id,
-            "created_at": _iso(record.created_at),
-            "working_context": {
-                b.label: {"value": b.value, "limit": b.limit, "updated_at": _iso(b.updated_at)} for b in blocks
-            },
-            "summary": record.summary,
-            "summary_updated_at": _iso(record.summary_updated_at),
-            "counts": counts,
-        }, indent=2))
-        return EXIT_OK
-    since = f"{record.created_at:%Y-%m-%d %H:%M} UTC"
-    lines = [f"User {user.key} (agent {record.id}, since {since})", "", "Working context:"]
-    for block in blocks:
-        lines.append(f"  [{block.label}] {len(block.value)}/{block.limit} chars")
-        lines.extend(f"    {line}" for line in (block.value or "(empty)").splitlines())
-    lines += ["", "Summary of evicted messages:"]
-    lines.extend(f"  {line}" for line in (record.summary or "(none yet)").splitlines())
-    lines += [
-        "",
-        f"Recall storage:   {_plural(counts['recall_messages'], 'message')}",
-        f"Archival storage: {_plural(counts['archival_passages'], 'passage')}",
-        f"Queue:            {_plural(counts['queue_messages'], 'message')}",
-    ]
-    _write("\n".join(lines))
+    if description is None:
+        raise _unknown(user)
+    _write(_dumps(description, indent=2) if args.json else render_description(description))
     return EXIT_OK
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 # -- memory search -----------------------------------------------------------
@@ -511,7 +476,7 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
             raise _unknown(user)
         messages = await runtime.store.count_messages(record.id)
         passages = await runtime.store.count_passages(record.id)
-        held = f"{_plural(messages, 'message')}, {_plural(passages, 'passage')} and the working context"
+        held = f"{plural(messages, 'message')}, {plural(passages, 'passage')} and the working context"
         if not args.yes and _isatty(sys.stdin):
             sys.stderr.write(f"Delete everything held on {user.key} ({held})? This cannot be undone. [y/N] ")
             sys.stderr.flush()
@@ -555,7 +520,7 @@ def parse_history(path: Path) -> list[Message]:
         except ValueError as error:
             errors.append(f"{path} line {number}: {error}")
     if errors:
-        more = f" (and {_plural(len(errors) - 1, 'more bad line')})" if len(errors) > 1 else ""
+        more = f" (and {plural(len(errors) - 1, 'more bad line')})" if len(errors) > 1 else ""
         raise CLIError(f"{errors[0]}{more}; nothing was imported")
     return messages
 
@@ -594,7 +559,7 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         await runtime.close()
     log.info("imported %d messages for %s from %s", count, user.key, args.file)
-    _write(f"Imported {_plural(count, 'message')} into recall storage for {user.key}.")
+    _write(f"Imported {plural(count, 'message')} into recall storage for {user.key}.")
     return EXIT_OK
 
 

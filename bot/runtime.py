@@ -18,6 +18,7 @@ from bot.core_functions import build_core_functions
 from bot.events import Event, FileUploaded, Reply
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
+from bot.reports import describe_user
 from memory.archival import ArchivalMemory
 from memory.chunking import chunk_text
 from memory.embeddings import Embedder
@@ -139,6 +140,11 @@ class Runtime:
             self.archival.forget(record.id)
             await self.store.delete_agent(record.id)
             return True
+
+    async def describe(self, key: str) -> dict[str, Any] | None:
+        """Working context, summary and counts (for `/memory` and `memory show`)."""
+        async with self._lock(key):
+            return await describe_user(self.store, key)
 
     async def export(self, key: str) -> dict[str, Any] | None:
         async with self._lock(key):
