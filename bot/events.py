@@ -86,15 +86,26 @@ class UserJoined(Event):
 
 @dataclass(kw_only=True)
 class FileUploaded(Event):
+    """A file a user shared. Adapters pass the raw bytes; the runtime extracts
+    the text and loads it into archival storage before the agent sees the event."""
+
     filename: str
-    text: str
+    data: bytes = b""
+    content_type: str = ""
+    text: str = ""  # already-extracted text, if the adapter has it
     display_name: str = ""
     kind = "file_uploaded"
-    # Filled in by the runtime once the text is in archival storage.
+    # Filled in by the runtime.
     passages_saved: int = 0
+    load_error: str = ""
 
     def render(self) -> str:
         who = self.display_name or "The person"
+        if self.load_error:
+            return (
+                f"[{_stamp(self.created_at)}] [event] {who} uploaded the file {self.filename!r}, "
+                f"but it could not be read: {self.load_error}"
+            )
         return (
             f"[{_stamp(self.created_at)}] [event] {who} uploaded the file {self.filename!r}; "
             f"its text was saved to archival storage as {self.passages_saved} passages "

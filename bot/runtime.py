@@ -15,12 +15,13 @@ from typing import Any
 from bot.agent import Agent, AgentServices, EventResult
 from bot.config import Settings
 from bot.core_functions import build_core_functions
-from bot.events import Event, FileUploaded, Reply
+from bot.events import Event, FileUploaded, Reply, agent_key
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
-from bot.reports import describe_user
+from bot.reports import describe_user, render_description
 from memory.archival import ArchivalMemory
 from memory.chunking import chunk_text
+from memory.documents import DocumentError, extract_text
 from memory.embeddings import Embedder
 from memory.sqlite_store import SQLiteStore
 from memory.store import Store
@@ -120,7 +121,14 @@ class Runtime:
             return await self._agent(key)
 
     async def _save_upload(self, agent: Agent, event: FileUploaded) -> int:
-        chunks = chunk_text(event.text, self.services.counter)
+        text = event.text
+        if not text:
+            try:
+                text = extract_text(event.filename, event.data, event.content_type)
+            except DocumentError as error:
+                event.load_error = str(error)
+                return 0
+        chunks = chunk_text(text, self.services.counter)
         passages = [
             Passage(text=chunk.text, source=event.filename, position=chunk.position) for chunk in chunks
         ]
@@ -140,6 +148,15 @@ class Runtime:
             self.archival.forget(record.id)
             await self.store.delete_agent(record.id)
             return True
+
+    # -- the adapters' slash commands (/memory, /forget) -----------------------
+    async def memory_report(self, platform: str, user_id: str) -> str | None:
+        """What the bot holds on this user, as text for them; None if nothing."""
+        description = await self.describe(agent_key(platform, user_id))
+        return render_description(description) if description else None
+
+    async def forget_user(self, platform: str, user_id: str) -> bool:
+        return await self.forget(agent_key(platform, user_id))
 
     async def describe(self, key: str) -> dict[str, Any] | None:
         """Working context, summary and counts (for `/memory` and `memory show`)."""
