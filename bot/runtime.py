@@ -18,7 +18,7 @@ from bot.core_functions import build_core_functions
 from bot.events import Event, FileUploaded, Reply, agent_key
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
-from bot.reports import describe_user, render_description
+from bot.reports import describe_user, plural, render_description
 from memory.archival import ArchivalMemory
 from memory.chunking import chunk_text
 from memory.documents import DocumentError, extract_text
@@ -98,9 +98,13 @@ class Runtime:
         # The lock is taken before any await, so events keep their arrival order.
         async with self._lock(key):
             agent = await self._agent(key)
+            notice: list[Reply] = []
             if isinstance(event, FileUploaded):
                 event.passages_saved = await self._save_upload(agent, event)
-            return await agent.handle(event)
+                notice = [self._upload_notice(event)]
+            result = await agent.handle(event)
+            result.replies = notice + result.replies
+            return result
 
     # -- agents ------------------------------------------------------------
     def _lock(self, key: str) -> asyncio.Lock:
@@ -119,6 +123,15 @@ class Runtime:
     async def agent(self, key: str) -> Agent:
         async with self._lock(key):
             return await self._agent(key)
+
+    @staticmethod
+    def _upload_notice(event: FileUploaded) -> Reply:
+        if event.load_error:
+            text = f"I couldn't read {event.filename}: {event.load_error}"
+        else:
+            text = f"Saved {event.filename} to my memory ({plural(event.passages_saved, 'passage')})."
+        return Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to,
+                     event_id=event.event_id)
 
     async def _save_upload(self, agent: Agent, event: FileUploaded) -> int:
         text = event.text

@@ -83,7 +83,10 @@ async def test_every_event_kind_reaches_the_model_as_text(
     await runtime.handle(ScheduledTick(**base, reason="Daily check-in", local_time="Mon 09:00 Europe/Paris",
                                        since_last_conversation="2 days"))
     handbook = "# Watering\n\nWater tomatoes at dawn, never at noon.\n\n# Soil\n\nUse compost rich in nitrogen."
-    await runtime.handle(FileUploaded(**base, filename="garden.md", text=handbook, display_name="Maya"))
+    replies = await runtime.handle(
+        FileUploaded(**base, filename="garden.md", data=handbook.encode(), display_name="Maya")
+    )
+    assert replies[0].text == "Saved garden.md to my memory (2 passages)."
     texts = [request["messages"][-1]["content"] for request in llm_server.requests]
     assert "Maya joined the Gardening server" in texts[0]
     assert "[system alert] Maintenance tonight" in texts[1]
