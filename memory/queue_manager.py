@@ -76,6 +76,10 @@ class QueueManager:
             + counter.count(instructions)
             + counter.count_tools(self.tools)
         )
+        self.header_tokens = counter.count(
+            "## Working context ## Memory status "
+            "## Summary of earlier conversation (first item of your queue) (none yet)"
+        )
         self.entries: list[QueueEntry] = []
         self.queue_tokens = 0
         self.summary = ""
@@ -83,6 +87,7 @@ class QueueManager:
         self.working_context = ""
         self.working_context_tokens = 0
         self.warned = False
+        self._last_status = ("", 0)
 
     # -- state ------------------------------------------------------------
     def load(self, summary: str, messages: Sequence[Message], working_context: str) -> None:
@@ -134,19 +139,21 @@ class QueueManager:
         return [{"role": "system", "content": self.system_text(status_line)}] + [e.payload for e in self.entries]
 
     def total_tokens(self, status_line: str) -> int:
-        headers = self.counter.count(
-            "## Working context ## Memory status "
-            "## Summary of earlier conversation (first item of your queue) (none yet)"
-        )
         return (
             self.fixed_tokens
-            + headers
+            + self.header_tokens
             + self.working_context_tokens
-            + self.counter.count(status_line)
+            + self._status_tokens(status_line)
             + self.summary_tokens
             + 6 * JOIN_ALLOWANCE
             + self.queue_tokens
         )
+
+    def _status_tokens(self, status_line: str) -> int:
+        # The status line is checked several times per step; count it once.
+        if status_line != self._last_status[0]:
+            self._last_status = (status_line, self.counter.count(status_line))
+        return self._last_status[1]
 
     def pressure(self, status_line: str) -> float:
         return self.total_tokens(status_line) / self.context_window

@@ -453,6 +453,8 @@ class FakeLLMServer:
         self._conns: set[socket.socket] = set()
         self.requests: list[JSONDict] = []
         self.raw_requests: list[RecordedRequest] = []
+        # Benchmarks serve many thousands of requests: they switch recording off.
+        self.keep_requests = True
         self.stopping = threading.Event()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -557,6 +559,8 @@ class FakeLLMServer:
         return reply
 
     def _record(self, rec: RecordedRequest) -> None:
+        if not self.keep_requests:
+            return
         with self._lock:
             self.raw_requests.append(rec)
             if rec.body is not None and rec.path.split("?", 1)[0].rstrip("/") == CHAT_PATH:
