@@ -59,9 +59,8 @@ class LLMClient:
             base_url=base_url,
             timeout=request_timeout,
             max_retries=max_retries,
-            # aiohttp as the transport: the SDK's documented option for high
-            # concurrency; about twice the requests per second of the default here.
-            http_client=openai.DefaultAioHttpClient(timeout=request_timeout),
+            # The default httpx transport, not the SDK's aiohttp option: that one
+            # reports a refused connection as a timeout, which misleads the user.
         )
 
     async def complete(
