@@ -35,6 +35,8 @@ NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
 MAX_FLUSHES_PER_STEP = 3
+# Events a person is waiting on: a step that reaches nobody gets a nudge.
+ANSWERED_KINDS = frozenset({"user_message", "file_uploaded"})
 
 
 @dataclass(slots=True)
@@ -89,6 +91,9 @@ class Agent:
             response_reserve=services.response_reserve,
         )
         self._outbox: list[str] = []
+        # The event being handled, for functions that need its sender or reply
+        # address (schedule_reminder delivers where the user asked); None between events.
+        self.current_event: Event | None = None
 
     @property
     def id(self) -> str:
@@ -118,6 +123,7 @@ class Agent:
     async def handle(self, event: Event) -> EventResult:
         result = EventResult()
         self._outbox = []
+        self.current_event = event
         await self.record_messages([Message(role="user", content=event.render(), name=event.kind)])
         while True:
             result.steps += 1
@@ -160,6 +166,7 @@ class Agent:
             )
             for text in self._outbox
         ]
+        self.current_event = None
         return result
 
     async def _execute(self, completion: Completion) -> bool:
@@ -184,12 +191,16 @@ class Agent:
                     content=json.dumps({"status": status, "result": outcome.result}, ensure_ascii=False),
                 )
             )
-        if not calls and not self._outbox:
+        if not calls and not self._outbox and self._awaits_answer():
             # Plain text reaches nobody; tell the model once per step and let it retry.
+            # (On ticks, joins and alerts silence is a valid choice: no nudge.)
             produced.append(Message(role="user", content=NO_CALL_NUDGE, name="system_alert"))
             heartbeat = True
         await self.record_messages(produced)
         return heartbeat
+
+    def _awaits_answer(self) -> bool:
+        return self.current_event is None or self.current_event.kind in ANSWERED_KINDS
 
     # -- queue management --------------------------------------------------
     async def _make_room(self) -> None:

@@ -33,6 +33,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bot.cli_documents import add_document_commands
 from bot.config import ConfigError, Settings
 from bot.events import agent_key, parse_user
 from bot.llm import LLMUnavailableError
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     load.add_argument("file", metavar="FILE.jsonl", type=Path)
     load.set_defaults(func=cmd_import)
+    add_document_commands(commands, common)
     return parser
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from bot.events import Event, Reply
 
@@ -18,4 +18,9 @@ class BotPort(Protocol):
 
     async def forget_user(self, platform: str, user_id: str) -> bool:
         """Delete everything held on this user (for /forget); whether there was anything."""
+        ...
+
+    async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
+        """`/checkin ...`: manage the user's scheduled check-ins; the answer to show them.
+        `reply_to` is where future check-ins are delivered (usually the user's DM)."""
         ...

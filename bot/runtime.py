@@ -10,24 +10,30 @@ import asyncio
 import logging
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bot.agent import Agent, AgentServices, EventResult
+from bot.checkin_commands import checkin_command
+from bot.checkin_functions import register_checkin_functions
+from bot.checkins import CheckinSettings
 from bot.config import Settings
 from bot.core_functions import build_core_functions
-from bot.events import Event, FileUploaded, Reply, agent_key
+from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from bot.reports import describe_user, plural, render_description
 from memory.archival import ArchivalMemory
-from memory.chunking import chunk_text
-from memory.documents import DocumentError, extract_text
 from memory.embeddings import Embedder
+from memory.loader import load_document
+from memory.schedule_store import schedule_store_for
 from memory.sqlite_store import SQLiteStore
 from memory.store import Store
 from memory.tokens import TokenCounter, load_encoder
-from memory.types import Message, Passage, utc_now
+from memory.types import Message, utc_now
 from memory.working_context import default_blocks
+
+if TYPE_CHECKING:
+    from bot.scheduler import CheckinScheduler
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +50,7 @@ class Runtime:
         llm: LLMClient,
         embedder: Embedder,
         counter: TokenCounter | None = None,
+        checkin_settings: CheckinSettings | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -68,6 +75,14 @@ class Runtime:
         )
         self._agents: dict[str, Agent] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Check-ins: the schedules live beside the memory, in the same store.
+        self.checkin_settings = checkin_settings or CheckinSettings.from_env()
+        self.schedules = schedule_store_for(store)
+        # Registered before any agent loads: each agent counts the schemas once.
+        register_checkin_functions(
+            self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
+        )
+        self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (bot/app.py)
 
     @classmethod
     async def create(
@@ -104,7 +119,10 @@ class Runtime:
                 notice = [self._upload_notice(event)]
             result = await agent.handle(event)
             result.replies = notice + result.replies
-            return result
+        if self.scheduler is not None and isinstance(event, UserMessage | FileUploaded):
+            # The person answered: check-in back-off starts over.
+            await self.scheduler.user_active(key, event.created_at)
+        return result
 
     # -- agents ------------------------------------------------------------
     def _lock(self, key: str) -> asyncio.Lock:
@@ -134,30 +152,30 @@ class Runtime:
                      event_id=event.event_id)
 
     async def _save_upload(self, agent: Agent, event: FileUploaded) -> int:
-        text = event.text
-        if not text:
-            try:
-                text = extract_text(event.filename, event.data, event.content_type)
-            except DocumentError as error:
-                event.load_error = str(error)
-                return 0
-        chunks = chunk_text(text, self.services.counter)
-        passages = [
-            Passage(text=chunk.text, source=event.filename, position=chunk.position) for chunk in chunks
-        ]
-        if passages:
-            await self.archival.insert(agent.id, passages)
-            agent.archival_count += len(passages)
-        return len(passages)
+        # The same extraction, chunking and de-duplication as `memgpt-bot load`;
+        # vectors are written with the passages, so the agent can search them at once.
+        result = await load_document(
+            self.archival, agent.id, event.filename, event.data, event.content_type,
+            text=event.text or None, counter=self.services.counter,
+        )
+        if result.status == "failed":
+            event.load_error = result.reason
+            return 0
+        agent.archival_count += result.passages_added
+        return result.passages
 
     # -- admin and data rights ---------------------------------------------
     async def forget(self, key: str) -> bool:
         """Delete everything held on this user. Returns whether there was anything."""
         async with self._lock(key):
+            # Check-ins can exist for someone who never chatted: delete them first.
+            removed = await self.schedules.delete_for_agent_key(key)
+            if removed:
+                await self._schedules_changed()
             record = await self.store.find_agent(key)
             self._agents.pop(key, None)
             if record is None:
-                return False
+                return removed > 0
             self.archival.forget(record.id)
             await self.store.delete_agent(record.id)
             return True
@@ -167,6 +185,17 @@ class Runtime:
         """What the bot holds on this user, as text for them; None if nothing."""
         description = await self.describe(agent_key(platform, user_id))
         return render_description(description) if description else None
+
+    async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
+        """`/checkin ...` on any platform: manage this user's scheduled check-ins."""
+        return await checkin_command(
+            platform, user_id, text, reply_to, self.schedules, utc_now,
+            settings=self.checkin_settings, on_change=self._schedules_changed,
+        )
+
+    async def _schedules_changed(self) -> None:
+        if self.scheduler is not None:
+            await self.scheduler.resync()
 
     async def forget_user(self, platform: str, user_id: str) -> bool:
         return await self.forget(agent_key(platform, user_id))

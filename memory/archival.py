@@ -12,12 +12,26 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 from memory.embeddings import Embedder
 from memory.store import Store
 from memory.types import Passage, SearchPage
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class FoundPassage(Passage):
+    """A search result: a passage and the shared collection it belongs to
+    (None for the agent's own archival storage)."""
+
+    collection: str | None = None
+
+    @classmethod
+    def of(cls, passage: Passage, collection: str | None) -> FoundPassage:
+        values = {f.name: getattr(passage, f.name) for f in fields(Passage)}
+        return cls(**values, collection=collection)
 
 
 class ArchivalMemory:
@@ -74,9 +88,31 @@ class ArchivalMemory:
             await asyncio.gather(*tasks, return_exceptions=True)
 
     async def search(self, agent_id: str, query: str, limit: int, offset: int = 0) -> SearchPage:
+        """The agent's own passages and those of the collections attached to
+        it, merged by score. Items are (FoundPassage, score): each says which
+        collection it came from (None: the agent's own archival storage)."""
         await self.settle(agent_id)
-        vector = await self.embedder.embed_one(query)
-        return await self.store.search_passages(agent_id, query, vector.tolist(), limit, offset)
+        sources = await self.store.attached_sources(agent_id)
+        vector = (await self.embedder.embed_one(query)).tolist()
+        if not sources:
+            page = await self.store.search_passages(agent_id, query, vector, limit, offset)
+            return SearchPage([(FoundPassage.of(p, None), score) for p, score in page.items], page.total)
+        # Page k of the merge lies within the first offset + limit hits of each
+        # part; the parts' scores are comparable because each is the same
+        # measure of the same query against one store.
+        wanted = offset + limit
+        parts = await asyncio.gather(
+            self.store.search_passages(agent_id, query, vector, wanted, 0),
+            *(self.store.search_passages(source.id, query, vector, wanted, 0) for source in sources),
+        )
+        names: list[str | None] = [None, *(source.name for source in sources)]
+        merged = [
+            (FoundPassage.of(passage, name), score)
+            for name, part in zip(names, parts, strict=True)
+            for passage, score in part.items
+        ]
+        merged.sort(key=lambda item: -item[1])
+        return SearchPage(merged[offset:wanted] if limit > 0 else [], sum(part.total for part in parts))
 
     def forget(self, agent_id: str) -> None:
         for task in self._pending.pop(agent_id, set()):

@@ -117,3 +117,118 @@ def m001_initial(conn: sqlite3.Connection) -> None:
         # Partial index: the embedding backlog is found without scanning done rows.
         "CREATE INDEX passages_pending ON passages (agent_id) WHERE embedding IS NULL",
     )
+
+
+@migration
+def m_checkin_schedules(conn: sqlite3.Connection) -> None:
+    # Times are INTEGER unix seconds (not REAL like the tables above): claim()
+    # compares next_fire_at for equality, which must be exact.
+    _run(
+        conn,
+        """CREATE TABLE schedules (
+            id TEXT PRIMARY KEY,
+            agent_key TEXT NOT NULL,
+            platform TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            timezone TEXT NOT NULL,
+            time_of_day TEXT,
+            weekday INTEGER,
+            every_hours INTEGER,
+            run_at INTEGER,
+            quiet_start TEXT,
+            quiet_end TEXT,
+            note TEXT NOT NULL DEFAULT '',
+            reply_to TEXT NOT NULL DEFAULT '{}',
+            paused INTEGER NOT NULL DEFAULT 0,
+            next_fire_at INTEGER,
+            unanswered INTEGER NOT NULL DEFAULT 0,
+            last_fired_at INTEGER,
+            created_at INTEGER NOT NULL,
+            claimed_by TEXT
+        )""",
+        "CREATE INDEX schedules_agent_key ON schedules (agent_key)",
+        # Partial index: finding due ticks never scans paused schedules.
+        "CREATE INDEX schedules_due ON schedules (next_fire_at) WHERE paused = 0",
+        """CREATE TABLE checkin_prefs (
+            agent_key TEXT PRIMARY KEY,
+            timezone TEXT,
+            quiet_start TEXT,
+            quiet_end TEXT,
+            updated_at INTEGER NOT NULL
+        )""",
+    )
+
+
+@migration
+def m_shared_collections(conn: sqlite3.Connection) -> None:
+    _run(
+        conn,
+        # A collection's passages live under its own agent record (key
+        # `source:NAME`); deleting that record deletes the collection.
+        """CREATE TABLE sources (
+            agent_id TEXT PRIMARY KEY REFERENCES agents(id) ON DELETE CASCADE,
+            name TEXT NOT NULL UNIQUE,
+            attach_all INTEGER NOT NULL DEFAULT 0,
+            created_at REAL NOT NULL
+        )""",
+        # attached = 0 records a detach that overrides sources.attach_all.
+        """CREATE TABLE source_attachments (
+            agent_id TEXT NOT NULL REFERENCES agents(id) ON DELETE CASCADE,
+            source_id TEXT NOT NULL REFERENCES sources(agent_id) ON DELETE CASCADE,
+            attached INTEGER NOT NULL,
+            PRIMARY KEY (agent_id, source_id)
+        ) WITHOUT ROWID""",
+        "CREATE INDEX source_attachments_source ON source_attachments (source_id)",
+        # Files loaded completely; a re-load of the same bytes is skipped.
+        """CREATE TABLE documents (
+            agent_id TEXT NOT NULL REFERENCES agents(id) ON DELETE CASCADE,
+            sha256 TEXT NOT NULL,
+            name TEXT NOT NULL,
+            passages INTEGER NOT NULL,
+            loaded_at REAL NOT NULL,
+            PRIMARY KEY (agent_id, sha256)
+        ) WITHOUT ROWID""",
+        # Per-passage content hashes: what makes an interrupted load resumable
+        # without duplicates. Cascades from passages, so a deleted passage can
+        # be loaded again.
+        """CREATE TABLE passage_hashes (
+            agent_id TEXT NOT NULL,
+            hash TEXT NOT NULL,
+            passage_id INTEGER NOT NULL REFERENCES passages(id) ON DELETE CASCADE,
+            PRIMARY KEY (agent_id, hash)
+        ) WITHOUT ROWID""",
+        # Without it every deleted passage would scan the whole table for its hash.
+        "CREATE INDEX passage_hashes_passage ON passage_hashes (passage_id)",
+    )
+
+
+@migration
+def m_passages_fts(conn: sqlite3.Connection) -> None:
+    _run(
+        conn,
+        # Keyword half of hybrid archival search. External content: the text is
+        # stored once (in passages) and the index holds only its tokens. The
+        # agent_id column lets a small archive be searched inside FTS5 without
+        # touching other agents' hits; the tokenizer matches messages_fts.
+        """CREATE VIRTUAL TABLE passages_fts USING fts5(
+            agent_id, text, content = 'passages', content_rowid = 'id',
+            tokenize = 'unicode61 remove_diacritics 2'
+        )""",
+        """CREATE TRIGGER passages_fts_insert AFTER INSERT ON passages BEGIN
+            INSERT INTO passages_fts (rowid, agent_id, text) VALUES (new.id, new.agent_id, new.text);
+        END""",
+        # An external-content index must be told the old values to forget them;
+        # this fires for ON DELETE CASCADE (agent deleted) too.
+        """CREATE TRIGGER passages_fts_delete AFTER DELETE ON passages BEGIN
+            INSERT INTO passages_fts (passages_fts, rowid, agent_id, text)
+            VALUES ('delete', old.id, old.agent_id, old.text);
+        END""",
+        """CREATE TRIGGER passages_fts_update AFTER UPDATE OF agent_id, text ON passages BEGIN
+            INSERT INTO passages_fts (passages_fts, rowid, agent_id, text)
+            VALUES ('delete', old.id, old.agent_id, old.text);
+            INSERT INTO passages_fts (rowid, agent_id, text) VALUES (new.id, new.agent_id, new.text);
+        END""",
+        # Index the passages stored before this migration.
+        "INSERT INTO passages_fts (passages_fts) VALUES ('rebuild')",
+    )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
 from memory.types import AgentRecord, Block, Message, Passage, SearchPage
@@ -121,3 +122,100 @@ class Store(ABC):
 
     @abstractmethod
     async def delete_passages(self, agent_id: str, ids: Sequence[int]) -> None: ...
+
+    # -- shared collections -----------------------------------------------
+    # A collection ("source") is stored once, as an agent record keyed
+    # `source:NAME` that holds its passages, so every archival call above
+    # works on it unchanged. Agents only ever read it, through
+    # ArchivalMemory.search, which merges the attached collections in.
+    # Not abstract yet so a backend still being written keeps working (with no
+    # collections); the conformance suite (test_sources_conformance) holds
+    # every backend to these.
+    async def create_source(self, name: str) -> tuple[SourceRecord, bool]:
+        """The collection `name`, created if new (with its `source:NAME` agent
+        record); the bool says whether this call created it. Safe under
+        concurrent calls for the same name."""
+        raise self._no_sources()
+
+    async def find_source(self, name: str) -> SourceRecord | None:
+        raise self._no_sources()
+
+    async def list_sources(self) -> list[SourceRecord]:
+        """Admin: every collection, by name."""
+        raise self._no_sources()
+
+    async def attach_source(self, source_id: str, agent_id: str | None) -> None:
+        """Let one agent search the collection; with None, every agent, present
+        and future (this also undoes earlier per-agent detaches)."""
+        raise self._no_sources()
+
+    async def detach_source(self, source_id: str, agent_id: str | None) -> None:
+        """Stop one agent searching the collection, even if it is attached to
+        all; with None, detach it from every agent."""
+        raise self._no_sources()
+
+    async def attached_sources(self, agent_id: str) -> list[SourceRecord]:
+        """The collections this agent searches, by name: attached to it, or
+        to all agents and not detached from it. Never the agent itself."""
+        return []
+
+    async def source_attachments(self, source_id: str) -> list[str]:
+        """Admin: ids of the agents the collection is attached to one by one
+        (agents covered only by `attach_all` are not listed)."""
+        raise self._no_sources()
+
+    # -- loaded documents (any agent, collections included) ---------------
+    async def record_document(self, agent_id: str, document: DocumentRecord) -> None:
+        """Mark a file as completely loaded (insert or replace by sha256).
+        Written only after all its passages are stored, so a load that was
+        interrupted before this call is resumed by loading the file again."""
+        raise self._no_sources()
+
+    async def list_documents(self, agent_id: str) -> list[DocumentRecord]:
+        """Files completely loaded for this agent, oldest first."""
+        raise self._no_sources()
+
+    async def known_passage_hashes(self, agent_id: str, hashes: Sequence[str]) -> set[str]:
+        """Which of `hashes` belong to passages this agent already holds."""
+        raise self._no_sources()
+
+    async def insert_hashed_passages(
+        self, agent_id: str, passages: Sequence[Passage], hashes: Sequence[str]
+    ) -> list[int]:
+        """Like insert_passages, keyed by content hash (one per passage): a
+        passage whose hash the agent already holds (or that repeats one earlier
+        in the call) is skipped and gets id 0; the others are stored and their
+        hashes recorded. Deleting a passage forgets its hash."""
+        raise self._no_sources()
+
+    def _no_sources(self) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} does not support shared collections and loading yet")
+
+
+SOURCE_KEY_PREFIX = "source:"
+
+
+def source_key(name: str) -> str:
+    """The agent key under which a collection's passages are stored."""
+    return SOURCE_KEY_PREFIX + name
+
+
+@dataclass(slots=True)
+class SourceRecord:
+    """A shared collection. `id` is the id of the agent record holding its
+    passages; `attach_all` attaches it to every agent, present and future."""
+
+    id: str
+    name: str
+    created_at: datetime
+    attach_all: bool = False
+
+
+@dataclass(slots=True)
+class DocumentRecord:
+    """A file loaded completely into an agent's (or a collection's) archival storage."""
+
+    sha256: str
+    name: str
+    passages: int
+    loaded_at: datetime

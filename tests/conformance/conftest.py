@@ -6,22 +6,36 @@ server it cannot reach should call pytest.skip() with the reason.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from memory.sqlite_store import SQLiteStore
 from memory.store import Store
+from tests.mongo_server import close_shared, shared_target
 
 
 async def _sqlite(tmp_path: Path) -> Store:
     return SQLiteStore(tmp_path / "memory.db")
 
 
+async def _mongodb(tmp_path: Path) -> Store:
+    # FerretDB started (built if need be) on first use, or MONGODB_TEST_URI;
+    # each test gets a fresh database, dropped when the store closes.
+    return shared_target().store()
+
+
 FACTORIES: dict[str, Callable[[Path], Awaitable[Store]]] = {
     "sqlite": _sqlite,
+    "mongodb": _mongodb,
 }
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _stop_mongo_server() -> Iterator[None]:
+    yield
+    close_shared()
 
 
 @pytest.fixture(params=sorted(FACTORIES))
