@@ -333,6 +333,10 @@ class DiscordAdapter:
                               event_id=event.event_id)]
 
     # -- delivery --------------------------------------------------------------
+    async def wait_ready(self) -> None:
+        """Return once the gateway session is ready, so deliveries can go out."""
+        await self.client.wait_until_ready()
+
     async def deliver(self, replies: Sequence[Reply], *, channel: discord.abc.Messageable | None = None) -> None:
         """Send replies in order to `channel`, or where each reply's `reply_to` says (a channel id,
         else the user's DMs, else `fallback_channel_id` when their DMs are closed). A failure is

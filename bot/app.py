@@ -7,17 +7,33 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from itertools import groupby
+from typing import TYPE_CHECKING, Any, Protocol
 
+from bot.events import Reply
 from bot.ports import BotPort
+from memory.types import utc_now
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
 
 log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 60.0
 
 
 class Adapter(Protocol):
     async def start(self) -> None: ...
+
+    async def wait_ready(self) -> None:
+        """Return once the adapter can send (connected)."""
+        ...
+
+    async def deliver(self, replies: list[Reply]) -> None:
+        """Send replies that answer no platform message (check-ins, reminders)."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -65,10 +81,56 @@ PLANNERS: dict[str, Callable[[BotPort, Mapping[str, str]], AdapterPlan]] = {"dis
 
 def plan_adapters(bot: BotPort, env: Mapping[str, str] | None = None) -> list[AdapterPlan]:
     env = os.environ if env is None else env
-    return [planner(bot, env) for planner in PLANNERS.values()]
+    plans = []
+    for name, planner in PLANNERS.items():
+        try:
+            plans.append(planner(bot, env))
+        except ImportError as error:  # a platform library missing from this install
+            plans.append(AdapterPlan(name, None, f"cannot load its library ({error})"))
+    return plans
 
 
-async def run_adapters(plans: list[AdapterPlan], announce: Callable[[str], Any]) -> None:
+async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[str, str] | None = None) -> None:
+    """Run the configured adapters on `runtime`, with the check-in scheduler
+    delivering through them, until a signal or until every adapter stops."""
+    from bot.scheduler import CheckinScheduler
+
+    plans = plan_adapters(runtime, env)
+    adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
+
+    async def deliver(replies: list[Reply]) -> None:
+        for platform, group in groupby(replies, key=lambda reply: reply.platform):
+            adapter = adapters.get(platform)
+            if adapter is None:
+                log.warning("check-in for a %s user, but the %s adapter is not running; not sent", platform, platform)
+                continue
+            await adapter.deliver(list(group))
+
+    scheduler = CheckinScheduler(runtime, runtime.schedules, deliver, utc_now, runtime.checkin_settings)
+
+    async def start_scheduler() -> None:
+        # Missed ticks fire at start: wait until the adapters can send.
+        for name, adapter in adapters.items():
+            try:
+                await asyncio.wait_for(adapter.wait_ready(), timeout=READY_TIMEOUT)
+            except TimeoutError:
+                log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
+        runtime.scheduler = scheduler
+        await scheduler.start()
+        announce(f"check-ins: scheduler started ({len(scheduler.armed)} schedules armed)")
+
+    try:
+        await run_adapters(plans, announce, on_started=start_scheduler)
+    finally:
+        runtime.scheduler = None
+        await scheduler.stop()
+
+
+async def run_adapters(
+    plans: list[AdapterPlan],
+    announce: Callable[[str], Any],
+    on_started: Callable[[], Awaitable[None]] | None = None,
+) -> None:
     """Start every planned adapter and run until a signal or until all stop."""
     for plan in plans:
         announce(f"{plan.name}: {'starting, ' if plan.adapter else 'skipped: '}{plan.reason}")
@@ -87,6 +149,7 @@ async def run_adapters(plans: list[AdapterPlan], announce: Callable[[str], Any])
             pass
     tasks = {asyncio.create_task(plan.adapter.start(), name=plan.name): plan for plan in active}  # type: ignore[union-attr]
     stopper = asyncio.create_task(stop.wait(), name="stop")
+    started = asyncio.create_task(on_started(), name="on-started") if on_started else None
     try:
         pending: set[asyncio.Task[Any]] = set(tasks) | {stopper}
         while pending:
@@ -103,6 +166,8 @@ async def run_adapters(plans: list[AdapterPlan], announce: Callable[[str], Any])
                 break
     finally:
         stopper.cancel()
+        if started is not None:
+            started.cancel()
         for plan in active:
             try:
                 await plan.adapter.close()  # type: ignore[union-attr]

@@ -33,7 +33,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from bot.app import NoAdapterError
+from bot.cli_checkins import add_checkin_commands
 from bot.cli_documents import add_document_commands
+from bot.cli_run import add_run_command
 from bot.config import ConfigError, Settings
 from bot.events import agent_key, parse_user
 from bot.llm import LLMUnavailableError
@@ -173,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("file", metavar="FILE.jsonl", type=Path)
     load.set_defaults(func=cmd_import)
     add_document_commands(commands, common)
+    add_checkin_commands(commands, common)
+    add_run_command(commands, common)
     return parser
 
 
@@ -197,7 +202,7 @@ def run(argv: list[str] | None = None) -> int:
         code = asyncio.run(func(args, settings))
         log.info("%s %s: exit %d", PROG, command, code)
         return code
-    except (CLIError, ConfigError, StoreError, LLMUnavailableError) as error:
+    except (CLIError, ConfigError, StoreError, LLMUnavailableError, NoAdapterError) as error:
         log.info("%s %s failed: %s", PROG, command, error, extra={"file_only": True})
         return fail(str(error))
     except KeyboardInterrupt:
