@@ -116,8 +116,9 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
             except TimeoutError:
                 log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
         runtime.scheduler = scheduler
+        announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
         await scheduler.start()
-        announce(f"check-ins: scheduler started ({len(scheduler.armed)} schedules armed)")
+        log.info("check-ins: %d schedules armed", len(scheduler.armed))
 
     try:
         await run_adapters(plans, announce, on_started=start_scheduler)
