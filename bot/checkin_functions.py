@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot.checkins import (
-    WHEN_HINT,
     CheckinSettings,
     Schedule,
     format_local,
@@ -20,7 +19,7 @@ from bot.checkins import (
     next_fire,
     parse_when,
 )
-from bot.functions import HEARTBEAT, FunctionError, FunctionSet, _function
+from bot.functions import HEARTBEAT, FunctionError, FunctionSet, function_schema
 from memory.schedule_store import ScheduleStore
 from memory.types import utc_now
 
@@ -30,12 +29,12 @@ if TYPE_CHECKING:
 MAX_NOTE_CHARS = 500
 OnChange = Callable[[], Awaitable[None]]
 
-SCHEDULE_REMINDER = _function(
+SCHEDULE_REMINDER = function_schema(
     "schedule_reminder",
-    "Be woken once at a later time to follow up or remind the person (a scheduled tick with the note).",
+    "Wake once later (a scheduled tick with the note) to follow up or remind.",
     {
-        "when": {"type": "string", "description": f"No zone = the person's zone; {WHEN_HINT}."},
-        "note": {"type": "string", "description": "What to remind or follow up about."},
+        "when": {"type": "string", "description": "ISO time, 'in 2 hours' or 'tomorrow 09:00'; no zone: theirs."},
+        "note": {"type": "string"},
         "request_heartbeat": HEARTBEAT,
     },
     ["when", "note", "request_heartbeat"],

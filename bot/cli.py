@@ -40,6 +40,7 @@ from bot.cli_run import add_run_command
 from bot.config import ConfigError, Settings
 from bot.events import agent_key, parse_user
 from bot.llm import LLMUnavailableError
+from bot.migrate import add_migrate_command
 from bot.reports import plural, render_description
 from memory.store import StoreError
 from memory.types import Message, Passage
@@ -178,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_document_commands(commands, common)
     add_checkin_commands(commands, common)
     add_run_command(commands, common)
+    add_migrate_command(commands, [common])
     return parser
 
 

@@ -74,6 +74,8 @@ class Settings:
     llm_timeout: float = 60.0
     llm_max_retries: int = 3
     embedding_model: str = ""  # empty: the bundled all-MiniLM-L6-v2
+    mongodb_uri: str = ""  # empty: the embedded SQLite store under data_dir
+    mongodb_db: str = "memgpt"
     log_level: str = "INFO"
 
     @classmethod
@@ -102,6 +104,8 @@ class Settings:
         settings.llm_timeout = _float(env, "MEMGPT_LLM_TIMEOUT", settings.llm_timeout)
         settings.llm_max_retries = _int(env, "MEMGPT_LLM_MAX_RETRIES", settings.llm_max_retries)
         settings.embedding_model = env.get("MEMGPT_EMBEDDING_MODEL", settings.embedding_model)
+        settings.mongodb_uri = env.get("MONGODB_URI", "")
+        settings.mongodb_db = env.get("MONGODB_DB", "") or settings.mongodb_db
         settings.log_level = env.get("MEMGPT_LOG_LEVEL", settings.log_level).upper()
         settings.validate()
         return settings
@@ -124,7 +128,8 @@ class Settings:
         shown: dict[str, object] = {}
         for item in fields(self):
             value = getattr(self, item.name)
-            shown[item.name] = ("set" if value else "not set") if "key" in item.name else value
+            secret = "key" in item.name or item.name == "mongodb_uri"  # a URI may carry a password
+            shown[item.name] = ("set" if value else "not set") if secret else value
         return shown
 
 

@@ -18,11 +18,11 @@ from jsonschema import Draft202012Validator
 if TYPE_CHECKING:
     from bot.agent import Agent
 
-HEARTBEAT = {"type": "boolean", "description": "true: run again right after this returns."}
+HEARTBEAT = {"type": "boolean", "description": "true: run again after this."}
 PAGE = {"type": "integer", "minimum": 0, "description": "Result page, 0 first."}
 
 
-def _function(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {
         "type": "function",
         "function": {
@@ -36,19 +36,19 @@ def _function(name: str, description: str, properties: dict[str, Any], required:
 BLOCK_NAME = {"type": "string", "description": "Block: persona or human."}
 
 CORE_SCHEMAS: list[dict[str, Any]] = [
-    _function(
+    function_schema(
         "send_message",
         "Send a message to the person. The only way they see anything you write.",
         {"message": {"type": "string", "description": "Text, in the person's language."}},
         ["message"],
     ),
-    _function(
+    function_schema(
         "core_memory_append",
         "Append a line to a working context block.",
         {"name": BLOCK_NAME, "content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
         ["name", "content", "request_heartbeat"],
     ),
-    _function(
+    function_schema(
         "core_memory_replace",
         "Replace exact text in a working context block; empty new_content deletes it.",
         {
@@ -59,13 +59,13 @@ CORE_SCHEMAS: list[dict[str, Any]] = [
         },
         ["name", "old_content", "new_content", "request_heartbeat"],
     ),
-    _function(
+    function_schema(
         "conversation_search",
         "Search all past messages (recall storage) by words, most relevant first.",
         {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
         ["query", "request_heartbeat"],
     ),
-    _function(
+    function_schema(
         "conversation_search_date",
         "List past messages between two dates, oldest first.",
         {
@@ -76,13 +76,13 @@ CORE_SCHEMAS: list[dict[str, Any]] = [
         },
         ["start_date", "end_date", "request_heartbeat"],
     ),
-    _function(
+    function_schema(
         "archival_memory_insert",
         "Save a passage to archival storage (long-term, searchable by meaning). Self-contained text.",
         {"content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
         ["content", "request_heartbeat"],
     ),
-    _function(
+    function_schema(
         "archival_memory_search",
         "Search archival storage by meaning, best first.",
         {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},

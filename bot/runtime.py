@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 
 def default_store(settings: Settings) -> Store:
+    """MongoDB when MONGODB_URI is set, else the embedded SQLite file."""
+    if settings.mongodb_uri:
+        from memory.mongo_store import MongoStore
+
+        return MongoStore(settings.mongodb_uri, settings.mongodb_db)
     return SQLiteStore(Path(settings.data_dir) / "memgpt.sqlite3")
 
 
