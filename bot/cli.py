@@ -389,6 +389,7 @@ def _passage_json(passage: Passage, score: float) -> dict[str, Any]:
         "score": round(float(score), 4),
         "text": passage.text,
         "source": passage.source,
+        "collection": getattr(passage, "collection", None),
         "position": passage.position,
         "created_at": _iso(passage.created_at),
     }

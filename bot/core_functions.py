@@ -147,6 +147,9 @@ def _message_line(message: Message) -> str:
 
 def _passage_line(passage: Passage, score: float) -> str:
     origin = passage.source or "archival"
+    collection = getattr(passage, "collection", None)
+    if collection:  # a shared collection attached to this agent, read-only
+        origin = f"collection {collection}: {origin}"
     if passage.position:
         origin += f", {passage.position}"
     return f"[{passage.created_at:%Y-%m-%d}] ({origin}; relevance {score:.2f}) {passage.text}"

@@ -26,6 +26,8 @@ def parse_user(spec: str) -> tuple[str, str]:
         return "terminal", spec
     if not platform or not user_id:
         raise ValueError(f"bad user {spec!r}: use NAME or PLATFORM:ID, e.g. discord:1234")
+    if platform == "source":  # shared collections live under source:NAME and are read-only
+        raise ValueError(f"bad user {spec!r}: 'source:' names a shared collection, not a user")
     return platform, user_id
 
 

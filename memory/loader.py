@@ -48,8 +48,10 @@ log = logging.getLogger(__name__)
 # Passages per store commit: large enough that commits cost little, small
 # enough that an interrupted load loses at most a few seconds of embedding.
 WRITE_BATCH = 256
-# Files prepared ahead of the model; bounds the memory a huge folder can take.
-PREPARED_AHEAD = 4
+# Passages prepared ahead of the model, in windows: enough that each window
+# is full (large, length-sorted model batches), bounded so a huge folder does
+# not sit in memory.
+WINDOWS_AHEAD = 2
 
 Status = Literal["loaded", "unchanged", "failed"]
 
@@ -228,10 +230,12 @@ class _Loader:
         self.loaded_at = utc_now()
         self.results: dict[int, FileResult] = {}
         self._bar = _progress_bar(progress, label)
+        self._ahead = 0  # fresh passages prepared and not yet taken by the consumer
+        self._room = asyncio.Condition()
 
     async def run(self, inputs: list[_Input]) -> list[FileResult]:
         loaded = {record.sha256: record for record in await self.store.list_documents(self.agent_id)}
-        queue: asyncio.Queue[_Prepared | _ProducerFailed | None] = asyncio.Queue(maxsize=PREPARED_AHEAD)
+        queue: asyncio.Queue[_Prepared | _ProducerFailed | None] = asyncio.Queue()
         producer = asyncio.create_task(self._produce(inputs, loaded, queue), name="loader-prepare")
         try:
             await self._consume(queue)
@@ -264,6 +268,9 @@ class _Loader:
                 prepared.existing = len(prepared.passages) - len(prepared.fresh)
                 self._bar.total = (self._bar.total or 0) + len(prepared.fresh)
                 self._bar.refresh()
+                async with self._room:
+                    await self._room.wait_for(lambda: self._ahead < WINDOWS_AHEAD * self.write_batch)
+                    self._ahead += len(prepared.fresh)
                 await queue.put(prepared)
         except Exception as error:
             await queue.put(_ProducerFailed(error))
@@ -272,14 +279,15 @@ class _Loader:
 
     async def _consume(self, queue: asyncio.Queue[_Prepared | _ProducerFailed | None]) -> None:
         pending: deque[tuple[_Prepared, int]] = deque()
+        vectors_for: list[tuple[_Prepared, int]] = []  # embedded, not yet handed to a write
         embedded: list[tuple[_Prepared, int]] = []
         finished: list[_Prepared] = []  # files whose every passage is embedded (or was stored before)
         writing: asyncio.Task[None] | None = None
         done = False
         try:
             while True:
-                # Fill a batch, but never keep the model waiting for a slow file.
-                while not done and len(pending) < self.embed_batch and not (pending and queue.empty()):
+                # Fill a window, but never keep the model waiting for a slow file.
+                while not done and len(pending) < self.write_batch and not (pending and queue.empty()):
                     item = await queue.get()
                     if item is None:
                         done = True
@@ -287,27 +295,48 @@ class _Loader:
                         raise item.error
                     elif item.fresh:
                         pending.extend((item, n) for n in item.fresh)
+                        async with self._room:
+                            self._ahead -= len(item.fresh)
+                            self._room.notify_all()
                     else:
                         finished.append(item)
                 if not pending:
                     break
-                batch = [pending.popleft() for _ in range(min(self.embed_batch, len(pending)))]
-                vectors = await self.embedder.embed([doc.passages[n].text for doc, n in batch])
-                for (doc, n), vector in zip(batch, vectors, strict=True):
-                    doc.passages[n].embedding = vector.tolist()
-                    embedded.append((doc, n))
-                    doc.remaining -= 1
-                    if doc.remaining == 0:
-                        finished.append(doc)
-                if len(embedded) >= self.write_batch:
-                    writing = await self._start_write(writing, embedded, finished)
+                window = [pending.popleft() for _ in range(min(self.write_batch, len(pending)))]
+                # The model pads every batch to its longest text: texts of like
+                # length together waste least (what one big encode call does),
+                # while small calls keep a chat query's wait to one batch.
+                window.sort(key=lambda item: len(item[0].passages[item[1]].text))
+                for start in range(0, len(window), self.embed_batch):
+                    batch = window[start : start + self.embed_batch]
+                    vectors = await self.embedder.embed([doc.passages[n].text for doc, n in batch])
+                    for (doc, n), vector in zip(batch, vectors, strict=True):
+                        doc.passages[n].embedding = vector.tolist()
+                    vectors_for.extend(batch)
+                self._hand_over(vectors_for, embedded, finished)
+                writing = await self._start_write(writing, embedded, finished)
         finally:
             # Whatever was embedded is kept, even when the load stops early: a
             # re-run then has less to do.
+            self._hand_over(vectors_for, embedded, finished)
             if embedded or finished:
                 writing = await self._start_write(writing, embedded, finished)
             if writing is not None:
                 await writing
+
+    @staticmethod
+    def _hand_over(
+        vectors_for: list[tuple[_Prepared, int]], embedded: list[tuple[_Prepared, int]], finished: list[_Prepared]
+    ) -> None:
+        """Move embedded passages to the write buffer in document order (so
+        passage ids follow the files), noting files now complete."""
+        vectors_for.sort(key=lambda item: (item[0].index, item[1]))
+        for doc, n in vectors_for:
+            embedded.append((doc, n))
+            doc.remaining -= 1
+            if doc.remaining == 0:
+                finished.append(doc)
+        vectors_for.clear()
 
     async def _start_write(
         self,

@@ -244,6 +244,14 @@ async def test_a_large_load_never_stalls_the_bots_replies(
     user = await runtime.agent("terminal:reader")
     await runtime.store.attach_source(source.id, user.id)
 
+    async def chat(turn: int) -> None:
+        replies = await runtime.handle(UserMessage(platform="terminal", user_id="reader", text=f"turn {turn}"))
+        assert [reply.text for reply in replies] == [f"echo turn {turn}"]
+        found = await runtime.archival.search(user.id, "morning water for basil", 3)
+        assert all(item.collection == "library" for item, _ in found.items)
+
+    # A first turn before measuring: the model client's cold start is not the loader's doing.
+    await chat(0)
     gaps: list[float] = []
 
     async def ticker() -> None:
@@ -259,14 +267,12 @@ async def test_a_large_load_never_stalls_the_bots_replies(
         runtime.archival, source.id, [folder], counter=COUNTER, max_tokens=24, overlap_tokens=4, progress=False,
     ))
     answered_during_load = 0
-    turn = 0
-    while not load.done() or turn < 3:
-        turn += 1
-        replies = await runtime.handle(UserMessage(platform="terminal", user_id="reader", text=f"turn {turn}"))
-        assert [reply.text for reply in replies] == [f"echo turn {turn}"]
-        found = await runtime.archival.search(user.id, "morning water for basil", 3)
-        assert all(item.collection == "library" for item, _ in found.items)
+    for turn in range(1, 13):
+        await chat(turn)
         answered_during_load += not load.done()
+        if load.done():
+            break
+        await asyncio.sleep(0.2)  # a person's pace, and a queue that never overflows
     report = await load
     ticking.cancel()
 
