@@ -35,6 +35,9 @@ NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
 MAX_FLUSHES_PER_STEP = 3
+# Room for the assistant message that asked for a page and the result's JSON wrapper.
+PAGE_CALL_ALLOWANCE = 160
+MIN_PAGE_TOKENS = 96
 # Events a person is waiting on: a step that reaches nobody gets a nudge.
 ANSWERED_KINDS = frozenset({"user_message", "file_uploaded"})
 
@@ -276,9 +279,19 @@ class Agent:
         self._outbox.append(text)
 
     def page_token_budget(self) -> int:
-        """Tokens a page of search results may take without pushing the next
-        prompt over the window (the queue manager evicts before the call, but a
-        single result must still fit in what eviction can free)."""
-        free = self.queue.flush_limit - self.queue.total_tokens(self.status_line())
-        cap = self.queue.flush_limit // 5
-        return max(min(cap, free), min(cap, 128))
+        """Tokens a page of search results may take. Eviction runs before every
+        call and can cut the queue back to this step's call and its result, so
+        the page must fit next to the parts that cannot be evicted: the fixed
+        prompt, working context, status line, the summary at its full budget,
+        and the call that asked for the page with the result's wrapper."""
+        queue = self.queue
+        pinned = (
+            queue.fixed_tokens
+            + queue.header_tokens
+            + queue.working_context_tokens
+            + queue.counter.count(self.status_line())
+            + queue.summary_budget()
+            + PAGE_CALL_ALLOWANCE
+        )
+        cap = queue.flush_limit // 5
+        return max(MIN_PAGE_TOKENS, min(cap, queue.flush_limit - pinned))

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from bot.agent import Agent
 
 MAX_ARCHIVAL_INSERT_CHARS = 8_000
+# A shortened result keeps at least this much: enough for a UUID and its context.
+MIN_ITEM_TOKENS = 40
 
 
 async def send_message(agent: Agent, args: dict[str, Any]) -> str:
@@ -162,13 +164,6 @@ def _page_text(agent: Agent, where: str, query: str, page: int, size: int, total
             return f"No page {page} for {query!r} in {where}: {total} results on pages 0-{pages - 1}."
         return f"Nothing found for {query!r} in {where}."
     counter = agent.services.counter
-    per_item = max(24, agent.page_token_budget() // max(1, len(items)) - 8)
-    shown = []
-    for item in items:
-        tokens = counter.count(item)
-        if tokens > per_item:
-            item = counter.truncate(item, per_item) + f" [... shortened from {tokens} tokens]"
-        shown.append(f"- {item}")
     first = page * size + 1
     remaining = max(0, total - page * size - len(items))
     more = f" {remaining} more: call again with page={page + 1}." if remaining else " No more results."
@@ -176,4 +171,22 @@ def _page_text(agent: Agent, where: str, query: str, page: int, size: int, total
         f"Page {page} of pages 0-{pages - 1}: results {first}-{first + len(items) - 1} of {total} "
         f"from {where} for {query!r}.{more}"
     )
+    # The header and each line's "- " come out of the same budget as the items.
+    room = agent.page_token_budget() - counter.count(header) - 4 * len(items) - 40
+    fit = max(1, min(len(items), room // MIN_ITEM_TOKENS))
+    if fit < len(items):
+        # Too little room for every result of the page: show fewer, say so, never cut them to nothing.
+        header += (
+            f" Only the first {fit} of this page fit in your context now; the other {len(items) - fit} "
+            "were left out: search more specifically to see them."
+        )
+        items = items[:fit]
+    per_item = max(MIN_ITEM_TOKENS, room // fit)
+    shown = []
+    for item in items:
+        tokens = counter.count(item)
+        if tokens > per_item:
+            note = f" [... shortened from {tokens} tokens]"
+            item = counter.truncate(item, per_item - counter.count(note)) + note
+        shown.append(f"- {item}")
     return header + "\n" + "\n".join(shown)

@@ -19,6 +19,7 @@ from bot.checkins import CheckinSettings
 from bot.config import Settings
 from bot.core_functions import build_core_functions
 from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
+from bot.leases import Leases, leases_for
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from bot.reports import describe_user, plural, render_description
@@ -56,6 +57,7 @@ class Runtime:
         embedder: Embedder,
         counter: TokenCounter | None = None,
         checkin_settings: CheckinSettings | None = None,
+        leases: Leases | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -80,6 +82,9 @@ class Runtime:
         )
         self._agents: dict[str, Agent] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Several bot processes on one database: one of them works on an agent
+        # at a time (bot/leases.py); a no-op for a single process.
+        self.leases = leases or leases_for(store)
         # Check-ins: the schedules live beside the memory, in the same store.
         self.checkin_settings = checkin_settings or CheckinSettings.from_env()
         self.schedules = schedule_store_for(store)
@@ -115,9 +120,11 @@ class Runtime:
 
     async def handle_with_details(self, event: Event) -> EventResult:
         key = event.agent_key
-        # The lock is taken before any await, so events keep their arrival order.
-        async with self._lock(key):
-            agent = await self._agent(key)
+        # The agent's line (then the lock) is joined before any await, so events
+        # keep their arrival order; if another process worked on the agent since
+        # our last turn, the cached copy is stale and the agent is reloaded.
+        async with self.leases.hold(key) as turn, self._lock(key):
+            agent = await self._agent(key, reload=not turn.continuous)
             notice: list[Reply] = []
             if isinstance(event, FileUploaded):
                 event.passages_saved = await self._save_upload(agent, event)
@@ -136,7 +143,9 @@ class Runtime:
             lock = self._locks[key] = asyncio.Lock()
         return lock
 
-    async def _agent(self, key: str) -> Agent:
+    async def _agent(self, key: str, *, reload: bool = False) -> Agent:
+        if reload:
+            self._agents.pop(key, None)
         agent = self._agents.get(key)
         if agent is None:
             blocks = default_blocks(self.settings.persona_limit, self.settings.human_limit)
@@ -172,7 +181,7 @@ class Runtime:
     # -- admin and data rights ---------------------------------------------
     async def forget(self, key: str) -> bool:
         """Delete everything held on this user. Returns whether there was anything."""
-        async with self._lock(key):
+        async with self.leases.hold(key), self._lock(key):
             # Check-ins can exist for someone who never chatted: delete them first.
             removed = await self.schedules.delete_for_agent_key(key)
             if removed:
@@ -247,8 +256,8 @@ class Runtime:
     async def import_history(self, key: str, messages: Iterable[Message]) -> int:
         """Load past conversation into recall storage (not into the queue)."""
         batch = list(messages)
-        async with self._lock(key):
-            agent = await self._agent(key)
+        async with self.leases.hold(key) as turn, self._lock(key):
+            agent = await self._agent(key, reload=not turn.continuous)
             await self.store.append_messages(agent.id, batch)
             agent.recall_count += len(batch)
             # Imported history is older than anything live: it belongs in recall
@@ -265,4 +274,5 @@ class Runtime:
         await self.llm.close()
         if close_embedder:
             await self.embedder.close()
+        await self.leases.close()
         await self.store.close()

@@ -232,3 +232,37 @@ def m_passages_fts(conn: sqlite3.Connection) -> None:
         # Index the passages stored before this migration.
         "INSERT INTO passages_fts (passages_fts) VALUES ('rebuild')",
     )
+
+
+@migration
+def m_process_coordination(conn: sqlite3.Connection) -> None:
+    # Several bot processes on one database file (see bot/leases.py).
+    _run(
+        conn,
+        # Platform event ids already handled (Store.first_delivery), kept a day.
+        """CREATE TABLE delivered_events (
+            event_id TEXT PRIMARY KEY,
+            seen_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        "CREATE INDEX delivered_events_seen ON delivered_events (seen_at)",
+        # Bot processes taking part in leases, alive while their heartbeat is renewed.
+        """CREATE TABLE lease_owners (
+            owner TEXT PRIMARY KEY,
+            expires_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+        # Each agent's line of events waiting for or holding its lease: the
+        # lowest live ticket (not done, owner alive) holds it.
+        """CREATE TABLE lease_tickets (
+            name TEXT NOT NULL,
+            seq INTEGER NOT NULL,
+            owner TEXT NOT NULL,
+            done INTEGER NOT NULL DEFAULT 0,
+            PRIMARY KEY (name, seq)
+        ) WITHOUT ROWID""",
+        # Who held each agent's lease last: a process that finds someone else
+        # there reloads the agent from the store.
+        """CREATE TABLE lease_holders (
+            name TEXT PRIMARY KEY,
+            holder TEXT NOT NULL
+        ) WITHOUT ROWID""",
+    )

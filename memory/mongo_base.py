@@ -102,6 +102,11 @@ class MongoBase:
             raise StoreError(f"MongoDB store {self.redacted_uri} is not open")
         return self._db[name]
 
+    def collection(self, name: str) -> AsyncCollection[Doc]:
+        """A collection of this store's database, for modules that keep their
+        own documents beside memory (check-in schedules)."""
+        return self._c(name)
+
     async def _atomic(self, work: Callable[[Session], Awaitable[T]]) -> T:
         """Run `work` in a transaction where the server has them, else as is."""
         if self._client is None or self.capabilities is None or not self.capabilities.transactions:

@@ -17,6 +17,8 @@ carries `agent_id`, and every query filters on it):
                embedding, embedded, [hash]}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo_sources.py)
+    delivered_events, lease_owners, lease_tickets, lease_holders (memory/mongo_coordination.py)
+    schedules, schedule_claims, checkin_prefs (memory/mongo_schedules.py)
 
 Times are integers, microseconds since the Unix epoch (UTC): a BSON date keeps
 only milliseconds, and the store gives back exactly the instant it was given.
@@ -66,6 +68,8 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 from memory.capabilities import detect, guarded, scrub
 from memory.mongo_archival import ARCHIVAL_INDEXES
 from memory.mongo_base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us
+from memory.mongo_coordination import COORDINATION_INDEXES, MongoCoordination
+from memory.mongo_schedules import SCHEDULE_INDEXES
 from memory.mongo_sources import SOURCE_INDEXES, MongoSources
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
@@ -100,6 +104,8 @@ ALL_INDEXES: dict[str, list[IndexModel]] = {
     **INDEXES,
     **ARCHIVAL_INDEXES,
     **SOURCE_INDEXES,
+    **COORDINATION_INDEXES,
+    **SCHEDULE_INDEXES,
 }
 
 
@@ -166,7 +172,7 @@ async def _ensure_indexes(db: AsyncDatabase[Doc]) -> None:
                 await db[name].create_indexes([model])
 
 
-class MongoStore(MongoSources, Store):
+class MongoStore(MongoCoordination, MongoSources, Store):
     # -- life cycle --------------------------------------------------------
     async def open(self) -> None:
         if self._client is not None:
@@ -184,6 +190,7 @@ class MongoStore(MongoSources, Store):
             db = client[self.database]
             await db.command("ping")
             await _ensure_indexes(db)
+            await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
             await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)
             self._client, self._db, self.capabilities = client, db, capabilities

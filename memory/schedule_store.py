@@ -80,8 +80,9 @@ def new_schedule_id() -> str:
 
 
 class ScheduleStore(ABC):
-    """Backend-neutral: every method maps onto one SQL statement or one MongoDB
-    `find_one_and_update` / `update_many` / `delete_many`."""
+    """Backend-neutral: every method maps onto one SQL statement or a few
+    MongoDB calls (memory/mongo_schedules.py: there an insert against a unique
+    index, not an update, makes `claim` exactly-once)."""
 
     @abstractmethod
     async def add(self, schedule: Schedule) -> Schedule:
@@ -150,6 +151,13 @@ def schedule_store_for(store: Store) -> ScheduleStore:
     """The schedule store living next to `store` (same database)."""
     if isinstance(store, SQLiteStore):
         return SQLiteScheduleStore(store)
+    # Imported here: memory.mongo_schedules builds on this module (and pulls in PyMongo).
+    from memory.mongo_base import MongoBase
+
+    if isinstance(store, MongoBase):
+        from memory.mongo_schedules import MongoScheduleStore
+
+        return MongoScheduleStore(store)
     raise NotImplementedError(f"no schedule store for {type(store).__name__} yet")
 
 

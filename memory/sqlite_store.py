@@ -6,8 +6,9 @@ never blocks on disk and all database access is serialized (which is also what
 makes seq assignment and get-or-create race-free inside one process; BEGIN
 IMMEDIATE covers a second process on the same file).
 
-Recall search uses FTS5 (bm25). Archival search is exact cosine similarity over
-an in-memory VectorIndex per agent, built lazily from the stored float32 BLOBs.
+Recall search uses FTS5 (bm25). Archival search is hybrid, FTS5 bm25 fused with
+embedding similarity (exact while an archive is small, an ANN index persisted
+beside the file once large): see memory/sqlite_search.py.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ import sqlite3
 import time
 import unicodedata
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -31,10 +31,12 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from memory.ann_index import ANN_THRESHOLD
 from memory.migrations import MIGRATIONS, migrate
+from memory.sqlite_coordination import SQLiteCoordination
+from memory.sqlite_search import PassageSearch
 from memory.store import DocumentRecord, SourceRecord, Store, StoreError, source_key
 from memory.types import AgentRecord, Block, Message, Passage, SearchPage
-from memory.vector_index import VectorIndex
 
 T = TypeVar("T")
 
@@ -99,23 +101,23 @@ def _passage(row: Sequence[Any]) -> Passage:
     )
 
 
-class SQLiteStore(Store):
+class SQLiteStore(SQLiteCoordination, Store):
     def __init__(
         self,
         path: str | os.PathLike[str],
         *,
         busy_timeout: float = 5.0,
         max_cached_indexes: int = 256,
+        ann_threshold: int = ANN_THRESHOLD,
     ) -> None:
         self.path = Path(path)
         self._busy_timeout = busy_timeout
         # Bounded so that a bot with many users does not keep every archive
         # in RAM; an evicted index is rebuilt from the BLOBs on next search.
-        self._max_indexes = max(max_cached_indexes, 1)
         self._executor: ThreadPoolExecutor | None = None
         # The fields below are only touched from the worker thread.
         self._conn: sqlite3.Connection | None = None
-        self._indexes: OrderedDict[str, VectorIndex] = OrderedDict()
+        self._search = PassageSearch(self.path, max_cached=max_cached_indexes, ann_threshold=ann_threshold)
 
     # -- plumbing ----------------------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -200,7 +202,7 @@ class SQLiteStore(Store):
             executor.shutdown(wait=False)
 
     def _close_sync(self) -> None:
-        self._indexes.clear()
+        self._search.close()
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
@@ -250,6 +252,7 @@ class SQLiteStore(Store):
             had_messages = conn.execute(
                 "SELECT 1 FROM messages WHERE agent_id = ? LIMIT 1", (agent_id,)
             ).fetchone()
+            had_passages = conn.execute("SELECT 1 FROM passages WHERE agent_id = ? LIMIT 1", (agent_id,)).fetchone()
             # Cascades to blocks, messages (whose trigger empties the FTS rows)
             # and passages.
             conn.execute("DELETE FROM agents WHERE id = ?", (agent_id,))
@@ -258,7 +261,9 @@ class SQLiteStore(Store):
                 # are merged; 'optimize' merges everything, so the words are gone
                 # for real. Costs one index rewrite, acceptable for a rare call.
                 conn.execute("INSERT INTO messages_fts (messages_fts) VALUES ('optimize')")
-        self._indexes.pop(agent_id, None)
+            if had_passages:
+                conn.execute("INSERT INTO passages_fts (passages_fts) VALUES ('optimize')")
+        self._search.forget(agent_id)
 
     # -- working context ---------------------------------------------------
     async def load_blocks(self, agent_id: str) -> list[Block]:
@@ -413,9 +418,9 @@ class SQLiteStore(Store):
                 ).lastrowid
                 for n, p in enumerate(passages)
             ]
-        index = self._indexes.get(agent_id)
-        if index is not None and embedded:
-            index.add([ids[n] for n in embedded], matrix)
+        self._search.rows_inserted(len(ids))
+        if embedded:
+            self._search.added(agent_id, [ids[n] for n in embedded], matrix)
         return ids
 
     async def set_embeddings(self, agent_id: str, vectors: dict[int, list[float]]) -> None:
@@ -436,9 +441,8 @@ class SQLiteStore(Store):
                     (matrix[n].tobytes(), passage_id, agent_id),
                 ).rowcount
             ]
-        index = self._indexes.get(agent_id)
-        if index is not None and updated:
-            index.add([ids[n] for n in updated], matrix[updated])
+        if updated:
+            self._search.added(agent_id, [ids[n] for n in updated], matrix[updated])
 
     def _checked_vectors(
         self, conn: sqlite3.Connection, agent_id: str, vectors: list[list[float]]
@@ -450,15 +454,7 @@ class SQLiteStore(Store):
         matrix = np.asarray(vectors, dtype=_F32)
         if matrix.ndim != 2:
             raise ValueError("embeddings in one call must all have the same length")
-        index = self._indexes.get(agent_id)
-        dim = index.dim if index is not None else None
-        if dim is None:
-            row = conn.execute(
-                "SELECT length(embedding) / 4 FROM passages"
-                " WHERE agent_id = ? AND embedding IS NOT NULL LIMIT 1",
-                (agent_id,),
-            ).fetchone()
-            dim = None if row is None else int(row[0])
+        dim = self._search.dim(conn, agent_id)
         if dim is not None and matrix.shape[1] != dim:
             raise ValueError(f"embedding length {matrix.shape[1]} != stored length {dim}")
         return matrix
@@ -475,17 +471,15 @@ class SQLiteStore(Store):
         limit: int,
         offset: int = 0,
     ) -> SearchPage:
-        # query_text is unused: exact vector search needs no keyword prefilter.
         query = np.asarray(query_vector, dtype=_F32)
-        return await self._call(self._search_passages, agent_id, query, limit, offset)
+        return await self._call(self._search_passages, agent_id, query_text, query, limit, offset)
 
     def _search_passages(
-        self, agent_id: str, query: npt.NDArray[np.float32], limit: int, offset: int
+        self, agent_id: str, text: str, query: npt.NDArray[np.float32], limit: int, offset: int
     ) -> SearchPage:
-        index = self._index(agent_id)
-        hits = index.search(query, offset + limit)[offset:] if limit > 0 else []
+        hits, total = self._search.search(self._db, agent_id, text, query, limit, offset)
         if not hits:
-            return SearchPage(items=[], total=len(index))
+            return SearchPage(items=[], total=total)
         rows = self._db.execute(
             f"SELECT {_PASSAGE_COLS} FROM passages"
             " WHERE id IN (SELECT value FROM json_each(?)) AND agent_id = ?",
@@ -493,30 +487,16 @@ class SQLiteStore(Store):
         )
         by_id = {row[0]: row for row in rows}
         items = [(_passage(by_id[pid]), score) for pid, score in hits if pid in by_id]
-        return SearchPage(items=items, total=len(index))
+        return SearchPage(items=items, total=total)
 
-    def _index(self, agent_id: str) -> VectorIndex:
-        """The agent's vector index, built from the stored BLOBs on first use."""
-        index = self._indexes.get(agent_id)
-        if index is not None:
-            self._indexes.move_to_end(agent_id)
-            return index
-        rows = self._db.execute(
-            "SELECT id, embedding FROM passages WHERE agent_id = ? AND embedding IS NOT NULL",
-            (agent_id,),
-        ).fetchall()
-        index = VectorIndex(capacity=max(64, len(rows)))
-        if rows:
-            if len({len(blob) for _, blob in rows}) != 1:
-                raise StoreError(
-                    f"SQLite store {self.path}: agent {agent_id} has embeddings of mixed lengths"
-                )
-            matrix = np.frombuffer(b"".join(blob for _, blob in rows), dtype=_F32)
-            index.add([passage_id for passage_id, _ in rows], matrix.reshape(len(rows), -1))
-        self._indexes[agent_id] = index
-        while len(self._indexes) > self._max_indexes:
-            self._indexes.popitem(last=False)
-        return index
+    @property
+    def _indexes(self) -> Mapping[str, object]:
+        """The agents whose vectors are held in memory now (tests look at it)."""
+        return self._search.cached_agents
+
+    async def wait_for_search_indexes(self) -> None:
+        """Until background ANN builds are done and in use (tests, benches)."""
+        await self._call(self._search.wait_for_builds)
 
     async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]:
         sql = f"SELECT {_PASSAGE_COLS} FROM passages WHERE agent_id = ?"
@@ -533,14 +513,12 @@ class SQLiteStore(Store):
 
     def _delete_passages(self, agent_id: str, ids: list[int]) -> None:
         with self._write() as conn:
-            conn.execute(
+            deleted = conn.execute(
                 "DELETE FROM passages WHERE agent_id = ?"
                 " AND id IN (SELECT value FROM json_each(?))",
                 (agent_id, json.dumps(ids)),
-            )
-        index = self._indexes.get(agent_id)
-        if index is not None:
-            index.remove(ids)
+            ).rowcount
+        self._search.removed(agent_id, ids, deleted)
 
     # -- other modules' tables in this file ----------------------------------
     async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:

@@ -112,7 +112,14 @@ class Store(ABC):
         limit: int,
         offset: int = 0,
     ) -> SearchPage:
-        """Passages most similar to `query_vector` (cosine), best first."""
+        """Embedded passages ranked by a hybrid of meaning and keywords, best
+        first (ties by id, so pages never overlap): relevance is the cosine of
+        `query_vector` plus a keyword bonus of up to memory.hybrid.KEYWORD_WEIGHT
+        for how much of `query_text` (rare words, ids, codes, names) the
+        passage holds. With empty `query_text` it is the plain cosine. Passages
+        without an embedding are not returned. `total` is how many passages
+        were ranked: every embedded one while the archive is searched exactly,
+        the candidate pool once an approximate index serves it."""
 
     @abstractmethod
     async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]: ...
@@ -190,6 +197,60 @@ class Store(ABC):
 
     def _no_sources(self) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} does not support shared collections and loading yet")
+
+    # -- coordination between bot processes ---------------------------------
+    # What lets several bot processes share one database: platform events
+    # delivered more than once (Slack retries) are handled once, and one agent
+    # is worked on by one process at a time, in arrival order (bot/leases.py
+    # tells the protocol). Not abstract, like shared collections; the
+    # conformance suite (test_dedup_conformance, test_lease_conformance) holds
+    # every backend to these. Times are the store's clock, in seconds.
+    async def first_delivery(self, event_id: str) -> bool:
+        """True the first time `event_id` is seen by any process on this
+        database, False for every repeat within DEDUP_TTL (a day); an id
+        older than that counts as new again."""
+        raise self._no_coordination()
+
+    async def lease_register(self, owner: str, ttl: float) -> None:
+        """Start the heartbeat of a new lease owner (a bot process; the id is
+        never used again once it expires): alive for `ttl` seconds."""
+        raise self._no_coordination()
+
+    async def lease_renew(self, owner: str, ttl: float) -> bool:
+        """Keep `owner` alive for another `ttl` seconds from now. False when it
+        already expired (or was never registered): it can never come back,
+        and every ticket it holds is dead."""
+        raise self._no_coordination()
+
+    async def lease_join(self, name: str, owner: str) -> int:
+        """Take a ticket for `name` (an agent key): its place in that name's
+        line, after every ticket already taken. Returns its number."""
+        raise self._no_coordination()
+
+    async def lease_position(self, name: str, seq: int, owner: str) -> int | None:
+        """How many live tickets are ahead of ticket `seq` (reads): 0 means it
+        holds the lease. A ticket is live until it is done or its owner's
+        heartbeat expires. None when the ticket itself is not live. May clear
+        away dead tickets ahead of it."""
+        raise self._no_coordination()
+
+    async def lease_leave(self, name: str, seq: int, owner: str) -> None:
+        """Done with ticket `seq` (held, given up or lost): it no longer
+        counts. Now and then also clears away the name's done tickets, but
+        never its highest-numbered one (bot/leases.py says why)."""
+        raise self._no_coordination()
+
+    async def lease_swap_holder(self, name: str, holder: str) -> str | None:
+        """Record `holder` as the last one to hold `name` and return the one
+        recorded before (None if never; `holder` itself if it was already
+        recorded: nothing is written then). Called only by the lease holder."""
+        raise self._no_coordination()
+
+    def _no_coordination(self) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} cannot coordinate several bot processes")
+
+
+DEDUP_TTL = 24 * 60 * 60  # seconds an event id is remembered by first_delivery
 
 
 SOURCE_KEY_PREFIX = "source:"

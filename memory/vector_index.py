@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -84,16 +84,21 @@ class VectorIndex:
                 self._row_of[moved] = row
             self._size = last
 
-    def search(self, query: npt.ArrayLike, k: int) -> list[tuple[int, float]]:
+    def search(
+        self, query: npt.ArrayLike, k: int, boost: Mapping[int, float] | None = None
+    ) -> list[tuple[int, float]]:
         """The k ids most similar to `query`, best first; ties go to the lower id
-        so that pages cut from growing k never overlap or skip."""
+        so that pages cut from growing k never overlap or skip. `boost` adds a
+        bonus to some ids' scores before ranking (the keyword half of a hybrid
+        search), so the whole archive is ranked by one exact score."""
         if k <= 0 or self._size == 0:
             return []
-        q = np.asarray(query, dtype=np.float32).reshape(-1)
-        if q.shape[0] != self._dim:
-            raise ValueError(f"query length {q.shape[0]} != index dimension {self._dim}")
-        q = q / max(float(np.linalg.norm(q)), _EPS)
-        scores = self._matrix[: self._size] @ q
+        scores = self._scores(query)
+        if boost:
+            rows = [(self._row_of[item], bonus) for item, bonus in boost.items() if item in self._row_of]
+            if rows:
+                index, bonus = zip(*rows, strict=True)
+                scores[list(index)] += np.asarray(bonus, dtype=np.float32)
         ids = self._ids[: self._size]
         if k < self._size:
             # Keep everything tied with the k-th best so the final order below
@@ -104,6 +109,28 @@ class VectorIndex:
             candidates = np.arange(self._size)
         order = candidates[np.lexsort((ids[candidates], -scores[candidates]))][:k]
         return [(int(ids[i]), float(scores[i])) for i in order]
+
+    def similarity(self, query: npt.ArrayLike, ids: Iterable[int]) -> dict[int, float]:
+        """Cosine of `query` with each of `ids` that the index holds."""
+        rows = [(int(item), self._row_of[int(item)]) for item in ids if int(item) in self._row_of]
+        if not rows:
+            return {}
+        q = self._unit_query(query)
+        scores = self._matrix[[row for _, row in rows]] @ q
+        return {item: float(score) for (item, _), score in zip(rows, scores, strict=True)}
+
+    def vectors(self) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.float32]]:
+        """Copies of the live ids and their unit vectors (to build another index from)."""
+        return self._ids[: self._size].copy(), self._matrix[: self._size].copy()
+
+    def _unit_query(self, query: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        q = np.asarray(query, dtype=np.float32).reshape(-1)
+        if q.shape[0] != self._dim:
+            raise ValueError(f"query length {q.shape[0]} != index dimension {self._dim}")
+        return q / max(float(np.linalg.norm(q)), _EPS)
+
+    def _scores(self, query: npt.ArrayLike) -> npt.NDArray[np.float32]:
+        return self._matrix[: self._size] @ self._unit_query(query)
 
     def _reserve(self, needed: int) -> None:
         if needed <= self._capacity:

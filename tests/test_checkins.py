@@ -27,6 +27,7 @@ from bot.checkins import (
 from bot.config import ConfigError
 from memory.schedule_store import CheckinPrefs, ScheduleStore, schedule_store_for
 from memory.sqlite_store import SQLiteStore
+from tests.mongo_server import shared_target
 
 
 def utc(*parts: int) -> datetime:
@@ -186,9 +187,17 @@ async def _sqlite(path: Path) -> tuple[ScheduleStore, Callable[[], Awaitable[Non
     return schedule_store_for(backend), backend.close
 
 
-# The MongoDB backend adds its factory here, so both pass the same tests.
+async def _mongodb(path: Path) -> tuple[ScheduleStore, Callable[[], Awaitable[None]]]:
+    # FerretDB (or MONGODB_TEST_URI): a fresh database, dropped when the store closes.
+    backend = shared_target().store()
+    await backend.open()
+    return schedule_store_for(backend), backend.close
+
+
+# One factory per backend, so both pass the same tests.
 FACTORIES: dict[str, Callable[[Path], Awaitable[tuple[ScheduleStore, Callable[[], Awaitable[None]]]]]] = {
     "sqlite": _sqlite,
+    "mongodb": _mongodb,
 }
 
 

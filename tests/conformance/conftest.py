@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from memory.mongo_store import MongoStore
 from memory.sqlite_store import SQLiteStore
 from memory.store import Store
 from tests.mongo_server import close_shared, shared_target
@@ -46,3 +47,21 @@ async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator
         yield backend
     finally:
         await backend.close()
+
+
+@pytest.fixture
+async def twin(store: Store) -> AsyncIterator[Store]:
+    """A second store on the same database with its own connection, as another
+    bot process would have (closing it leaves the data alone)."""
+    other: Store
+    if isinstance(store, SQLiteStore):
+        other = SQLiteStore(store.path)
+    elif isinstance(store, MongoStore):
+        other = MongoStore(shared_target().uri, store.database, server_selection_timeout=5.0)
+    else:
+        pytest.skip(f"no twin for {type(store).__name__}")
+    await other.open()
+    try:
+        yield other
+    finally:
+        await other.close()

@@ -520,3 +520,74 @@ async def test_one_agent_cannot_embed_or_delete_anothers_passages(store: Store) 
     assert (await store.search_passages(alice.id, "", [1.0, 0.0], 10)).total == 0
     assert (await store.search_passages(mallory.id, "", [1.0, 0.0], 10)).total == 0
     assert await store.count_passages(alice.id) == 1
+
+
+# -- hybrid ranking: meaning plus keywords ---------------------------------
+
+
+def needs_hybrid(store: Store) -> None:
+    # MongoStore ranks passages by cosine alone so far; it can add the keyword
+    # bonus with memory.hybrid (keyword_query, idf, coverage) over its BM25
+    # terms index and VectorIndex.search(boost=...). Remove this then.
+    if any(cls.__module__.startswith("memory.mongo") for cls in type(store).__mro__):
+        pytest.xfail("MongoStore: keyword bonus in search_passages not implemented yet")
+
+
+async def test_search_passages_exact_string_beats_closer_vectors(store: Store) -> None:
+    needs_hybrid(store)
+    agent = await new_agent(store)
+    texts = [
+        "The locker code is QX-4471-ZP.",
+        "The locker code is QX-4417-ZP.",
+        "The locker code is QZ-4471-XP.",
+        "Lockers are cleaned on Fridays.",
+    ]
+    # The passage holding the asked-for code has the least similar vector.
+    vectors = [[0.6, 0.8], [0.99, 0.14], [0.97, 0.24], [0.95, 0.31]]
+    ids = await store.insert_passages(agent.id, [Passage(t) for t in texts])
+    await store.set_embeddings(agent.id, dict(zip(ids, vectors, strict=True)))
+
+    page = await store.search_passages(agent.id, "what is locker code QX-4471-ZP?", [1.0, 0.0], 4)
+    assert page.items[0][0].id == ids[0]
+    assert page.total == 4
+    # Without query text the order is the cosine order, scores the cosines.
+    page = await store.search_passages(agent.id, "", [1.0, 0.0], 4)
+    assert [p.id for p, _ in page.items] == [ids[1], ids[2], ids[3], ids[0]]
+    assert math.isclose(page.items[-1][1], 0.6, abs_tol=1e-5)
+
+
+async def test_search_passages_keyword_bonus_needs_an_embedding_and_respects_agents(store: Store) -> None:
+    needs_hybrid(store)
+    alice = await new_agent(store, "discord:alice")
+    bob = await new_agent(store, "discord:bob")
+    [bobs] = await store.insert_passages(bob.id, [Passage("zanzibar token 99-ALPHA")])
+    await store.set_embeddings(bob.id, {bobs: [1.0, 0.0]})
+    ids = await store.insert_passages(alice.id, [Passage("zanzibar token 99-ALPHA"), Passage("plain note")])
+    await store.set_embeddings(alice.id, {ids[1]: [1.0, 0.0]})
+
+    page = await store.search_passages(alice.id, "zanzibar 99-ALPHA", [1.0, 0.0], 10)
+    assert [p.id for p, _ in page.items] == [ids[1]] and page.total == 1
+    # Once embedded it competes, and the keyword bonus lifts it over a closer vector.
+    await store.set_embeddings(alice.id, {ids[0]: [0.8, 0.6]})
+    page = await store.search_passages(alice.id, "zanzibar 99-ALPHA", [1.0, 0.0], 10)
+    assert [p.id for p, _ in page.items] == [ids[0], ids[1]]
+
+
+async def test_hybrid_pages_are_disjoint_and_cover_every_embedded_passage(store: Store) -> None:
+    agent = await new_agent(store)
+    rng = random.Random(5)
+    texts = [f"note {n} about {rng.choice(['apples', 'pears', 'plums'])} and {rng.choice(['tea', 'milk'])}"
+             for n in range(17)]
+    ids = await store.insert_passages(agent.id, [Passage(t) for t in texts])
+    angles = [rng.uniform(0, math.pi) for _ in ids]
+    await store.set_embeddings(agent.id, {i: [math.cos(a), math.sin(a)] for i, a in zip(ids, angles, strict=True)})
+    full = await store.search_passages(agent.id, "pears with milk", [1.0, 0.2], 17)
+    assert sorted(p.id for p, _ in full.items) == sorted(ids) and full.total == 17
+    scores = [score for _, score in full.items]
+    assert scores == sorted(scores, reverse=True)
+    seen: list[int] = []
+    for offset in range(0, 17, 4):
+        page = await store.search_passages(agent.id, "pears with milk", [1.0, 0.2], 4, offset)
+        assert page.total == 17
+        seen.extend(p.id for p, _ in page.items)
+    assert seen == [p.id for p, _ in full.items]
