@@ -27,18 +27,17 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from bot.app import NoAdapterError
+from bot.cli_args import User, user_argument
 from bot.cli_checkins import add_checkin_commands
 from bot.cli_documents import add_document_commands
 from bot.cli_run import add_run_command
 from bot.config import ConfigError, Settings
-from bot.events import agent_key, parse_user
 from bot.llm import LLMUnavailableError
 from bot.migrate import add_migrate_command
 from bot.reports import plural, render_description
@@ -66,27 +65,6 @@ class CLIError(Exception):
 
 
 # -- arguments ---------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class User:
-    spec: str  # as typed
-    platform: str
-    user_id: str
-
-    @property
-    def key(self) -> str:
-        return agent_key(self.platform, self.user_id)
-
-
-def _user(spec: str) -> User:
-    try:
-        platform, user_id = parse_user(spec.strip())
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    if not user_id:
-        raise argparse.ArgumentTypeError("empty user: use NAME or PLATFORM:ID, e.g. discord:1234")
-    return User(spec, platform, user_id)
-
-
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -132,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(common, defaults=False)
     user = argparse.ArgumentParser(add_help=False)
     user.add_argument(
-        "--user", required=True, type=_user, metavar="NAME",
+        "--user", required=True, type=user_argument, metavar="NAME",
         help="a terminal user's name, or PLATFORM:ID (discord:1234, slack:T01:U02)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)

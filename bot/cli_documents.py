@@ -27,9 +27,9 @@ from functools import wraps
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bot.cli_args import user_argument
 from bot.config import Settings
-from bot.events import agent_key, parse_user
-from memory.store import SOURCE_KEY_PREFIX, SourceRecord
+from memory.store import SourceRecord
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -76,16 +76,7 @@ def plural(count: int, noun: str) -> str:
 
 # -- arguments ----------------------------------------------------------------------
 def _user_key(spec: str) -> str:
-    try:
-        platform, user_id = parse_user(spec.strip())
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-    if not user_id:
-        raise argparse.ArgumentTypeError("empty user: use NAME or PLATFORM:ID, e.g. discord:1234")
-    key = agent_key(platform, user_id)
-    if key.startswith(SOURCE_KEY_PREFIX):
-        raise argparse.ArgumentTypeError(f"{spec!r} names a shared collection, not a user")
-    return key
+    return user_argument(spec).key
 
 
 def _source_name(text: str) -> str:

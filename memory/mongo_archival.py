@@ -2,14 +2,16 @@
 meaning (the design is told in memory/mongo_store.py).
 
     passages  {_id: int id, agent_id, text, source, position, created_at,
-               embedding (float list or null), embedded, [hash]}
+               embedding (float list or null), embedded, [hash], terms, words}
     counters  {_id: "passage_id", value}: the next ids, reserved with $inc
               {_id: "vectors:<agent id>", value}: bumped on every change of
               the agent's vectors, so each process knows when its in-process
               VectorIndex of that agent is stale and rebuilds it.
 
-Search is `$vectorSearch` (exact) when a ready Atlas vector index is named,
-otherwise exact cosine over the in-process VectorIndex.
+Search is hybrid, as in the SQLite store: cosine plus a keyword bonus
+(memory.hybrid), the keyword side from BM25 over the passages' stored `terms`
+(memory/mongo_keywords.py). The cosine comes from `$vectorSearch` (exact) when
+a ready Atlas vector index is named, otherwise from the in-process VectorIndex.
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from pymongo import ASCENDING, IndexModel, ReturnDocument, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from memory.capabilities import VECTOR_SEARCH, guarded
+from memory.hybrid import KEYWORD_WEIGHT, fuse
 from memory.mongo_base import MAX_ATTEMPTS, Doc, MongoBase, Session, from_us, lost_race, to_us
+from memory.mongo_keywords import keyword_scores, passage_terms
 from memory.store import StoreError
 from memory.types import Passage, SearchPage
 from memory.vector_index import VectorIndex
 
 _F32 = np.dtype("<f4")
+# The keyword fields are only for search: never sent back with a passage.
+_NO_TERMS: Doc = {"terms": 0, "words": 0}
 
 ARCHIVAL_INDEXES: dict[str, list[IndexModel]] = {
     "passages": [
@@ -35,6 +41,7 @@ ARCHIVAL_INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("agent_id", ASCENDING), ("created_at", ASCENDING), ("_id", ASCENDING)], name="agent_created"),
         IndexModel([("agent_id", ASCENDING), ("embedded", ASCENDING), ("_id", ASCENDING)], name="agent_embedded"),
         IndexModel([("agent_id", ASCENDING), ("hash", ASCENDING)], name="agent_hash"),
+        IndexModel([("agent_id", ASCENDING), ("terms", ASCENDING)], name="agent_terms"),
     ],
 }
 
@@ -63,7 +70,8 @@ class MongoArchival(MongoBase):
         vectors = {n: matrix[i].tolist() for i, n in enumerate(embedded)}
         docs = [
             {"agent_id": agent_id, "text": p.text, "source": p.source, "position": p.position,
-             "created_at": to_us(p.created_at), "embedding": vectors.get(n), "embedded": n in vectors}
+             "created_at": to_us(p.created_at), "embedding": vectors.get(n), "embedded": n in vectors,
+             **passage_terms(p.text)}
             for n, p in enumerate(passages)
         ]
         for doc, content_hash in zip(docs, hashes or (), strict=False):
@@ -167,26 +175,33 @@ class MongoArchival(MongoBase):
 
     @guarded
     async def passages_without_embedding(self, agent_id: str) -> list[Passage]:
-        cursor = self._c("passages").find({"agent_id": agent_id, "embedded": False}).sort("_id", ASCENDING)
+        cursor = self._c("passages").find({"agent_id": agent_id, "embedded": False}, _NO_TERMS).sort("_id", ASCENDING)
         return [_passage(doc) async for doc in cursor]
 
     @guarded
     async def search_passages(
         self, agent_id: str, query_text: str, query_vector: Sequence[float], limit: int, offset: int = 0
     ) -> SearchPage:
-        # query_text is unused: exact vector search needs no keyword prefilter.
         offset = max(offset, 0)
         if self.capabilities is not None and self.capabilities.archival_search == VECTOR_SEARCH:
-            return await self._vector_search(agent_id, query_vector, limit, offset)
+            return await self._vector_search(agent_id, query_text, query_vector, limit, offset)
         index = await self._index(agent_id)
-        query = np.asarray(query_vector, dtype=_F32)
-        hits = index.search(query, offset + limit)[offset:] if limit > 0 else []
-        if not hits:
+        if not len(index) or limit <= 0:
             return SearchPage(items=[], total=len(index))
-        cursor = self._c("passages").find({"agent_id": agent_id, "_id": {"$in": [pid for pid, _ in hits]}})
+        keyword = await keyword_scores(self._c("passages"), agent_id, query_text)
+        # The bonus goes into the exact ranking of the whole archive, as in
+        # sqlite_search; ids without a vector are ignored by the index.
+        bonus = {pid: KEYWORD_WEIGHT * share for pid, share in keyword.items()}
+        hits = index.search(np.asarray(query_vector, dtype=_F32), offset + limit, boost=bonus)[offset:]
+        return SearchPage(items=await self._passages_for(agent_id, hits), total=len(index))
+
+    async def _passages_for(self, agent_id: str, hits: list[tuple[int, float]]) -> list[tuple[Passage, float]]:
+        """The hits' passages, in the hits' order (one gone meanwhile is skipped)."""
+        if not hits:
+            return []
+        cursor = self._c("passages").find({"agent_id": agent_id, "_id": {"$in": [pid for pid, _ in hits]}}, _NO_TERMS)
         by_id = {doc["_id"]: doc async for doc in cursor}
-        items = [(_passage(by_id[pid]), score) for pid, score in hits if pid in by_id]
-        return SearchPage(items=items, total=len(index))
+        return [(_passage(by_id[pid]), score) for pid, score in hits if pid in by_id]
 
     async def _index(self, agent_id: str) -> VectorIndex:
         """The agent's vector index; rebuilt from the stored vectors when
@@ -209,9 +224,14 @@ class MongoArchival(MongoBase):
             self._indexes.popitem(last=False)
         return index
 
-    async def _vector_search(self, agent_id: str, query: Sequence[float], limit: int, offset: int) -> SearchPage:
+    async def _vector_search(
+        self, agent_id: str, text: str, query: Sequence[float], limit: int, offset: int
+    ) -> SearchPage:
         """Atlas $vectorSearch, exact (ENN) so results match the in-process path.
-        Its cosine score is (1 + cos) / 2; we return cos, like VectorIndex."""
+        Its cosine score is (1 + cos) / 2; we use cos, like VectorIndex. The
+        nearest offset + limit by cosine plus every keyword hit hold the exact
+        top offset + limit of the hybrid score: a passage without a bonus
+        ranks by its cosine, so it cannot beat the nearest ones by cosine."""
         passages = self._c("passages")
         total = await passages.count_documents({"agent_id": agent_id, "embedded": True})
         if limit <= 0 or offset >= total:
@@ -219,16 +239,27 @@ class MongoArchival(MongoBase):
         stage = {"index": self._vector_index, "path": "embedding", "queryVector": [float(x) for x in query],
                  "filter": {"agent_id": agent_id}, "exact": True, "limit": offset + limit}
         cursor = await passages.aggregate(
-            [{"$vectorSearch": stage}, {"$addFields": {"_score": {"$meta": "vectorSearchScore"}}}, {"$skip": offset}]
+            [{"$vectorSearch": stage}, {"$project": {"_score": {"$meta": "vectorSearchScore"}}}]
         )
-        items = [(_passage(doc), 2.0 * float(doc["_score"]) - 1.0) async for doc in cursor]
-        return SearchPage(items=items, total=total)
+        near = {doc["_id"]: 2.0 * float(doc["_score"]) - 1.0 async for doc in cursor}
+        keyword = await keyword_scores(passages, agent_id, text)
+        missing = [pid for pid in keyword if pid not in near]
+        if missing:
+            unit = np.asarray(query, dtype=_F32)
+            unit /= max(float(np.linalg.norm(unit)), 1e-12)
+            found = passages.find({"agent_id": agent_id, "_id": {"$in": missing}, "embedded": True}, {"embedding": 1})
+            async for doc in found:
+                vector = np.asarray(doc["embedding"], dtype=_F32)
+                near[doc["_id"]] = float(vector @ unit) / max(float(np.linalg.norm(vector)), 1e-12)
+        hits = fuse(near, keyword)[offset : offset + limit]
+        return SearchPage(items=await self._passages_for(agent_id, hits), total=total)
 
     @guarded
     async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]:
         if limit <= 0:
             return []
-        cursor = self._c("passages").find({"agent_id": agent_id}).sort([("created_at", ASCENDING), ("_id", ASCENDING)])
+        cursor = self._c("passages").find({"agent_id": agent_id}, _NO_TERMS)
+        cursor = cursor.sort([("created_at", ASCENDING), ("_id", ASCENDING)])
         return [_passage(doc) async for doc in cursor.skip(max(offset, 0)).limit(limit)]
 
     @guarded

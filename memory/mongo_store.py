@@ -14,7 +14,7 @@ carries `agent_id`, and every query filters on it):
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
                tool_call_id, name, created_at, terms}
     passages  {_id: int id, agent_id, text, source, position, created_at,
-               embedding, embedded, [hash]}
+               embedding, embedded, [hash], terms, words}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo_sources.py)
     delivered_events, lease_owners, lease_tickets, lease_holders (memory/mongo_coordination.py)
@@ -43,9 +43,12 @@ multikey index); a query fetches the agent's messages sharing a word and ranks
 them with BM25 in Python. `$text` is not used even where it exists: its
 textScore has no inverse document frequency (a rare word does not outweigh a
 common one) and it stems, both of which the shared conformance suite rejects.
-Archival: `$vectorSearch` when a ready Atlas vector index is named, otherwise
-exact cosine over an in-process VectorIndex per agent, built from the stored
-vectors and kept in step (across processes too) by a per-agent version counter.
+Archival: hybrid like the SQLite store, cosine plus a keyword bonus
+(memory.hybrid) whose BM25 side comes from the passages' `terms` the same way
+(memory/mongo_keywords.py). The cosine comes from `$vectorSearch` when a ready
+Atlas vector index is named, otherwise from an in-process VectorIndex per
+agent, built from the stored vectors and kept in step (across processes too)
+by a per-agent version counter.
 """
 
 from __future__ import annotations

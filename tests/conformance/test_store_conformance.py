@@ -525,16 +525,7 @@ async def test_one_agent_cannot_embed_or_delete_anothers_passages(store: Store) 
 # -- hybrid ranking: meaning plus keywords ---------------------------------
 
 
-def needs_hybrid(store: Store) -> None:
-    # MongoStore ranks passages by cosine alone so far; it can add the keyword
-    # bonus with memory.hybrid (keyword_query, idf, coverage) over its BM25
-    # terms index and VectorIndex.search(boost=...). Remove this then.
-    if any(cls.__module__.startswith("memory.mongo") for cls in type(store).__mro__):
-        pytest.xfail("MongoStore: keyword bonus in search_passages not implemented yet")
-
-
 async def test_search_passages_exact_string_beats_closer_vectors(store: Store) -> None:
-    needs_hybrid(store)
     agent = await new_agent(store)
     texts = [
         "The locker code is QX-4471-ZP.",
@@ -557,7 +548,6 @@ async def test_search_passages_exact_string_beats_closer_vectors(store: Store) -
 
 
 async def test_search_passages_keyword_bonus_needs_an_embedding_and_respects_agents(store: Store) -> None:
-    needs_hybrid(store)
     alice = await new_agent(store, "discord:alice")
     bob = await new_agent(store, "discord:bob")
     [bobs] = await store.insert_passages(bob.id, [Passage("zanzibar token 99-ALPHA")])
