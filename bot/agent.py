@@ -24,6 +24,7 @@ from memory.queue_manager import (
     QueueManager,
     render_transcript,
 )
+from memory.recall import RecallMemory
 from memory.store import Store
 from memory.tokens import TokenCounter
 from memory.types import AgentRecord, Block, Message, utc_now
@@ -48,6 +49,7 @@ class AgentServices:
 
     store: Store
     archival: ArchivalMemory
+    recall: RecallMemory
     llm: LLMClient
     counter: TokenCounter
     functions: FunctionSet

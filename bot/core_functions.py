@@ -75,7 +75,8 @@ async def archival_memory_search(agent: Agent, args: dict[str, Any]) -> str:
 async def conversation_search(agent: Agent, args: dict[str, Any]) -> str:
     query, page = _query_and_page(args)
     size = agent.services.search_page_size
-    found = await agent.store.search_messages(agent.id, query, size, page * size)
+    # By meaning and keywords; the agent's messages are embedded on its first searches (memory/recall.py).
+    found = await agent.services.recall.search(agent.id, query, size, page * size)
     items = [_message_line(message) for message in found.items]
     return _page_text(agent, "recall storage", query, page, size, found.total, items)
 

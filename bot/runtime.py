@@ -26,6 +26,7 @@ from bot.reports import describe_user, plural, render_description
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
 from memory.loader import load_document
+from memory.recall import RecallMemory
 from memory.schedule_store import schedule_store_for
 from memory.sqlite_store import SQLiteStore
 from memory.store import Store
@@ -64,10 +65,13 @@ class Runtime:
         self.llm = llm
         self.embedder = embedder
         self.archival = ArchivalMemory(store, embedder)
+        # Recall is embedded lazily, by the same embedder, when an agent searches it.
+        self.recall = RecallMemory(store, self.archival.embedder)
         counter = counter or TokenCounter(load_encoder(settings.model, settings.fallback_encoding))
         self.services = AgentServices(
             store=store,
             archival=self.archival,
+            recall=self.recall,
             llm=llm,
             counter=counter,
             functions=build_core_functions(),
@@ -191,6 +195,7 @@ class Runtime:
             if record is None:
                 return removed > 0
             self.archival.forget(record.id)
+            self.recall.forget(record.id)
             await self.store.delete_agent(record.id)
             return True
 
@@ -271,6 +276,7 @@ class Runtime:
 
     async def close(self, *, close_embedder: bool = True) -> None:
         await self.archival.settle_all()
+        await self.recall.close()
         await self.llm.close()
         if close_embedder:
             await self.embedder.close()

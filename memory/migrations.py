@@ -266,3 +266,19 @@ def m_process_coordination(conn: sqlite3.Connection) -> None:
             holder TEXT NOT NULL
         ) WITHOUT ROWID""",
     )
+
+
+@migration
+def m_message_embeddings(conn: sqlite3.Connection) -> None:
+    # Recall messages are embedded lazily, the first time their agent searches
+    # recall (memory/recall.py). ADD COLUMN only writes the schema: existing
+    # rows read the column as NULL, so a large history migrates instantly.
+    _run(
+        conn,
+        "ALTER TABLE messages ADD COLUMN embedding BLOB",
+        # The embedding backlog, newest first, without scanning embedded rows.
+        # Same condition as sqlite_recall.PENDING_WHERE, so the planner uses it.
+        "CREATE INDEX messages_unembedded ON messages (agent_id, seq)"
+        " WHERE embedding IS NULL AND role IN ('user', 'assistant') AND content <> ''"
+        " AND coalesce(name, '') <> 'system_alert'",
+    )

@@ -12,7 +12,7 @@ carries `agent_id`, and every query filters on it):
                summary_updated_at, ready, [deleting]}
     blocks    {agent_id, label, value, limit, updated_at, position}
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
-               tool_call_id, name, created_at, terms}
+               tool_call_id, name, created_at, terms, [embedding]}
     passages  {_id: int id, agent_id, text, source, position, created_at,
                embedding, embedded, [hash], terms, words}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
@@ -40,7 +40,9 @@ ordered, the queue is still a suffix). See docs/mongodb.md.
 
 Search. Recall: each message stores its distinct folded words (`terms`, a
 multikey index); a query fetches the agent's messages sharing a word and ranks
-them with BM25 in Python. `$text` is not used even where it exists: its
+them with BM25 in Python; given a query vector, fused with the embeddings
+that recall search stores lazily on the messages (memory/recall.py), as
+archival search fuses them. `$text` is not used even where it exists: its
 textScore has no inverse document frequency (a rare word does not outweigh a
 common one) and it stems, both of which the shared conformance suite rejects.
 Archival: hybrid like the SQLite store, cosine plus a keyword bonus
@@ -61,14 +63,16 @@ import math
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel
+import numpy as np
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from memory.capabilities import detect, guarded, scrub
+from memory.hybrid import STOPWORDS, coverage, fuse
 from memory.mongo_archival import ARCHIVAL_INDEXES
 from memory.mongo_base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us
 from memory.mongo_coordination import COORDINATION_INDEXES, MongoCoordination
@@ -76,6 +80,7 @@ from memory.mongo_schedules import SCHEDULE_INDEXES
 from memory.mongo_sources import SOURCE_INDEXES, MongoSources
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
+from memory.vector_index import VectorIndex
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +88,10 @@ _WORD = re.compile(r"\w+")
 _MAX_TERM = 64  # longer words are cut, the same way in documents and queries
 _MAX_QUERY_TERMS = 32
 _BM25_K1, _BM25_B = 1.2, 0.75
-_NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0}
+# Search-only fields, never sent back with a message.
+_NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0, "embedding": 0}
+# Hits taken from each side (keywords, meaning) in a hybrid recall search.
+_RECALL_POOL = 100
 
 INDEXES: dict[str, list[IndexModel]] = {
     "agents": [
@@ -362,14 +370,25 @@ class MongoStore(MongoCoordination, MongoSources, Store):
         return await self._c("messages").count_documents({"agent_id": agent_id})
 
     @guarded
-    async def search_messages(self, agent_id: str, query: str, limit: int, offset: int = 0) -> SearchPage:
+    async def search_messages(
+        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
+    ) -> SearchPage:
+        if query_vector is not None:
+            return await self._hybrid_messages(agent_id, query, query_vector, limit, max(offset, 0))
         terms = list(dict.fromkeys(words(query)))[:_MAX_QUERY_TERMS]
+        ranked, _ = await self._bm25_messages(agent_id, terms)
+        page = ranked[max(offset, 0) : max(offset, 0) + max(limit, 0)]
+        return SearchPage(items=[m for _, m in page], total=len(ranked))
+
+    async def _bm25_messages(self, agent_id: str, terms: list[str]) -> tuple[list[tuple[float, Message]], float]:
+        """The agent's messages holding any of `terms`, ranked by BM25 (score,
+        message; best first, ties by seq), and the sum of the terms' IDFs."""
         if not terms:
-            return SearchPage(items=[], total=0)
+            return [], 0.0
         messages = self._c("messages")
         candidates = [doc async for doc in messages.find({"agent_id": agent_id, "terms": {"$in": terms}}, _NO_TERMS)]
         if not candidates:
-            return SearchPage(items=[], total=0)
+            return [], 0.0
         # Collection statistics from the newest batch: messages so far and
         # their words (a crash gap makes these a little high; harmless).
         last = await messages.find_one(
@@ -378,11 +397,78 @@ class MongoStore(MongoCoordination, MongoSources, Store):
         n_docs, words_so_far = _last_batch(last)
         avg_len = words_so_far / n_docs if n_docs else 0.0
         found = [_message(doc) for doc in candidates]
-        scores = bm25([words(m.searchable_text()) for m in found], terms, n_docs, avg_len)
+        texts = [words(m.searchable_text()) for m in found]
+        scores = bm25(texts, terms, n_docs, avg_len)
         hits = [(score, m) for score, m in zip(scores, found, strict=True) if score > 0]
-        ranked = sorted(hits, key=lambda hit: (-hit[0], hit[1].seq))
-        page = ranked[max(offset, 0) : max(offset, 0) + max(limit, 0)]
-        return SearchPage(items=[m for _, m in page], total=len(ranked))
+        # The IDFs bm25() used, summed: the score of a message holding every term once.
+        n = max(n_docs, len(found))
+        idf_total = sum(math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for df in
+                        (sum(1 for text in texts if term in text) for term in terms))
+        return sorted(hits, key=lambda hit: (-hit[0], hit[1].seq)), idf_total
+
+    async def _hybrid_messages(
+        self, agent_id: str, query: str, query_vector: Sequence[float], limit: int, offset: int
+    ) -> SearchPage:
+        """As memory/sqlite_recall.py: cosine + KEYWORD_WEIGHT x BM25 coverage
+        over the best keyword hits and the nearest embedded messages. The
+        vectors are read per search: only agents that search recall have any."""
+        pool = max(_RECALL_POOL, offset + limit)
+        # Content words only, as hybrid.keyword_query picks them: a shared
+        # "the" must not earn a bonus.
+        folded = list(dict.fromkeys(words(query)))
+        terms = ([w for w in folded if w not in STOPWORDS] or folded)[:_MAX_QUERY_TERMS]
+        ranked, idf_total = await self._bm25_messages(agent_id, terms)
+        keyword = coverage({m.seq: score for score, m in ranked[:pool]}, idf_total)
+        embedded = {"agent_id": agent_id, "embedding": {"$exists": True}}
+        cursor = self._c("messages").find(embedded, {"seq": 1, "embedding": 1})
+        rows = [(doc["seq"], doc["embedding"]) async for doc in cursor]
+        near: dict[int, float] = {}
+        if rows:
+            if len({len(vector) for _, vector in rows}) != 1:
+                raise StoreError(f"MongoDB store: agent {agent_id} has message embeddings of mixed lengths")
+            index = VectorIndex(capacity=len(rows))
+            index.add([seq for seq, _ in rows], [vector for _, vector in rows])
+            near.update(index.search(query_vector, pool))
+            near.update(index.similarity(query_vector, [seq for seq in keyword if seq not in near]))
+        for seq in keyword:
+            near.setdefault(seq, 0.0)  # a keyword hit without a vector yet: its bonus alone
+        fused = fuse(near, keyword)
+        seqs = [seq for seq, _ in fused[offset : offset + limit]] if limit > 0 else []
+        if not seqs:
+            return SearchPage(items=[], total=len(fused))
+        found = self._c("messages").find({"agent_id": agent_id, "seq": {"$in": seqs}}, _NO_TERMS)
+        by_seq = {doc["seq"]: _message(doc) async for doc in found}
+        return SearchPage(items=[by_seq[seq] for seq in seqs if seq in by_seq], total=len(fused))
+
+    @guarded
+    async def messages_without_embedding(self, agent_id: str, limit: int) -> list[Message]:
+        if limit <= 0:
+            return []
+        # People's and the agent's own words; tool results and system alerts
+        # (role user, name system_alert) are left to keyword search.
+        where = {"agent_id": agent_id, "role": {"$in": ["user", "assistant"]}, "content": {"$nin": [None, ""]},
+                 "name": {"$ne": "system_alert"}, "embedding": {"$exists": False}}
+        cursor = self._c("messages").find(where, _NO_TERMS).sort("seq", DESCENDING).limit(limit)
+        return [_message(doc) async for doc in cursor]
+
+    @guarded
+    async def set_message_embeddings(self, agent_id: str, vectors: Mapping[int, Sequence[float]]) -> None:
+        if not vectors:
+            return
+        seqs = [int(seq) for seq in vectors]
+        matrix = np.asarray([vectors[seq] for seq in vectors], dtype=np.float32)
+        if matrix.ndim != 2:
+            raise ValueError("embeddings in one call must all have the same length")
+        messages = self._c("messages")
+        stored = await messages.find_one({"agent_id": agent_id, "embedding": {"$exists": True}}, {"embedding": 1})
+        if stored is not None and len(stored["embedding"]) != matrix.shape[1]:
+            raise ValueError(f"embedding length {matrix.shape[1]} != stored length {len(stored['embedding'])}")
+        # The agent_id condition keeps one agent from writing another's messages.
+        await messages.bulk_write(
+            [UpdateOne({"agent_id": agent_id, "seq": seq}, {"$set": {"embedding": matrix[n].tolist()}})
+             for n, seq in enumerate(seqs)],
+            ordered=False,
+        )
 
     @guarded
     async def messages_between(

@@ -6,9 +6,11 @@ never blocks on disk and all database access is serialized (which is also what
 makes seq assignment and get-or-create race-free inside one process; BEGIN
 IMMEDIATE covers a second process on the same file).
 
-Recall search uses FTS5 (bm25). Archival search is hybrid, FTS5 bm25 fused with
-embedding similarity (exact while an archive is small, an ANN index persisted
-beside the file once large): see memory/sqlite_search.py.
+Recall search uses FTS5 (bm25), fused with the embeddings of the messages
+embedded so far when the caller gives a query vector (memory/sqlite_recall.py).
+Archival search is hybrid, FTS5 bm25 fused with embedding similarity (exact
+while an archive is small, an ANN index persisted beside the file once large):
+see memory/sqlite_search.py.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import numpy.typing as npt
 from memory.ann_index import ANN_THRESHOLD
 from memory.migrations import MIGRATIONS, migrate
 from memory.sqlite_coordination import SQLiteCoordination
+from memory.sqlite_recall import MessageSearch, SQLiteRecall
 from memory.sqlite_search import PassageSearch
 from memory.store import DocumentRecord, SourceRecord, Store, StoreError, source_key
 from memory.types import AgentRecord, Block, Message, Passage, SearchPage
@@ -101,7 +104,10 @@ def _passage(row: Sequence[Any]) -> Passage:
     )
 
 
-class SQLiteStore(SQLiteCoordination, Store):
+class SQLiteStore(SQLiteRecall, SQLiteCoordination, Store):
+    _message_columns = _MESSAGE_COLS
+    _message_of = staticmethod(_message)
+
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -118,6 +124,7 @@ class SQLiteStore(SQLiteCoordination, Store):
         # The fields below are only touched from the worker thread.
         self._conn: sqlite3.Connection | None = None
         self._search = PassageSearch(self.path, max_cached=max_cached_indexes, ann_threshold=ann_threshold)
+        self._recall = MessageSearch(max_cached=max_cached_indexes)
 
     # -- plumbing ----------------------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -264,6 +271,7 @@ class SQLiteStore(SQLiteCoordination, Store):
             if had_passages:
                 conn.execute("INSERT INTO passages_fts (passages_fts) VALUES ('optimize')")
         self._search.forget(agent_id)
+        self._recall.forget(agent_id)
 
     # -- working context ---------------------------------------------------
     async def load_blocks(self, agent_id: str) -> list[Block]:
@@ -313,6 +321,7 @@ class SQLiteStore(SQLiteCoordination, Store):
             (last,) = conn.execute(
                 "SELECT coalesce(max(seq), 0) FROM messages WHERE agent_id = ?", (agent_id,)
             ).fetchone()
+            indexed = 0
             for n, m in enumerate(messages, 1):
                 rowid = conn.execute(
                     "INSERT INTO messages (agent_id, seq, role, content, tool_calls,"
@@ -326,6 +335,8 @@ class SQLiteStore(SQLiteCoordination, Store):
                         "INSERT INTO messages_fts (rowid, agent_id, text) VALUES (?, ?, ?)",
                         (rowid, agent_id, text),
                     )
+                    indexed += 1
+        self._recall.rows_inserted(indexed)
         # Only after the commit, so a failed append leaves the objects untouched.
         for n, m in enumerate(messages, 1):
             m.seq = last + n
@@ -343,8 +354,10 @@ class SQLiteStore(SQLiteCoordination, Store):
         return int((await self._rows(sql, agent_id))[0][0])
 
     async def search_messages(
-        self, agent_id: str, query: str, limit: int, offset: int = 0
+        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
     ) -> SearchPage:
+        if query_vector is not None:
+            return await self._hybrid_messages(agent_id, query, query_vector, limit, offset)
         terms = fts_terms(query)
         if terms is None:
             return SearchPage(items=[], total=0)

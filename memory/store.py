@@ -9,7 +9,7 @@ say so (`list_agents`, `delete_agent`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -79,9 +79,33 @@ class Store(ABC):
 
     @abstractmethod
     async def search_messages(
-        self, agent_id: str, query: str, limit: int, offset: int = 0
+        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
     ) -> SearchPage:
-        """Ranked by relevance to `query` (not bare substring match)."""
+        """Ranked by relevance to `query` (not bare substring match): BM25.
+
+        With `query_vector` (the embedding of `query`) the ranking is hybrid,
+        the archival formula: cosine(query_vector, message embedding) +
+        memory.hybrid.KEYWORD_WEIGHT x BM25 coverage, over the candidates =
+        the best keyword hits (embedded or not: a message without an embedding
+        counts cosine 0) and the nearest embedded messages. `total` is the
+        number of candidates. Ties go to the lower seq."""
+
+    # Recall embeddings are computed lazily, only for agents that search their
+    # recall (memory/recall.py): embedding every message on arrival would cost
+    # CPU on every chat event. Not abstract, like shared collections; the
+    # conformance suite (test_recall_hybrid_conformance) holds every backend
+    # to these.
+    async def messages_without_embedding(self, agent_id: str, limit: int) -> list[Message]:
+        """Up to `limit` of the agent's messages still without an embedding,
+        newest first; only role user or assistant with non-empty content
+        (tool results and system alerts are left to keyword search)."""
+        raise NotImplementedError(f"{type(self).__name__} does not embed recall storage")
+
+    async def set_message_embeddings(self, agent_id: str, vectors: Mapping[int, Sequence[float]]) -> None:
+        """Attach embeddings to the agent's messages by seq (seqs of other
+        agents or unknown ones are ignored); ValueError if their length
+        differs from the agent's stored message embeddings."""
+        raise NotImplementedError(f"{type(self).__name__} does not embed recall storage")
 
     @abstractmethod
     async def messages_between(

@@ -1,0 +1,117 @@
+"""Recall search by meaning and keywords, with messages embedded lazily.
+
+Embedding every message as it arrives would cost CPU on every chat event, and
+most agents never search their recall. So a message is embedded the first
+time its agent searches recall, and at most once: a search first embeds the
+agent's newest not-yet-embedded messages (up to BATCH, one embedder call) and
+stores their vectors, then ranks by cosine + keyword bonus
+(Store.search_messages with a query vector). A longer backlog (an old history
+searched for the first time) is left to a background task, BATCH at a time,
+so this search answers quickly (older messages are still found by keywords)
+and the next one is complete.
+
+A per-agent lock makes the foreground batch and the background ones take
+turns, so no message is embedded twice. Nothing here is persistent: a
+backlog left by a restart is picked up by the agent's next search.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from memory.embeddings import Embedder
+from memory.store import Store
+from memory.types import SearchPage
+
+log = logging.getLogger(__name__)
+
+# Messages embedded per embedder call: enough for a typical history in one
+# search, small enough that the search waits well under a second or two.
+BATCH = 256
+
+
+class RecallMemory:
+    def __init__(self, store: Store, embedder: Embedder) -> None:
+        self.store = store
+        self.embedder = embedder
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._backlog: dict[str, asyncio.Task[None]] = {}
+
+    async def search(self, agent_id: str, query: str, limit: int, offset: int = 0) -> SearchPage:
+        """The agent's messages ranked by meaning and keywords (BM25 only if
+        the store cannot hold message embeddings or embedding fails)."""
+        try:
+            more = await self._embed_batch(agent_id)
+            vector = (await self.embedder.embed_one(query)).tolist()
+        except NotImplementedError:
+            return await self.store.search_messages(agent_id, query, limit, offset)
+        except Exception as error:  # a store or model failure: keyword search still answers
+            log.warning("agent %s: recall embedding failed, searching by keywords only: %s", agent_id, error)
+            return await self.store.search_messages(agent_id, query, limit, offset)
+        if more:
+            self._embed_later(agent_id)
+        return await self.store.search_messages(agent_id, query, limit, offset, query_vector=vector)
+
+    async def _embed_batch(self, agent_id: str, done: set[int] | None = None) -> bool:
+        """Embed the agent's newest BATCH unembedded messages; True if more may
+        remain. `done` (seqs already embedded by this caller) stops a loop on
+        messages whose vectors the store did not keep."""
+        async with self._locks.setdefault(agent_id, asyncio.Lock()):
+            pending = await self.store.messages_without_embedding(agent_id, BATCH)
+            if done is not None:
+                if any(message.seq in done for message in pending):
+                    return False
+                done.update(message.seq for message in pending)
+            if not pending:
+                return False
+            vectors = await self.embedder.embed([message.content or "" for message in pending])
+            await self.store.set_message_embeddings(
+                agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, vectors, strict=True)}
+            )
+            return len(pending) == BATCH
+
+    def _embed_later(self, agent_id: str) -> None:
+        running = self._backlog.get(agent_id)
+        if running is not None and not running.done():
+            return
+        task = asyncio.get_running_loop().create_task(self._embed_backlog(agent_id))
+        self._backlog[agent_id] = task
+        task.add_done_callback(lambda finished: self._finished(agent_id, finished))
+
+    async def _embed_backlog(self, agent_id: str) -> None:
+        done: set[int] = set()
+        while await self._embed_batch(agent_id, done):
+            pass
+
+    def _finished(self, agent_id: str, task: asyncio.Task[None]) -> None:
+        if self._backlog.get(agent_id) is task:
+            del self._backlog[agent_id]
+            # No one waits on the lock once the backlog is done (searches hold
+            # it only while they run): dropping it keeps the dict bounded.
+            lock = self._locks.get(agent_id)
+            if lock is not None and not lock.locked():
+                del self._locks[agent_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("agent %s: background recall embedding failed: %s", agent_id, task.exception())
+
+    async def settle(self, agent_id: str) -> None:
+        """Wait until the agent's background embedding is done (tests)."""
+        task = self._backlog.get(agent_id)
+        if task is not None:
+            await asyncio.gather(task, return_exceptions=True)
+
+    def forget(self, agent_id: str) -> None:
+        """The agent is being deleted: stop embedding its messages."""
+        task = self._backlog.pop(agent_id, None)
+        if task is not None:
+            task.cancel()
+        self._locks.pop(agent_id, None)
+
+    async def close(self) -> None:
+        """Stop background embedding (a backlog resumes on the next search)."""
+        tasks = list(self._backlog.values())
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
