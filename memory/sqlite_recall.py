@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from memory.hybrid import coverage, fuse, idf, keyword_query
+from memory.hybrid import coverage, fuse, keyword_query
+from memory.sqlite_search import weigh_expressions
 from memory.store import StoreError
 from memory.types import Message, SearchPage
 from memory.vector_index import VectorIndex
@@ -39,9 +40,6 @@ _F32 = np.dtype("<f4")
 
 # Hits taken from each side (keywords, meaning) for a page near the top.
 CANDIDATE_POOL = 100
-# As in sqlite_search: an expression held by more rows is left out of the
-# keyword query (costly to score, tiny IDF); meaning search still covers it.
-MAX_ROWS_PER_EXPRESSION = 5_000
 # The FTS5 row count (for IDF) is a table scan: kept up to date by this
 # process and re-read this often only, to follow other processes.
 ROW_COUNT_TTL = 60.0
@@ -204,22 +202,7 @@ class MessageSearch:
         query = keyword_query(text)
         if query is None:
             return {}
-        total_rows = self.fts_rows(conn)
-        kept: list[str] = []
-        idf_total = 0.0
-        for expression in query.expressions:
-            (rows_with,) = conn.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM messages_fts WHERE messages_fts MATCH ? LIMIT ?)",
-                (f"text : {expression}", MAX_ROWS_PER_EXPRESSION + 1),
-            ).fetchone()
-            if rows_with > MAX_ROWS_PER_EXPRESSION:
-                continue
-            # Counted even when nothing holds it, as for passages: a query about
-            # things never said earns only a small bonus.
-            # The row count may lag the table a little (see fts_rows): never below the hits.
-            idf_total += idf(max(total_rows, rows_with), rows_with)
-            if rows_with:
-                kept.append(expression)
+        kept, idf_total = weigh_expressions(conn, "messages_fts", query.expressions, self.fts_rows(conn))
         if not kept:
             return {}
         agent = agent_id.replace('"', '""')

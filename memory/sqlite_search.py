@@ -335,21 +335,7 @@ class PassageSearch:
         query = keyword_query(text)
         if query is None:
             return {}
-        total_rows = self.fts_rows(conn)
-        kept: list[str] = []
-        idf_total = 0.0
-        for expression in query.expressions:
-            (rows_with,) = conn.execute(
-                "SELECT count(*) FROM (SELECT 1 FROM passages_fts WHERE passages_fts MATCH ? LIMIT ?)",
-                (f"text : {expression}", MAX_ROWS_PER_EXPRESSION + 1),
-            ).fetchone()
-            if rows_with > MAX_ROWS_PER_EXPRESSION:
-                continue
-            # An expression no passage holds still counts in the whole: a query
-            # about things the archive never mentions earns a small bonus.
-            idf_total += idf(total_rows, rows_with)
-            if rows_with:
-                kept.append(expression)
+        kept, idf_total = weigh_expressions(conn, "passages_fts", query.expressions, self.fts_rows(conn))
         if not kept:
             return {}
         terms = query.match(kept)
@@ -410,3 +396,27 @@ def read_vectors(conn: sqlite3.Connection, agent_id: str) -> VectorIndex:
         matrix = np.frombuffer(b"".join(blob for _, blob in rows), dtype=_F32)
         index.add([passage_id for passage_id, _ in rows], matrix.reshape(len(rows), -1))
     return index
+
+
+def weigh_expressions(
+    conn: sqlite3.Connection, fts_table: str, expressions: list[str], total_rows: int
+) -> tuple[list[str], float]:
+    """The query expressions worth matching in `fts_table`, and the summed IDF
+    of all of them (the best possible BM25 score, for coverage). Shared by
+    passage and message search. An expression in too many rows is skipped (it
+    says nothing and is slow to rank); one in no row still counts in the
+    whole, so a query about things never mentioned earns only a small bonus."""
+    kept: list[str] = []
+    idf_total = 0.0
+    for expression in expressions:
+        (rows_with,) = conn.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM {fts_table} WHERE {fts_table} MATCH ? LIMIT ?)",
+            (f"text : {expression}", MAX_ROWS_PER_EXPRESSION + 1),
+        ).fetchone()
+        if rows_with > MAX_ROWS_PER_EXPRESSION:
+            continue
+        # A cached row count may lag the table a little: never below the hits.
+        idf_total += idf(max(total_rows, rows_with), rows_with)
+        if rows_with:
+            kept.append(expression)
+    return kept, idf_total
