@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import time
 from abc import abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -29,8 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memory.hybrid import coverage, fuse, keyword_query
-from memory.sqlite_search import weigh_expressions
-from memory.store import StoreError
+from memory.sqlite_search import CachedRowCount, read_vectors, weigh_expressions
 from memory.types import Message, SearchPage
 from memory.vector_index import VectorIndex
 
@@ -40,9 +38,6 @@ _F32 = np.dtype("<f4")
 
 # Hits taken from each side (keywords, meaning) for a page near the top.
 CANDIDATE_POOL = 100
-# The FTS5 row count (for IDF) is a table scan: kept up to date by this
-# process and re-read this often only, to follow other processes.
-ROW_COUNT_TTL = 60.0
 
 # What is embedded: people's and the agent's own words. Tool results and
 # system alerts (stored as role user, name system_alert) are left to keyword
@@ -132,8 +127,7 @@ class MessageSearch:
     def __init__(self, *, max_cached: int = 256) -> None:
         self._max_cached = max(max_cached, 1)
         self._cache: OrderedDict[str, VectorIndex] = OrderedDict()
-        self._fts_rows: int | None = None
-        self._fts_rows_at = 0.0
+        self.row_count = CachedRowCount("SELECT count(*) FROM messages_fts")
 
     @property
     def cached_agents(self) -> Mapping[str, VectorIndex]:
@@ -144,7 +138,7 @@ class MessageSearch:
         if index is not None:
             self._cache.move_to_end(agent_id)
             return index
-        index = read_message_vectors(conn, agent_id)
+        index = read_vectors(conn, agent_id, table="messages", key="seq")
         self._cache[agent_id] = index
         while len(self._cache) > self._max_cached:
             self._cache.popitem(last=False)
@@ -158,7 +152,7 @@ class MessageSearch:
 
     def forget(self, agent_id: str) -> None:
         self._cache.pop(agent_id, None)
-        self._fts_rows = None
+        self.row_count.reset()
 
     def dim(self, conn: sqlite3.Connection, agent_id: str) -> int | None:
         """Embedding length of the agent's messages (None before the first)."""
@@ -202,7 +196,7 @@ class MessageSearch:
         query = keyword_query(text)
         if query is None:
             return {}
-        kept, idf_total = weigh_expressions(conn, "messages_fts", query.expressions, self.fts_rows(conn))
+        kept, idf_total = weigh_expressions(conn, "messages_fts", query.expressions, self.row_count.get(conn))
         if not kept:
             return {}
         agent = agent_id.replace('"', '""')
@@ -219,26 +213,4 @@ class MessageSearch:
 
     def rows_inserted(self, count: int) -> None:
         """FTS rows this process added (kept current between re-reads)."""
-        if self._fts_rows is not None:
-            self._fts_rows += count
-
-    def fts_rows(self, conn: sqlite3.Connection) -> int:
-        now = time.monotonic()
-        if self._fts_rows is None or now - self._fts_rows_at > ROW_COUNT_TTL:
-            (self._fts_rows,) = conn.execute("SELECT count(*) FROM messages_fts").fetchone()
-            self._fts_rows_at = now
-        return max(self._fts_rows or 0, 1)
-
-
-def read_message_vectors(conn: sqlite3.Connection, agent_id: str) -> VectorIndex:
-    """The agent's message embeddings, read from the BLOBs into an exact index."""
-    rows = conn.execute(
-        "SELECT seq, embedding FROM messages WHERE agent_id = ? AND embedding IS NOT NULL", (agent_id,)
-    ).fetchall()
-    index = VectorIndex(capacity=max(64, len(rows)))
-    if rows:
-        if len({len(blob) for _, blob in rows}) != 1:
-            raise StoreError(f"agent {agent_id} has message embeddings of mixed lengths")
-        matrix = np.frombuffer(b"".join(blob for _, blob in rows), dtype=_F32)
-        index.add([seq for seq, _ in rows], matrix.reshape(len(rows), -1))
-    return index
+        self.row_count.add(count)

@@ -134,8 +134,7 @@ class PassageSearch:
         self._max_cached = max(max_cached, 1)
         self._cache: OrderedDict[str, AgentVectors] = OrderedDict()
         self._build_lock = threading.Lock()
-        self._fts_rows: int | None = None
-        self._fts_rows_at = 0.0
+        self.row_count = CachedRowCount("SELECT count(*) FROM passages")
 
     # -- the cache -------------------------------------------------------------
     @property
@@ -211,21 +210,19 @@ class PassageSearch:
         self._maybe_save(agent_id, entry)
 
     def removed(self, agent_id: str, ids: list[int], rows_deleted: int) -> None:
-        if self._fts_rows is not None:
-            self._fts_rows -= rows_deleted
+        self.row_count.add(-rows_deleted)
         entry = self.cached(agent_id)
         if entry is not None and ids:
             entry.remove(ids)
             self._maybe_save(agent_id, entry)
 
     def rows_inserted(self, count: int) -> None:
-        if self._fts_rows is not None:
-            self._fts_rows += count
+        self.row_count.add(count)
 
     def forget(self, agent_id: str) -> None:
         """The agent is gone: drop its vectors from memory and disk."""
         self._cache.pop(agent_id, None)
-        self._fts_rows = None
+        self.row_count.reset()
         with contextlib.suppress(ValueError):
             remove_files(self.ann_path(agent_id))
 
@@ -335,7 +332,7 @@ class PassageSearch:
         query = keyword_query(text)
         if query is None:
             return {}
-        kept, idf_total = weigh_expressions(conn, "passages_fts", query.expressions, self.fts_rows(conn))
+        kept, idf_total = weigh_expressions(conn, "passages_fts", query.expressions, self.row_count.get(conn))
         if not kept:
             return {}
         terms = query.match(kept)
@@ -355,13 +352,6 @@ class PassageSearch:
             ).fetchall()
         # bm25() is negative, better matches more so.
         return coverage({rowid: -score for rowid, score in rows if rowid in entry}, idf_total)
-
-    def fts_rows(self, conn: sqlite3.Connection) -> int:
-        now = time.monotonic()
-        if self._fts_rows is None or now - self._fts_rows_at > ROW_COUNT_TTL:
-            (self._fts_rows,) = conn.execute("SELECT count(*) FROM passages").fetchone()
-            self._fts_rows_at = now
-        return max(self._fts_rows, 1)
 
 
 def embedded_signature(conn: sqlite3.Connection, agent_id: str) -> Signature:
@@ -384,17 +374,20 @@ def embedded_signature(conn: sqlite3.Connection, agent_id: str) -> Signature:
     return Signature(count - pending[0], id_sum - pending[1], max_id)
 
 
-def read_vectors(conn: sqlite3.Connection, agent_id: str) -> VectorIndex:
-    """The agent's embeddings, read from the BLOBs into an exact index."""
+def read_vectors(
+    conn: sqlite3.Connection, agent_id: str, *, table: str = "passages", key: str = "id"
+) -> VectorIndex:
+    """The agent's embeddings in `table` (passages by id, messages by seq),
+    read from the BLOBs into an exact index."""
     rows = conn.execute(
-        "SELECT id, embedding FROM passages WHERE agent_id = ? AND embedding IS NOT NULL", (agent_id,)
+        f"SELECT {key}, embedding FROM {table} WHERE agent_id = ? AND embedding IS NOT NULL", (agent_id,)
     ).fetchall()
     index = VectorIndex(capacity=max(64, len(rows)))
     if rows:
         if len({len(blob) for _, blob in rows}) != 1:
-            raise StoreError(f"agent {agent_id} has embeddings of mixed lengths")
+            raise StoreError(f"agent {agent_id} has {table} embeddings of mixed lengths")
         matrix = np.frombuffer(b"".join(blob for _, blob in rows), dtype=_F32)
-        index.add([passage_id for passage_id, _ in rows], matrix.reshape(len(rows), -1))
+        index.add([row_key for row_key, _ in rows], matrix.reshape(len(rows), -1))
     return index
 
 
@@ -420,3 +413,28 @@ def weigh_expressions(
         if rows_with:
             kept.append(expression)
     return kept, idf_total
+
+
+class CachedRowCount:
+    """A table's row count, for IDF. count(*) is a table scan, so the count is
+    kept current by this process and re-read only every ROW_COUNT_TTL seconds,
+    to follow other processes. Never below 1 (it divides)."""
+
+    def __init__(self, count_sql: str) -> None:
+        self._sql = count_sql
+        self._rows: int | None = None
+        self._read_at = 0.0
+
+    def get(self, conn: sqlite3.Connection) -> int:
+        now = time.monotonic()
+        if self._rows is None or now - self._read_at > ROW_COUNT_TTL:
+            (self._rows,) = conn.execute(self._sql).fetchone()
+            self._read_at = now
+        return max(self._rows or 0, 1)
+
+    def add(self, count: int) -> None:
+        if self._rows is not None:
+            self._rows += count
+
+    def reset(self) -> None:
+        self._rows = None
