@@ -63,6 +63,7 @@ __all__ = [
     "DisconnectFault",
     "FakeLLMServer",
     "Handler",
+    "InFlightProbe",
     "MalformedJSONFault",
     "RecordedRequest",
     "Reply",
@@ -572,6 +573,29 @@ class FakeLLMServer:
                 self._conns.add(conn)
             else:
                 self._conns.discard(conn)
+
+
+class InFlightProbe:
+    """A handler wrapper that holds each request briefly and records the most
+    requests served at once: 1 proves the caller never overlapped them."""
+
+    def __init__(self, handler: Handler, hold_seconds: float = 0.01) -> None:
+        self.handler = handler
+        self.hold_seconds = hold_seconds
+        self.most = 0
+        self._now = 0
+        self._lock = threading.Lock()
+
+    def __call__(self, request: JSONDict) -> Reply:
+        with self._lock:
+            self._now += 1
+            self.most = max(self.most, self._now)
+        try:
+            threading.Event().wait(self.hold_seconds)
+            return self.handler(request)
+        finally:
+            with self._lock:
+                self._now -= 1
 
 
 def start_fake_llm() -> FakeLLMServer:

@@ -10,7 +10,7 @@ from typing import Any
 
 from bot.events import FileUploaded, ScheduledTick, SystemAlert, UserJoined, UserMessage
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, fault_status, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, tool_call
 
 
 def echo_turn(request: dict[str, Any]) -> Reply:
@@ -22,28 +22,13 @@ def echo_turn(request: dict[str, Any]) -> Reply:
 async def test_one_users_messages_are_answered_in_order(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
-    in_flight = 0
-    most_in_flight = 0
-    lock = threading.Lock()
-
-    def model(request: dict[str, Any]) -> Reply:
-        nonlocal in_flight, most_in_flight
-        with lock:
-            in_flight += 1
-            most_in_flight = max(most_in_flight, in_flight)
-        try:
-            threading.Event().wait(0.01)
-            return echo_turn(request)
-        finally:
-            with lock:
-                in_flight -= 1
-
-    llm_server.set_handler(model)
+    probe = InFlightProbe(echo_turn)
+    llm_server.set_handler(probe)
     runtime = await make_runtime()
     events = [UserMessage(platform="discord", user_id="42", text=f"message number {i}") for i in range(10)]
     results = await asyncio.gather(*(runtime.handle(event) for event in events))
     assert [[r.text for r in replies] for replies in results] == [[f"reply to {i}"] for i in range(10)]
-    assert most_in_flight == 1
+    assert probe.most == 1
     agent = await runtime.agent("discord:42")
     stored = await runtime.store.messages_since(agent.id, 0)
     user_lines = [m.content for m in stored if m.role == "user"]

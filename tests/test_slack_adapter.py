@@ -37,7 +37,7 @@ from bot.events import Event
 from bot.events import Reply as BotReply
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, fault_status, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
 
 SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
@@ -305,27 +305,13 @@ async def test_the_http_ack_returns_before_the_model_answers(bot: SlackBot, llm_
 
 
 async def test_one_users_messages_are_answered_in_order(bot: SlackBot, llm_server: FakeLLMServer) -> None:
-    in_flight = most_in_flight = 0
-    lock = threading.Lock()
-
-    def model(request: dict[str, Any]) -> Reply:
-        nonlocal in_flight, most_in_flight
-        with lock:
-            in_flight += 1
-            most_in_flight = max(most_in_flight, in_flight)
-        try:
-            threading.Event().wait(0.01)
-            return echo_number(request)
-        finally:
-            with lock:
-                in_flight -= 1
-
-    llm_server.set_handler(model)
+    probe = InFlightProbe(echo_number)
+    llm_server.set_handler(probe)
     # Back to back, as Slack delivers them: each request returns at its ack, long before any answer.
     for number in range(10):
         assert await bot.event(dm(f"number {number}")) == 200
     assert await bot.texts(10) == [f"reply to {number}" for number in range(10)]
-    assert most_in_flight == 1
+    assert probe.most == 1
 
 
 async def test_different_users_are_served_concurrently(start_bot: Start, make_runtime: RuntimeFactory,
