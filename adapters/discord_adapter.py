@@ -30,17 +30,14 @@ from adapters.discord_commands import FORGET_TIMEOUT, MESSAGE_LIMIT, PLATFORM, a
 from adapters.splitting import split_message
 from bot.config import ConfigError
 from bot.events import Event, FileUploaded, Reply, UserJoined, UserMessage, agent_key
-from bot.ports import BotPort
+from bot.ports import READABLE_SUFFIXES, BotPort
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
-# What the runtime can read (memory/documents.py). Mirrored, not imported: adapters must not
-# depend on memory/. A text/* or application/pdf content type is accepted whatever the name.
-UPLOAD_SUFFIXES = frozenset({
-    ".txt", ".text", ".rst", ".csv", ".tsv", ".log", ".json", ".yaml", ".yml",
-    ".md", ".markdown", ".mdown", ".mkd", ".html", ".htm", ".xhtml", ".pdf",
-})
+# What the bot can read, from its port. A text/* or application/pdf content type is accepted
+# whatever the name.
+UPLOAD_SUFFIXES = READABLE_SUFFIXES
 SORRY = "Sorry, something went wrong on my side and I could not answer that. Please try again in a moment."
 
 

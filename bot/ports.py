@@ -5,6 +5,11 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from bot.events import Event, Reply
+from memory.documents import SUPPORTED_SUFFIXES
+
+# File name endings the bot can read from an upload (text, Markdown, HTML, PDF),
+# so adapters can refuse other files before downloading them.
+READABLE_SUFFIXES: frozenset[str] = frozenset(SUPPORTED_SUFFIXES)
 
 
 class BotPort(Protocol):
