@@ -5,11 +5,45 @@ typed model in one small `parse_<event>` method, each Discord event here has one
 small function that builds a typed bot event (`user_message`, `file_uploaded`,
 `user_joined`) and one handler that hands it to the bot and delivers the
 replies (`on_message`, `on_member_join`). The adapter only ever calls the
-bot's port (`handle`, `memory_report`, `forget_user`); it knows nothing of memory.
+bot's port (`handle`, `memory_report`, `forget_user`, and the journal calls
+below); it knows nothing of memory.
 
 Who is answered: direct messages always; in servers, messages that mention the
 bot, or any message in an always-on channel (and its threads). Other bots,
 webhooks, system messages and the bot itself are never answered.
+
+Crash safety (bot/journal.py tells the protocol). Discord neither waits for an
+acknowledgement nor delivers a gateway event again, so here the journal is for
+redoing work a crash cut short. With a bot that keeps one (the runtime), each
+message meant for the bot and each join is recorded (`receive`) before any
+work, with what rebuilds it: a message by channel and message id (fetched again
+at replay, its files downloaded again; a message deleted meanwhile is skipped),
+a join by the few fields its event needs (no fetch). `recover()` replays the
+unfinished ones at start, in arrival order, through the same per-user lanes.
+An event is `finished` once each of its replies was sent or handed to the
+retrier. Bots without a journal (simple test bots) work as before.
+
+Delivery outcomes, per reply with an outbox entry (`report_delivery`): sent;
+RETRY for 429, 5xx and network errors; UNDELIVERABLE when the person cannot be
+reached (50007: DMs closed, the bot blocked, no shared server; with no fallback
+channel), the channel or user is unknown (404), or Discord refuses the message
+(any other 4xx). A failure ends delivery to that person for the batch: their
+later replies are not tried but reported RETRY, so the retrier sends them after
+the failed one, in order; other people's replies in the batch still go.
+
+Resending without duplicates. Every part of a reply with an outbox entry is
+sent with a nonce derived from its outbox id and part number (a 25-character
+digest: Discord's limit), and discord.py (2.7, `http.handle_message_parameters`)
+sends `enforce_nonce: true` with every nonce: for a few minutes Discord answers
+a repeated part with the message it already created instead of a new one. That
+covers discord.py's own retries and the outbox retrier's quick ones. A crash
+can outlast the window, and messages read back from history need not carry
+their nonce, so a reply marked `resend` is first looked for among the channel's
+last 50 messages: the bot's messages newer than the answered message that match
+its parts in order (by nonce where one is given, else by content) are not sent
+again. Limit: two replies to one event with the very same text may be taken for
+one another when matched by content; beyond 50 newer messages a part is sent
+again.
 """
 
 from __future__ import annotations
@@ -19,7 +53,7 @@ import logging
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import PurePath
 from typing import Any
 
@@ -27,87 +61,28 @@ import discord
 from discord import app_commands
 
 from adapters.discord_commands import FORGET_TIMEOUT, MESSAGE_LIMIT, PLATFORM, add_commands
+from adapters.discord_support import (
+    CALL_ERRORS,
+    DEFAULT_MAX_UPLOAD_BYTES,
+    DiscordConfig,
+    describe_error,
+    dm_address,
+    intents,
+    nonce_of,
+    outcome_of,
+    snowflake_of,
+)
 from adapters.splitting import split_message
-from bot.config import ConfigError
-from bot.events import Event, FileUploaded, Reply, UserJoined, UserMessage, agent_key
+from bot.events import Delivery, Event, FileUploaded, Reply, UserJoined, UserMessage, agent_key
 from bot.ports import READABLE_SUFFIXES, BotPort
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 # What the bot can read, from its port. A text/* or application/pdf content type is accepted
 # whatever the name.
 UPLOAD_SUFFIXES = READABLE_SUFFIXES
 SORRY = "Sorry, something went wrong on my side and I could not answer that. Please try again in a moment."
-
-
-@dataclass(slots=True)
-class DiscordConfig:
-    token: str = field(repr=False)  # never in a log line or a traceback
-    always_on_channels: frozenset[int] = frozenset()
-    sharded: bool = False  # AutoShardedClient instead of a plain Client
-    shard_count: int | None = None  # None with sharded: Discord's recommended count
-    shard_ids: tuple[int, ...] | None = None  # the shards this process runs (several processes)
-    command_guild_id: int | None = None  # sync slash commands to one server only (instant)
-    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> DiscordConfig | None:
-        """The Discord settings, or None when DISCORD_TOKEN is unset (Discord is off)."""
-        token = env.get("DISCORD_TOKEN", "").strip()
-        if not token:
-            return None
-        shards = env.get("DISCORD_SHARD_COUNT", "").strip().lower()
-        shard_count = None if shards in ("", "auto") else _positive(shards, "DISCORD_SHARD_COUNT")
-        shard_ids = tuple(_ids(env.get("DISCORD_SHARD_IDS", ""), "DISCORD_SHARD_IDS", allow_zero=True)) or None
-        if shard_ids is not None:
-            if shard_count is None:
-                raise ConfigError("DISCORD_SHARD_IDS needs a numeric DISCORD_SHARD_COUNT (the total across processes)")
-            if max(shard_ids) >= shard_count:
-                raise ConfigError(f"DISCORD_SHARD_IDS must be below DISCORD_SHARD_COUNT ({shard_count})")
-        guild = env.get("DISCORD_COMMAND_GUILD_ID", "").strip()
-        upload = env.get("DISCORD_MAX_UPLOAD_BYTES", "").strip()
-        return cls(
-            token=token,
-            always_on_channels=frozenset(_ids(env.get("DISCORD_ALWAYS_ON_CHANNELS", ""), "DISCORD_ALWAYS_ON_CHANNELS")),
-            sharded=bool(shards),
-            shard_count=shard_count,
-            shard_ids=shard_ids,
-            command_guild_id=_positive(guild, "DISCORD_COMMAND_GUILD_ID") if guild else None,
-            max_upload_bytes=_positive(upload, "DISCORD_MAX_UPLOAD_BYTES") if upload else DEFAULT_MAX_UPLOAD_BYTES,
-        )
-
-
-def _positive(value: str, name: str) -> int:
-    if not value.isdigit() or int(value) <= 0:
-        raise ConfigError(f"{name} must be a positive whole number, not {value!r}")
-    return int(value)
-
-
-def _ids(value: str, name: str, *, allow_zero: bool = False) -> list[int]:
-    parts = [part.strip() for part in value.split(",") if part.strip()]
-    bad = [part for part in parts if not part.isdigit() or (int(part) == 0 and not allow_zero)]
-    if bad:
-        raise ConfigError(f"{name} takes comma-separated numeric ids (Developer Mode → Copy ID), not {bad[0]!r}")
-    return [int(part) for part in parts]
-
-
-def dm_address(user_id: int, *, fallback_channel_id: int | None = None) -> dict[str, Any]:
-    """A `reply_to` that sends to the user's DMs (for replies not answering a message, such as
-    check-ins); `fallback_channel_id`, if set, is used, with a mention, when their DMs are closed."""
-    return {"channel_id": None, "guild": False, "user_id": user_id, "fallback_channel_id": fallback_channel_id}
-
-
-def intents() -> discord.Intents:
-    """Only what the adapter uses. message_content and members are privileged: they must
-    also be switched on in the Developer Portal (Bot → Privileged Gateway Intents)."""
-    wanted = discord.Intents.none()
-    wanted.guilds = True  # channel and server names, the bot's own role
-    wanted.guild_messages = True
-    wanted.dm_messages = True
-    wanted.message_content = True
-    wanted.members = True  # on_member_join
-    return wanted
+HISTORY_LIMIT = 50  # recent messages searched for a reply's parts before it is sent again
 
 
 class _Lanes:
@@ -149,6 +124,9 @@ class DiscordAdapter:
         self.tree: app_commands.CommandTree[discord.Client] = app_commands.CommandTree(self.client)
         add_commands(self.tree, bot, forget_timeout=forget_timeout)
         self.lanes = _Lanes()
+        # A bot with a journal (the runtime) records events and reports deliveries, so a
+        # crash loses nothing (bot/journal.py); simpler bots (tests) are served without.
+        self._durable = callable(getattr(bot, "receive", None))
         for handler in (self.on_ready, self.on_message, self.on_member_join):
             self.client.event(handler)
         self.client.setup_hook = self.sync_commands  # type: ignore[method-assign]
@@ -228,7 +206,7 @@ class DiscordAdapter:
     def reply_to(message: discord.Message) -> dict[str, Any]:
         return {"channel_id": message.channel.id, "guild": message.guild is not None, "user_id": message.author.id}
 
-    def user_message(self, message: discord.Message, text: str) -> UserMessage:
+    def user_message(self, message: discord.Message, text: str, *, durable: bool = False) -> UserMessage:
         return UserMessage(
             platform=PLATFORM,
             user_id=str(message.author.id),
@@ -238,9 +216,11 @@ class DiscordAdapter:
             created_at=message.created_at,
             event_id=str(message.id),
             reply_to=self.reply_to(message),
+            durable=durable,
         )
 
-    def file_uploaded(self, message: discord.Message, attachment: discord.Attachment, data: bytes) -> FileUploaded:
+    def file_uploaded(self, message: discord.Message, attachment: discord.Attachment, data: bytes, *,
+                      durable: bool = False) -> FileUploaded:
         return FileUploaded(
             platform=PLATFORM,
             user_id=str(message.author.id),
@@ -251,19 +231,53 @@ class DiscordAdapter:
             created_at=message.created_at,
             event_id=f"{message.id}:{attachment.id}",
             reply_to=self.reply_to(message),
+            durable=durable,
         )
 
     @staticmethod
     def user_joined(member: discord.Member) -> UserJoined:
+        return DiscordAdapter.joined(DiscordAdapter.join_payload(member))
+
+    @staticmethod
+    def join_payload(member: discord.Member) -> dict[str, Any]:
+        """All a join's event needs, as plain JSON: a replay rebuilds it without asking Discord."""
         system = member.guild.system_channel
+        joined_at = member.joined_at or discord.utils.utcnow()
+        return {
+            "kind": "join",
+            # Discord gives a join no id of its own; this one is the same however often it is built.
+            "event_id": f"join:{member.guild.id}:{member.id}:{int(joined_at.timestamp())}",
+            "user_id": str(member.id),
+            "display_name": member.display_name,
+            "guild_name": member.guild.name,
+            "system_channel_id": str(system.id) if system else None,
+            "joined_at": joined_at.isoformat(),
+        }
+
+    @staticmethod
+    def joined(payload: Mapping[str, Any]) -> UserJoined:
+        system = payload.get("system_channel_id")
         return UserJoined(
             platform=PLATFORM,
-            user_id=str(member.id),
-            display_name=member.display_name,
-            place=f"the {member.guild.name} server",
-            created_at=member.joined_at or discord.utils.utcnow(),
-            reply_to=dm_address(member.id, fallback_channel_id=system.id if system else None),
+            user_id=str(payload["user_id"]),
+            display_name=str(payload["display_name"]),
+            place=f"the {payload['guild_name']} server",
+            created_at=datetime.fromisoformat(str(payload["joined_at"])),
+            event_id=str(payload["event_id"]),
+            reply_to=dm_address(int(payload["user_id"]), fallback_channel_id=int(system) if system else None),
         )
+
+    @staticmethod
+    def message_payload(message: discord.Message) -> dict[str, Any]:
+        """Where to fetch the message again (ids as strings: snowflakes exceed some JSON readers)."""
+        return {
+            "kind": "message",
+            "event_id": str(message.id),
+            "user_id": str(message.author.id),  # the lane a replay joins before fetching
+            "channel_id": str(message.channel.id),
+            "guild_id": str(message.guild.id) if message.guild else None,
+            "message_id": str(message.id),
+        }
 
     def refusal(self, attachment: discord.Attachment) -> str | None:
         """Why this attachment will not be read, or None if it will."""
@@ -278,28 +292,63 @@ class DiscordAdapter:
                     f"{_size(self.config.max_upload_bytes)}.")
         return None
 
-    # -- handlers: hand the event to the bot, deliver the replies ----------------
+    # -- handlers: record the event, hand it to the bot, deliver the replies -------
     async def on_message(self, message: discord.Message) -> None:
         text = self.addressed_text(message)
         if text is None:
             return
         # Entered before any await: see _Lanes.
         async with self.lanes.hold(agent_key(PLATFORM, str(message.author.id))):
-            channel = message.channel
-            # Files first, so the agent has read them by the time it answers the text.
-            for attachment in message.attachments:
-                replies = await self._upload(message, attachment)
-                await self.deliver(replies, channel=channel)
-            if text:
-                await self.deliver(await self._handle(self.user_message(message, text), channel), channel=channel)
+            durable = await self._record(self.message_payload(message))
+            if durable is not None:
+                await self._answer(message, text, durable=durable)
 
     async def on_member_join(self, member: discord.Member) -> None:
         if member.bot:
             return
-        event = self.user_joined(member)
+        payload = self.join_payload(member)
+        event = self.joined(payload)
         async with self.lanes.hold(event.agent_key):
-            # A greeting goes to the newcomer's DMs (delivery falls back to the system channel).
-            await self.deliver(await self._handle(event, None), channel=member)
+            durable = await self._record(payload)
+            if durable is not None:
+                event.durable = durable
+                await self._greet(event, member)
+
+    async def _record(self, payload: dict[str, Any]) -> bool | None:
+        """Record an event in the bot's journal before any work on it. True: recorded (a
+        crash from here on is redone at restart); False: the bot keeps no journal, or it
+        could not be written (the event is handled all the same, without that safety
+        net); None: already recorded (Discord dispatched it twice), so it is dropped."""
+        if not self._durable:
+            return False
+        event_id = str(payload["event_id"])
+        try:
+            if not await self.bot.receive(PLATFORM, event_id, str(payload["user_id"]), payload):
+                log.info("Discord event %s was already received; ignoring the repeat", event_id)
+                return None
+        except Exception as error:  # the store is down: answering beats staying silent
+            log.warning("could not record Discord event %s (%s); handling it without crash recovery",
+                        event_id, error)
+            return False
+        return True
+
+    async def _answer(self, message: discord.Message, text: str, *, durable: bool) -> None:
+        channel = message.channel
+        # Files first, so the agent has read them by the time it answers the text.
+        for attachment in message.attachments:
+            await self.deliver(await self._upload(message, attachment, durable=durable), channel=channel)
+        if text:
+            event = self.user_message(message, text, durable=durable)
+            await self.deliver(await self._handle(event, channel), channel=channel)
+        # Not reached when a crash (or a bug) stops the work: then it stays pending and is redone.
+        if durable:
+            await self.bot.finished(str(message.id))
+
+    async def _greet(self, event: UserJoined, channel: discord.abc.Messageable | None) -> None:
+        # A greeting goes to the newcomer's DMs (delivery falls back to the system channel).
+        await self.deliver(await self._handle(event, None), channel=channel)
+        if event.durable:
+            await self.bot.finished(event.event_id)
 
     async def run_event(self, event: Event) -> None:
         """Handle an event that did not come from Discord (a scheduled check-in, say) and deliver
@@ -307,16 +356,18 @@ class DiscordAdapter:
         async with self.lanes.hold(event.agent_key):
             await self.deliver(await self._handle(event, None))
 
-    async def _upload(self, message: discord.Message, attachment: discord.Attachment) -> list[Reply]:
+    async def _upload(self, message: discord.Message, attachment: discord.Attachment, *,
+                      durable: bool = False) -> list[Reply]:
         reason = self.refusal(attachment)
         if reason is None:
             try:
                 data = await attachment.read()
-            except discord.HTTPException as error:
+            except CALL_ERRORS as error:
                 log.warning("could not download attachment %s of message %s: %s", attachment.id, message.id, error)
                 reason = f"I couldn't download {attachment.filename}; please try again."
             else:
-                return await self._handle(self.file_uploaded(message, attachment, data), message.channel)
+                event = self.file_uploaded(message, attachment, data, durable=durable)
+                return await self._handle(event, message.channel)
         return [Reply(text=reason, platform=PLATFORM, user_id=str(message.author.id),
                       reply_to=self.reply_to(message), event_id=f"{message.id}:{attachment.id}")]
 
@@ -329,6 +380,58 @@ class DiscordAdapter:
                 return [Reply(text=SORRY, platform=PLATFORM, user_id=event.user_id, reply_to=event.reply_to,
                               event_id=event.event_id)]
 
+    # -- crash recovery ----------------------------------------------------------
+    async def recover(self) -> int:
+        """Replay the events a crash left unfinished, in arrival order, and wait for them; the
+        number replayed. Call once connected (bot/app.py does), before check-ins start."""
+        if not self._durable:
+            return 0
+        payloads = await self.bot.pending_events(PLATFORM)
+        # One task per event, created in arrival order: each joins its user's lane before its
+        # first await, so one user's events are redone in order while different users' overlap.
+        tasks = [asyncio.create_task(self._replay(payload), name=f"discord-replay-{payload.get('event_id')}")
+                 for payload in payloads]
+        for payload, outcome in zip(payloads, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
+            if isinstance(outcome, Exception):
+                # Left pending: the next start tries it again (bot/journal.py caps the replays).
+                log.error("replaying Discord event %s failed", payload.get("event_id"), exc_info=outcome)
+        return len(payloads)
+
+    async def _replay(self, payload: Mapping[str, Any]) -> None:
+        kind, event_id = payload.get("kind"), str(payload.get("event_id"))
+        if kind == "join":
+            event = self.joined(payload)
+            event.durable = True
+            async with self.lanes.hold(event.agent_key):
+                await self._greet(event, None)  # to reply_to: the DM, else the system channel
+            return
+        if kind != "message":
+            log.error("cannot replay Discord event %s of unknown kind %r; dropping it", event_id, kind)
+            await self.bot.finished(event_id)
+            return
+        async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"]))):
+            message = await self._fetch_again(payload)
+            text = self.addressed_text(message) if message is not None else None
+            if message is None or text is None:
+                await self.bot.finished(event_id)
+                return
+            await self._answer(message, text, durable=True)
+
+    async def _fetch_again(self, payload: Mapping[str, Any]) -> discord.Message | None:
+        """The recorded message as it is now; None if it was deleted or can no longer be read.
+        Other failures (network, 5xx) are raised: the event is kept for the next start."""
+        channel_id = int(payload["channel_id"])
+        channel = self.client.get_channel(channel_id)
+        if not isinstance(channel, discord.abc.Messageable):  # a DM channel is not cached after a restart
+            guild_id = payload.get("guild_id")
+            channel = self.client.get_partial_messageable(channel_id, guild_id=int(guild_id) if guild_id else None)
+        try:
+            return await channel.fetch_message(int(payload["message_id"]))
+        except (discord.NotFound, discord.Forbidden) as error:
+            log.warning("not redoing message %s of Discord user %s: it is gone (%s %s)", payload["message_id"],
+                        payload["user_id"], error.status, error.text or error)
+            return None
+
     # -- delivery --------------------------------------------------------------
     async def wait_ready(self) -> None:
         """Return once the gateway session is ready, so deliveries can go out."""
@@ -336,43 +439,85 @@ class DiscordAdapter:
 
     async def deliver(self, replies: Sequence[Reply], *, channel: discord.abc.Messageable | None = None) -> None:
         """Send replies in order to `channel`, or where each reply's `reply_to` says (a channel id,
-        else the user's DMs, else `fallback_channel_id` when their DMs are closed). A failure is
-        logged and ends this delivery, so no later part arrives without an earlier one."""
+        else the user's DMs, else `fallback_channel_id` when their DMs are closed), and report
+        each one with an outbox entry to the bot. A failure is logged and ends delivery to
+        that person, so no later part arrives without an earlier one: their later replies
+        are reported RETRY untried, and the retrier sends them after it, in order."""
+        stopped: dict[str, str] = {}  # user id -> why a reply to them failed
         for reply in replies:
-            if not reply.text.strip():
-                continue
-            where = reply.reply_to
-            user_id = int(where["user_id"])
-            try:
-                target = channel or await self._target(where)
-                await self._post(target, reply.text, mention=user_id if where.get("guild") else None)
-            except discord.Forbidden as error:
-                fallback = self._fallback(where)
-                if fallback is None or not await self._try_post(fallback, reply, error):
-                    self._log_failure(reply, error)
-                    return
-            except discord.HTTPException as error:
-                self._log_failure(reply, error)
-                return
+            if reply.user_id in stopped:
+                outcome, detail = Delivery.RETRY, f"an earlier reply failed ({stopped[reply.user_id]})"
+            else:
+                outcome, detail = await self._send(reply, channel)
+                if outcome is not Delivery.SENT:
+                    stopped[reply.user_id] = detail
+            if reply.outbox_id and self._durable:
+                await self.bot.report_delivery(reply, outcome, detail)
 
-    async def _try_post(self, channel: discord.abc.Messageable, reply: Reply, first: discord.HTTPException) -> bool:
-        log.info("could not reach Discord user %s directly (%s); using channel %s", reply.user_id, first,
-                 getattr(channel, "id", "?"))
+    async def _send(self, reply: Reply, channel: discord.abc.Messageable | None) -> tuple[Delivery, str]:
+        if not reply.text.strip():
+            return Delivery.SENT, ""  # nothing to show: done
+        where = reply.reply_to
+        user_id = int(where["user_id"])
         try:
-            await self._post(channel, reply.text, mention=int(reply.reply_to["user_id"]))
-        except discord.HTTPException as error:
-            self._log_failure(reply, error)
-            return False
-        return True
+            target = channel or await self._target(where)
+            await self._post(target, reply, mention=user_id if where.get("guild") else None)
+        except discord.Forbidden as error:
+            fallback = self._fallback(where)
+            if fallback is None:
+                return self._failed(reply, error)
+            log.info("could not reach Discord user %s directly (%s); using channel %s", reply.user_id,
+                     describe_error(error), getattr(fallback, "id", "?"))
+            try:
+                await self._post(fallback, reply, mention=user_id)
+            except CALL_ERRORS as second:
+                return self._failed(reply, second)
+        except CALL_ERRORS as error:
+            return self._failed(reply, error)
+        return Delivery.SENT, ""
 
-    @staticmethod
-    async def _post(channel: discord.abc.Messageable, text: str, *, mention: int | None) -> None:
-        """One reply as messages under the limit; in shared channels the first pings its user."""
+    async def _post(self, channel: discord.abc.Messageable, reply: Reply, *, mention: int | None) -> None:
+        """One reply as messages under the limit; in shared channels the first pings its user.
+        A durable reply's parts carry nonces, and a resent one skips the parts already there."""
         prefix = f"<@{mention}> " if mention is not None else ""
         allowed = discord.AllowedMentions(everyone=False, roles=False, users=[discord.Object(id=mention)]) if (
             mention is not None) else discord.AllowedMentions.none()
-        for index, chunk in enumerate(split_message(text, MESSAGE_LIMIT - len(prefix))):
-            await channel.send(prefix + chunk if index == 0 else chunk, allowed_mentions=allowed)
+        chunks = split_message(reply.text, MESSAGE_LIMIT - len(prefix))
+        chunks[0] = prefix + chunks[0]
+        posted = await self._parts_posted(channel, reply, chunks) if reply.resend and reply.outbox_id else 0
+        for part in range(posted, len(chunks)):
+            extra: dict[str, Any] = {"nonce": nonce_of(reply.outbox_id, part)} if reply.outbox_id else {}
+            await channel.send(chunks[part], allowed_mentions=allowed, **extra)
+
+    async def _parts_posted(self, channel: discord.abc.Messageable, reply: Reply, chunks: Sequence[str]) -> int:
+        """How many of the reply's first parts are already in the channel (its recent history)."""
+        me = self.client.user
+        if me is None:
+            return 0
+        try:
+            recent = [message async for message in channel.history(limit=HISTORY_LIMIT)]
+        except CALL_ERRORS as error:
+            # Without history access, sending twice beats never sending (and the nonce may still catch it).
+            log.warning("cannot check channel %s for reply %s before sending it again: %s",
+                        getattr(channel, "id", "?"), reply.outbox_id, describe_error(error))
+            return 0
+        since = snowflake_of(reply.event_id)  # the answered message: its replies are newer
+        posted = 0
+        for message in sorted(recent, key=lambda message: message.id):
+            if posted == len(chunks):
+                break
+            if message.author.id != me.id or (since is not None and message.id <= since):
+                continue
+            if message.nonce is not None:  # only in messages this process saw created
+                same = str(message.nonce) == nonce_of(reply.outbox_id, posted)
+            else:
+                same = message.content.strip() == chunks[posted].strip()
+            if same:
+                posted += 1
+        if posted:
+            log.info("reply %s to Discord user %s: %d of %d parts were already sent", reply.outbox_id,
+                     reply.user_id, posted, len(chunks))
+        return posted
 
     async def _target(self, where: Mapping[str, Any]) -> discord.abc.Messageable:
         channel_id = where.get("channel_id")
@@ -392,9 +537,13 @@ class DiscordAdapter:
         return channel if isinstance(channel, discord.abc.Messageable) else None
 
     @staticmethod
-    def _log_failure(reply: Reply, error: discord.HTTPException) -> None:
-        log.warning("could not send a reply to Discord user %s (event %s, channel %s): %s %s", reply.user_id,
-                    reply.event_id, reply.reply_to.get("channel_id") or "DM", error.status, error.text or error)
+    def _failed(reply: Reply, error: BaseException) -> tuple[Delivery, str]:
+        outcome, detail = outcome_of(error), describe_error(error)
+        # Who and why, never what: the reply's text stays out of the logs.
+        log.warning("could not send a reply to Discord user %s (event %s, channel %s): %s; %s", reply.user_id,
+                    reply.event_id, reply.reply_to.get("channel_id") or "DM", detail,
+                    "will retry" if outcome is Delivery.RETRY else "dropped")
+        return outcome, detail
 
 
 @asynccontextmanager
@@ -412,6 +561,8 @@ async def _typing(channel: discord.abc.Messageable | None) -> AsyncIterator[None
 def _place(channel: discord.abc.Messageable) -> str:
     if isinstance(channel, discord.abc.GuildChannel | discord.Thread):
         return f"#{channel.name} in {channel.guild.name}"
+    if isinstance(channel, discord.PartialMessageable) and channel.guild is not None:
+        return f"a channel in {channel.guild.name}"  # refetched after a restart, not in the cache
     return "DM"
 
 
@@ -423,3 +574,6 @@ def _size(size: int) -> str:
     if size >= 100 * 1024:
         return f"{size / (1024 * 1024):.1f} MB"
     return f"{max(1, round(size / 1024))} KB"
+
+
+__all__ = ["DEFAULT_MAX_UPLOAD_BYTES", "SORRY", "DiscordAdapter", "DiscordConfig", "dm_address", "intents", "nonce_of"]

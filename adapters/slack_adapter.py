@@ -62,7 +62,7 @@ from adapters.slack_support import (
     time_of,
 )
 from adapters.splitting import split_message
-from bot.events import Event, FileUploaded, Reply, UserJoined, UserMessage
+from bot.events import Delivery, Event, FileUploaded, Reply, UserJoined, UserMessage
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,13 @@ UPLOAD_SUFFIXES = {
     ".txt": "text/plain", ".md": "text/markdown", ".markdown": "text/markdown", ".pdf": "application/pdf",
 }
 UPLOAD_FILETYPES = {"text": "text/plain", "markdown": "text/markdown", "pdf": "application/pdf"}
+# Errors that mean the reply can never arrive: the person left, deactivated
+# their account, or blocked the bot; the place is gone or closed to it.
+GONE = frozenset({
+    "channel_not_found", "is_archived", "not_in_channel", "account_inactive", "user_not_found", "user_disabled",
+    "cannot_dm_bot", "messages_tab_disabled", "restricted_action", "user_not_visible", "team_access_not_granted",
+})
+METADATA_TYPE = "memgpt_reply"  # message metadata that names a reply's outbox entry
 APOLOGY = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
 
 
@@ -88,6 +95,10 @@ class _Without(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return self.text not in record.getMessage()
+
+
+class SlackClosingError(Exception):
+    """An event arrived while the adapter closes: not acknowledged, so Slack delivers it again."""
 
 
 class _DownloadError(Exception):
@@ -113,6 +124,15 @@ class _Origin:
     def of(cls, body: Mapping[str, Any], team: str, user: str, reply_to: dict[str, Any], ts: Any) -> _Origin:
         return cls(team, user, reply_to, str(body.get("event_id") or uuid.uuid4().hex), time_of(ts))
 
+    def to_json(self) -> dict[str, Any]:
+        return {"team": self.team, "user": self.user, "reply_to": self.reply_to, "event_id": self.event_id,
+                "created_at": self.created_at.isoformat()}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> _Origin:
+        return cls(str(data["team"]), str(data["user"]), dict(data["reply_to"]), str(data["event_id"]),
+                   datetime.fromisoformat(str(data["created_at"])))
+
     @property
     def user_id(self) -> str:
         return f"{self.team}:{self.user}"
@@ -120,7 +140,7 @@ class _Origin:
     def fields(self, **extra: Any) -> dict[str, Any]:
         """The arguments every event built from this payload shares."""
         return {"platform": PLATFORM, "user_id": self.user_id, "reply_to": self.reply_to,
-                "event_id": self.event_id, "created_at": self.created_at, **extra}
+                "event_id": self.event_id, "created_at": self.created_at, "durable": True, **extra}
 
     def notice(self, text: str, event_id: str | None = None) -> Reply:
         """A message the adapter sends itself (a refused file, an apology)."""
@@ -142,6 +162,10 @@ class SlackAdapter:
         self.bot = bot
         self.config = config
         self.deduper: EventDeduper = deduper or RecentEventIds()
+        # A bot with a journal (the runtime) records events and replies so a
+        # crash loses nothing (bot/journal.py); simpler bots (tests) are
+        # de-duplicated in memory and not replayed.
+        self._durable = callable(getattr(bot, "receive", None))
         self.client = AsyncWebClient(
             token=config.bot_token,
             base_url=config.api_url or AsyncWebClient.BASE_URL,
@@ -158,7 +182,10 @@ class SlackAdapter:
                 client=self.client,
                 signing_secret=config.signing_secret or "",
                 request_verification_enabled=not config.socket_mode,
-                process_before_response=False,
+                # The listeners record each event in the bot's journal and return
+                # (no LLM work): only then does Bolt acknowledge it, so an event
+                # Slack stops retrying is never one the bot did not keep.
+                process_before_response=True,
             )
         finally:
             bolt_log.removeFilter(quiet)
@@ -313,10 +340,7 @@ class SlackAdapter:
         if event.get("thread_ts"):
             reply_to["thread_ts"] = event["thread_ts"]
         origin = _Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
-        if subtype == "file_share":
-            self._submit(origin, lambda: self._file_share(origin, event))
-        else:
-            self._submit(origin, lambda: self._user_message(origin, event))
+        await self._accept(origin, "file_share" if subtype == "file_share" else "message", event)
 
     async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext) -> None:
         if self._is_from_a_bot(event, context):
@@ -325,11 +349,7 @@ class SlackAdapter:
         reply_to = {"channel": event["channel"], "thread_ts": event.get("thread_ts") or event["ts"],
                     "mention": event["user"]}
         origin = _Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
-
-        async def build() -> list[Item]:
-            return await self._user_message(origin, event, channel=await self._channel_name(str(event["channel"])))
-
-        self._submit(origin, build)
+        await self._accept(origin, "app_mention", event)
 
     async def _on_team_join(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         person = event.get("user") or {}
@@ -337,15 +357,8 @@ class SlackAdapter:
             return
         team = str(person.get("team_id") or body.get("team_id") or "")
         origin = _Origin.of(body, team, str(person["id"]), {"dm_user": person["id"]}, body.get("event_time"))
-        name = name_of(person) or origin.user
-        self._people.put(origin.user_id, _Person(name))
-        workspace = self.team_name.get(team)
-        place = f"the {workspace} Slack workspace" if workspace else "the Slack workspace"
-
-        async def build() -> list[Item]:
-            return [UserJoined(**origin.fields(display_name=name, place=place))]
-
-        self._submit(origin, build)
+        self._people.put(origin.user_id, _Person(name_of(person) or origin.user))
+        await self._accept(origin, "team_join", event)
 
     async def _on_member_joined_channel(self, body: dict[str, Any], event: dict[str, Any],
                                         context: AsyncBoltContext) -> None:
@@ -353,15 +366,62 @@ class SlackAdapter:
             return  # the bot itself was added to a channel
         origin = _Origin.of(body, _team_of(body, event), str(event["user"]), {"dm_user": event["user"]},
                             event.get("event_ts"))
+        await self._accept(origin, "member_joined_channel", event)
 
-        async def build() -> list[Item]:
+    # -- taking an event: journal, then work ------------------------------------
+    async def _accept(self, origin: _Origin, kind: str, event: Mapping[str, Any]) -> None:
+        """Record the event in the bot's journal (before Bolt acknowledges it)
+        and queue its work; a repeat delivery is dropped here."""
+        if self._closing:
+            log.info("slack: closing; event %s left for Slack to deliver again", origin.event_id)
+            raise SlackClosingError("closing")
+        if self._durable:
+            payload = {"kind": kind, "event": dict(event), "origin": origin.to_json()}
+            if not await self.bot.receive(PLATFORM, origin.event_id, origin.user_id, payload):
+                log.info("slack: event %s was already received; ignoring the repeat", origin.event_id)
+                return
+        elif await self.deduper.seen(origin.event_id):
+            log.info("slack: event %s was already delivered; ignoring the retry", origin.event_id)
+            return
+        self._submit(origin, self._builder(kind, origin, event))
+
+    def _builder(self, kind: str, origin: _Origin, event: Mapping[str, Any]) -> Builder:
+        """The work of one recorded event, by kind (also how a replay rebuilds it)."""
+        if kind == "file_share":
+            return lambda: self._file_share(origin, event)
+        if kind == "message":
+            return lambda: self._user_message(origin, event)
+
+        async def mention() -> list[Item]:
+            return await self._user_message(origin, event, channel=await self._channel_name(str(event["channel"])))
+
+        async def team_join() -> list[Item]:
+            person = await self._person(origin, (event.get("user") or {}).get("profile"))
+            workspace = self.team_name.get(origin.team)
+            place = f"the {workspace} Slack workspace" if workspace else "the Slack workspace"
+            return [UserJoined(**origin.fields(display_name=person.name, place=place))]
+
+        async def joined_channel() -> list[Item]:
             person = await self._person(origin)
             if person.is_bot:
                 return []
             place = await self._channel_name(str(event["channel"]))
             return [UserJoined(**origin.fields(display_name=person.name, place=place))]
 
-        self._submit(origin, build)
+        builders = {"app_mention": mention, "team_join": team_join, "member_joined_channel": joined_channel}
+        return builders[kind]
+
+    async def recover(self) -> int:
+        """Replay the events a crash left unfinished, in arrival order, and
+        wait for them; the number replayed. Call once connected, before new work."""
+        if not self._durable:
+            return 0
+        payloads = await self.bot.pending_events(PLATFORM)
+        for payload in payloads:
+            origin = _Origin.from_json(payload["origin"])
+            self._submit(origin, self._builder(str(payload["kind"]), origin, payload["event"]))
+        await self.drain()
+        return len(payloads)
 
     # -- builders: payload -> typed events -----------------------------------
     async def _user_message(self, origin: _Origin, event: Mapping[str, Any], *, channel: str = "") -> list[Item]:
@@ -460,9 +520,6 @@ class SlackAdapter:
 
     async def _process(self, origin: _Origin, build: Builder) -> None:
         async with self._order.turn(origin.user_id):  # the first await: it fixes this event's place in line
-            if await self.deduper.seen(origin.event_id):
-                log.info("slack: event %s was already delivered; ignoring the retry", origin.event_id)
-                return
             try:
                 for item in await build():
                     await self.deliver([item] if isinstance(item, Reply) else await self.bot.handle(item))
@@ -470,30 +527,73 @@ class SlackAdapter:
                 log.exception("slack: handling event %s failed", origin.event_id)
                 if "channel" in origin.reply_to:  # someone is waiting for an answer (not so after a join)
                     await self.deliver([origin.notice(APOLOGY)])
+            if self._durable:
+                await self.bot.finished(origin.event_id)
 
     async def deliver(self, replies: Sequence[Reply]) -> None:
         """Post each reply, as mrkdwn in ordered chunks, where its `reply_to` says:
         `{"channel": C, "thread_ts"?: TS, "mention"?: USER}` or `{"dm_user": USER}`
         (the user's DM, opened on demand). Also the way in for proactive messages."""
         for reply in replies:
-            channel = await self._reply_channel(reply.reply_to)
-            if channel is None:
-                continue
-            text = markdown_to_mrkdwn(reply.text)
-            if reply.reply_to.get("mention"):
-                text = f"<@{reply.reply_to['mention']}> {text}"
-            for chunk in split_message(text, REPLY_LIMIT):
-                if chunk.strip() and not await self._post(channel, chunk, reply.reply_to.get("thread_ts")):
-                    return  # the rest would fail the same way, or arrive out of order
+            outcome, detail = await self._send(reply)
+            if reply.outbox_id and self._durable:
+                await self.bot.report_delivery(reply, outcome, detail)
 
-    async def _post(self, channel: str, text: str, thread_ts: str | None) -> bool:
-        extra = {"thread_ts": thread_ts} if thread_ts else {}
+    async def _send(self, reply: Reply) -> tuple[Delivery, str]:
         try:
-            await self.client.chat_postMessage(channel=channel, text=text, **extra)
-            return True
+            channel = await self._reply_channel(reply.reply_to)
+        except SlackApiError as error:
+            code = error_code(error)
+            return (Delivery.UNDELIVERABLE if code in GONE else Delivery.RETRY), f"conversations.open: {code}"
         except CALL_ERRORS as error:
-            log.error("slack: chat.postMessage to %s failed: %s", channel, error_code(error))
-            return False
+            return Delivery.RETRY, f"conversations.open: {error_code(error)}"
+        if channel is None:
+            return Delivery.UNDELIVERABLE, "nowhere to send it"
+        text = markdown_to_mrkdwn(reply.text)
+        if reply.reply_to.get("mention"):
+            text = f"<@{reply.reply_to['mention']}> {text}"
+        thread_ts = reply.reply_to.get("thread_ts")
+        # Parts already on Slack, when a crash or an unclear failure came between
+        # a send and its confirmation: each part carries its outbox id.
+        posted = await self._parts_posted(channel, thread_ts, reply.outbox_id) if reply.resend else set()
+        chunks = [chunk for chunk in split_message(text, REPLY_LIMIT) if chunk.strip()]
+        for part, chunk in enumerate(chunks):
+            if part in posted:
+                continue
+            metadata = {"event_type": METADATA_TYPE, "event_payload": {"outbox_id": reply.outbox_id, "part": part}}
+            extra: dict[str, Any] = {"thread_ts": thread_ts} if thread_ts else {}
+            if reply.outbox_id:
+                extra["metadata"] = metadata
+            try:
+                await self.client.chat_postMessage(channel=channel, text=chunk, **extra)
+            except CALL_ERRORS as error:
+                code = error_code(error)
+                log.error("slack: chat.postMessage to %s failed: %s", channel, code)
+                # The rest would fail the same way, or arrive out of order.
+                return (Delivery.UNDELIVERABLE if code in GONE else Delivery.RETRY), f"chat.postMessage: {code}"
+        return Delivery.SENT, ""
+
+    async def _parts_posted(self, channel: str, thread_ts: str | None, outbox_id: str) -> set[int]:
+        """Which parts of a reply are already in the conversation (recent history)."""
+        try:
+            if thread_ts:
+                found = await self.client.conversations_replies(
+                    channel=channel, ts=thread_ts, include_all_metadata=True, limit=200
+                )
+            else:
+                found = await self.client.conversations_history(channel=channel, include_all_metadata=True, limit=100)
+        except CALL_ERRORS as error:
+            # Without history access (a scope missing), sending twice beats never sending.
+            log.warning("slack: cannot check %s for reply %s before resending it: %s", channel, outbox_id,
+                        error_code(error))
+            return set()
+        parts = set()
+        for message in found.get("messages") or []:
+            metadata = message.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == METADATA_TYPE and payload.get("outbox_id") == outbox_id:
+                parts.add(int(payload.get("part", 0)))
+        return parts
 
     async def _reply_channel(self, reply_to: Mapping[str, Any]) -> str | None:
         if reply_to.get("channel"):
@@ -508,7 +608,7 @@ class SlackAdapter:
                 opened = await self.client.conversations_open(users=str(user))
             except CALL_ERRORS as error:
                 log.error("slack: conversations.open with %s failed: %s", user, error_code(error))
-                return None
+                raise
             channel = str(opened["channel"]["id"])
             self._dm_channels.put(str(user), channel)
         return channel

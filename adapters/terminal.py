@@ -13,6 +13,7 @@ Like every adapter it knows nothing of memory: it builds events and calls the
 from __future__ import annotations
 
 import asyncio
+import io
 import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -130,4 +131,9 @@ def _isatty(stream: TextIO) -> bool:
 
 async def chat(handle: Handle, user_id: str, *, platform: str = PLATFORM, display_name: str | None = None) -> int:
     """Chat on this process's standard streams; returns how many messages were sent."""
+    if isinstance(sys.stdin, io.TextIOWrapper):
+        # Bytes that are not UTF-8 become U+FFFD, as on the other platforms:
+        # "strict" would end the chat, the C locale's "surrogateescape" would
+        # pass lone surrogates on (bot/sanitize.py catches those too).
+        sys.stdin.reconfigure(errors="replace")
     return await TerminalChat(handle, user_id, platform=platform, display_name=display_name).run()

@@ -12,6 +12,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from bot.events import Event, Reply
 from bot.functions import FunctionSet
@@ -25,8 +26,8 @@ from memory.queue_manager import (
     render_transcript,
 )
 from memory.recall import RecallMemory
-from memory.store import Store
-from memory.tokens import TokenCounter
+from memory.store import OutboxEntry, Store
+from memory.tokens import TOKENS_PER_MESSAGE, TokenCounter
 from memory.types import AgentRecord, Block, Message, utc_now
 from memory.working_context import WorkingContext
 
@@ -61,6 +62,7 @@ class AgentServices:
     response_reserve: int
     max_steps: int
     search_page_size: int
+    max_message_tokens: int = 0  # 0: the queue manager's automatic size
 
 
 @dataclass(slots=True)
@@ -69,6 +71,11 @@ class EventResult:
     steps: int = 0
     hit_step_cap: bool = False
     trouble: str | None = None
+    tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
+    held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
+    # Storage stayed unreachable for MEMGPT_STORE_WAIT: not handled; a durable
+    # event stays pending in the journal for a replay (bot/store_wait.py).
+    unfinished: bool = False
 
 
 class Agent:
@@ -94,8 +101,11 @@ class Agent:
             flush_threshold=services.flush_threshold,
             evict_fraction=services.evict_fraction,
             response_reserve=services.response_reserve,
+            max_item_tokens=services.max_message_tokens,
         )
-        self._outbox: list[str] = []
+        # Tokens of every LLM call this agent made, counted locally (_complete).
+        self.tokens_used = 0
+        self._outbox: list[Reply] = []
         # The event being handled, for functions that need its sender or reply
         # address (schedule_reminder delivers where the user asked); None between events.
         self.current_event: Event | None = None
@@ -129,14 +139,14 @@ class Agent:
         result = EventResult()
         self._outbox = []
         self.current_event = event
-        await self.record_messages([Message(role="user", content=event.render(), name=event.kind)])
+        if await self._answered_before_a_crash(event, result):
+            self.current_event = None
+            return result
         while True:
             result.steps += 1
             try:
                 await self._make_room()
-                completion = await self.services.llm.complete(
-                    self.queue.compile(self.status_line()), self.services.functions.schemas
-                )
+                completion = await self._step_call()
             except LLMUnavailableError as error:
                 log.error("agent %s: LLM unavailable: %s", self.id, error)
                 result.trouble = error.user_message
@@ -144,7 +154,8 @@ class Agent:
             except ContextOverflowError as error:
                 log.error("agent %s: %s", self.id, error)
                 result.trouble = (
-                    "I'm having trouble: my memory is overfull and I could not make room. An admin has been told."
+                    "I'm having trouble: my memory is overfull and I could not make room. An admin has been told. "
+                    "Your message is saved; please try again later."
                 )
                 break
             heartbeat = await self._execute(completion)
@@ -158,21 +169,44 @@ class Agent:
                     self.services.max_steps,
                     event.event_id,
                 )
+                if not self._outbox:
+                    # The chain never reached the person (endless heartbeats, plain text
+                    # after every nudge): they get a note instead of silence.
+                    result.trouble = (
+                        "I'm having trouble: I got stuck working on your message and stopped. "
+                        "Your message is saved; please try again shortly."
+                    )
                 break
-        if result.trouble and not self._outbox:
-            self._outbox.append(result.trouble)
-        result.replies = [
-            Reply(
-                text=text,
-                platform=event.platform,
-                user_id=event.user_id,
-                reply_to=event.reply_to,
-                event_id=event.event_id,
-            )
-            for text in self._outbox
-        ]
+        if result.trouble and not self._outbox and self._awaits_answer():
+            await self.send(result.trouble)
+        result.replies = list(self._outbox)
         self.current_event = None
         return result
+
+    async def _answered_before_a_crash(self, event: Event, result: EventResult) -> bool:
+        """Record the event's message, unless a run of this event before a
+        crash or a storage fault did (then it is not recorded twice). True when that run also
+        answered: `result` then holds its replies not yet confirmed sent, and
+        no step runs again (the person must not get a second answer)."""
+        store = self.store
+        if await store.event_message_seq(self.id, event.event_id) is None:
+            message = Message(role="user", content=event.render(), name=event.kind, event_id=event.event_id)
+            await self.record_messages([message])
+            return False
+        # Without an outbox (terminal chat) a redo after a storage fault just runs the steps again.
+        sent = await store.outbox_for_event(event.event_id) if event.durable else []
+        if not sent:
+            log.info("agent %s: redoing event %s (recorded, not answered before a restart)", self.id, event.event_id)
+            return False
+        log.info("agent %s: event %s was answered before a restart; re-sending what is unconfirmed",
+                 self.id, event.event_id)
+        result.replies = [
+            Reply(entry.text, entry.origin, entry.user_id, entry.reply_to, entry.event_id,
+                  outbox_id=entry.id, resend=True)
+            for entry in sent
+            if entry.state == "pending"
+        ]
+        return True
 
     async def _execute(self, completion: Completion) -> bool:
         """Run one step's function calls in order; returns whether to go on."""
@@ -185,15 +219,23 @@ class Agent:
         produced = [assistant]
         heartbeat = False
         for call in calls:
-            outcome = await self.services.functions.run(self, call.name, call.arguments)
-            heartbeat = heartbeat or outcome.heartbeat
-            status = "OK" if outcome.ok else "Failed"
+            try:
+                outcome = await self.services.functions.run(self, call.name, call.arguments)
+                ok, result, asks_heartbeat = outcome.ok, outcome.result, outcome.heartbeat
+            except Exception as error:
+                # A function that breaks on arguments its schema let through (e.g. a page
+                # number too big for SQLite) must not crash the agent: like any failed
+                # call, the model sees the error and gets a heartbeat to try otherwise.
+                log.exception("agent %s: function %s raised", self.id, call.name)
+                ok, result, asks_heartbeat = False, f"{call.name} failed: {type(error).__name__}: {error}"[:500], True
+            heartbeat = heartbeat or asks_heartbeat
+            status = "OK" if ok else "Failed"
             produced.append(
                 Message(
                     role="tool",
                     tool_call_id=call.id,
                     name=call.name,
-                    content=json.dumps({"status": status, "result": outcome.result}, ensure_ascii=False),
+                    content=json.dumps({"status": status, "result": result}, ensure_ascii=False),
                 )
             )
         if not calls and not self._outbox and self._awaits_answer():
@@ -252,10 +294,36 @@ class Agent:
             - 16
         )
         transcript = counter.truncate(render_transcript(evicted), max(0, room))
-        completion = await self.services.llm.complete(
+        completion = await self._complete(
             [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}]
         )
         return (completion.content or "").strip()
+
+    # -- every LLM call, metered ---------------------------------------------
+    async def _step_call(self) -> Completion:
+        status = self.status_line()
+        # The queue manager's cached total (an upper bound of a full recount,
+        # function schemas included) spares re-tokenizing the whole prompt.
+        return await self._complete(
+            self.queue.compile(status), self.services.functions.schemas, self.queue.total_tokens(status)
+        )
+
+    async def _complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, prompt_tokens: int = 0
+    ) -> Completion:
+        """The one way the agent calls the LLM, so each call's cost is counted
+        here, with the model's tokenizer (the daily budget, bot/limits.py):
+        the prompt with its function schemas, plus the completion. Never the
+        server's usage numbers, which a proxy or local server may not send or
+        may get wrong. A call that fails counts nothing."""
+        completion = await self.services.llm.complete(messages, tools)
+        counter = self.services.counter
+        prompt = prompt_tokens or counter.count_request(messages, tools or ())
+        answer = counter.count(completion.content or "")
+        for call in completion.tool_calls:
+            answer += TOKENS_PER_MESSAGE + counter.count(call.name) + counter.count(call.arguments)
+        self.tokens_used += prompt + answer
+        return completion
 
     def status_line(self) -> str:
         return (
@@ -277,8 +345,22 @@ class Agent:
         self.working_context.commit(block)
         self.queue.set_working_context(self.working_context.render())
 
-    def send(self, text: str) -> None:
-        self._outbox.append(text)
+    async def send(self, text: str) -> None:
+        """A reply to the current event. For a durable event it is in the
+        outbox (memory/store.py) before send_message returns, so a crash
+        from here on cannot lose it."""
+        event = self.current_event
+        if event is None:
+            raise RuntimeError("send() outside an event")
+        reply = Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to,
+                      event_id=event.event_id)
+        if event.durable:
+            position = len(self._outbox)
+            reply.outbox_id = f"{event.event_id}:{position}"
+            entry = OutboxEntry(reply.outbox_id, event.event_id, position, event.agent_key, event.platform,
+                                event.user_id, dict(event.reply_to), text, utc_now())
+            await self.store.outbox_add(entry)
+        self._outbox.append(reply)
 
     def page_token_budget(self) -> int:
         """Tokens a page of search results may take. Eviction runs before every

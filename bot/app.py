@@ -14,8 +14,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from bot.dedup import StoreDeduper
 from bot.events import Reply
+from bot.journal import OutboxRetrier
 from bot.ports import BotPort
-from memory.store import Store
+from memory.store import Store, StoreError
 from memory.types import utc_now
 
 if TYPE_CHECKING:
@@ -34,7 +35,13 @@ class Adapter(Protocol):
         ...
 
     async def deliver(self, replies: list[Reply]) -> None:
-        """Send replies that answer no platform message (check-ins, reminders)."""
+        """Send replies that answer no platform message (check-ins, reminders,
+        outbox retries), reporting each durable one to the bot."""
+        ...
+
+    async def recover(self) -> int:
+        """Replay the events a crash left unfinished (bot/journal.py) and wait
+        for them; how many. Called once ready, before check-ins start."""
         ...
 
     async def close(self) -> None: ...
@@ -77,7 +84,7 @@ def _slack(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
         mode = f"HTTP mode on {host}:{port}/slack/events (SLACK_SIGNING_SECRET)"
     # Retries are recognised across processes (and restarts) through the database.
     store = getattr(bot, "store", None)
-    deduper = StoreDeduper(store) if isinstance(store, Store) else None
+    deduper = StoreDeduper(store) if isinstance(store, Store) else None  # used only by bots without a journal
     return AdapterPlan("slack", SlackAdapter(bot, config, deduper=deduper), mode)
 
 
@@ -107,11 +114,17 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         for platform, group in groupby(replies, key=lambda reply: reply.platform):
             adapter = adapters.get(platform)
             if adapter is None:
-                log.warning("check-in for a %s user, but the %s adapter is not running; not sent", platform, platform)
+                log.warning("a reply to a %s user, but the %s adapter is not running; not sent", platform, platform)
                 continue
             await adapter.deliver(list(group))
 
     scheduler = CheckinScheduler(runtime, runtime.schedules, deliver, utc_now, runtime.checkin_settings)
+    # The retrier also replays, through each adapter's recover path, the
+    # events that gave up waiting for storage (bot/store_wait.py).
+    retrier = OutboxRetrier(runtime.journal, {name: adapter.deliver for name, adapter in adapters.items()},
+                            replayers={name: adapter.recover for name, adapter in adapters.items()})
+    # While an event waits for storage, the person gets one notice through here.
+    runtime.store_wait.notify = deliver
 
     async def start_scheduler() -> None:
         # Missed ticks fire at start: wait until the adapters can send.
@@ -120,6 +133,18 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
                 await asyncio.wait_for(adapter.wait_ready(), timeout=READY_TIMEOUT)
             except TimeoutError:
                 log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
+        # Crash recovery first: the events the last run left unfinished, in
+        # order, then the replies it left unconfirmed (the retrier's first round).
+        for name, adapter in adapters.items():
+            try:
+                replayed = await adapter.recover()
+            except StoreError as error:
+                # Storage is down at start: the retrier replays them once it can read the journal.
+                announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
+                continue
+            if replayed:
+                announce(f"{name}: replayed {replayed} events left unfinished by the last run")
+        retrier.start()
         runtime.scheduler = scheduler
         announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
         await scheduler.start()
@@ -129,7 +154,9 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         await run_adapters(plans, announce, on_started=start_scheduler)
     finally:
         runtime.scheduler = None
+        runtime.store_wait.notify = None
         await scheduler.stop()
+        await retrier.stop()
 
 
 async def run_adapters(

@@ -6,6 +6,7 @@
     memgpt-bot memory export --user NAME
     memgpt-bot memory forget --user NAME [--yes]
     memgpt-bot memory import --user NAME FILE.jsonl
+    memgpt-bot limits show|exempt|unexempt|reset USER
     memgpt-bot --version
 
 `--user` is a bare name (a terminal user) or PLATFORM:ID (`discord:1234`,
@@ -36,6 +37,7 @@ from bot.app import NoAdapterError
 from bot.cli_args import User, user_argument
 from bot.cli_checkins import add_checkin_commands
 from bot.cli_documents import add_document_commands
+from bot.cli_limits import add_limits_commands
 from bot.cli_run import add_run_command
 from bot.config import ConfigError, Settings
 from bot.llm import LLMUnavailableError
@@ -156,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.set_defaults(func=cmd_import)
     add_document_commands(commands, common)
     add_checkin_commands(commands, common)
+    add_limits_commands(commands, common)
     add_run_command(commands, common)
     add_migrate_command(commands, [common])
     return parser

@@ -11,6 +11,8 @@ from pathlib import Path
 
 from dotenv import load_dotenv
 
+from bot.events import agent_key, parse_user
+
 # Context windows of models people commonly point this bot at. Unknown models
 # get DEFAULT_CONTEXT_WINDOW; MEMGPT_CONTEXT_WINDOW overrides either.
 KNOWN_CONTEXT_WINDOWS: dict[str, int] = {
@@ -33,6 +35,9 @@ KNOWN_CONTEXT_WINDOWS: dict[str, int] = {
     "mistral": 32_768,
 }
 DEFAULT_CONTEXT_WINDOW = 8_192
+# The daily token budget per user, unless set: this many full context windows
+# (a cap on abuse that scales with what one call can cost; bot/limits.py).
+BUDGET_WINDOWS = 50
 
 
 class ConfigError(Exception):
@@ -55,7 +60,7 @@ def _default_data_dir() -> Path:
 
 @dataclass(slots=True)
 class Settings:
-    openai_api_key: str = ""
+    openai_api_key: str = field(default="", repr=False)  # secret: never in a repr, a log or a traceback
     openai_base_url: str | None = None
     model: str = "gpt-4o-mini"
     context_window: int = DEFAULT_CONTEXT_WINDOW
@@ -71,11 +76,22 @@ class Settings:
     persona_limit: int = 2_000
     human_limit: int = 2_000
     search_page_size: int = 5
+    # A queue item longer than this is shown to the model shortened, with a
+    # note (it stays whole in recall storage); 0: a quarter of the usable window.
+    max_message_tokens: int = 0
+    # Abuse and cost control (bot/limits.py); 0 turns a limit off.
+    rate_limit_per_minute: int = 20
+    daily_token_budget: int = BUDGET_WINDOWS * DEFAULT_CONTEXT_WINDOW
+    unlimited_users: tuple[str, ...] = ()  # agent keys exempt from both limits
     llm_timeout: float = 60.0
     llm_max_retries: int = 3
     embedding_model: str = ""  # empty: the bundled all-MiniLM-L6-v2
-    mongodb_uri: str = ""  # empty: the embedded SQLite store under data_dir
+    # Empty: the embedded SQLite store under data_dir. May hold a password: not in the repr.
+    mongodb_uri: str = field(default="", repr=False)
     mongodb_db: str = "memgpt"
+    # Seconds an event waits (retrying with backoff) for a busy, full or
+    # unreachable store before the person is told (bot/store_wait.py).
+    store_wait: float = 120.0
     log_level: str = "INFO"
 
     @classmethod
@@ -101,11 +117,18 @@ class Settings:
         settings.persona_limit = _int(env, "MEMGPT_PERSONA_LIMIT", settings.persona_limit)
         settings.human_limit = _int(env, "MEMGPT_HUMAN_LIMIT", settings.human_limit)
         settings.search_page_size = _int(env, "MEMGPT_SEARCH_PAGE_SIZE", settings.search_page_size)
+        settings.max_message_tokens = _int(env, "MEMGPT_MAX_MESSAGE_TOKENS", settings.max_message_tokens)
+        settings.rate_limit_per_minute = _int(env, "MEMGPT_RATE_LIMIT_PER_MINUTE", settings.rate_limit_per_minute)
+        settings.daily_token_budget = _int(
+            env, "MEMGPT_DAILY_TOKEN_BUDGET", BUDGET_WINDOWS * settings.context_window
+        )
+        settings.unlimited_users = _users(env, "MEMGPT_UNLIMITED_USERS")
         settings.llm_timeout = _float(env, "MEMGPT_LLM_TIMEOUT", settings.llm_timeout)
         settings.llm_max_retries = _int(env, "MEMGPT_LLM_MAX_RETRIES", settings.llm_max_retries)
         settings.embedding_model = env.get("MEMGPT_EMBEDDING_MODEL", settings.embedding_model)
         settings.mongodb_uri = env.get("MONGODB_URI", "")
         settings.mongodb_db = env.get("MONGODB_DB", "") or settings.mongodb_db
+        settings.store_wait = _float(env, "MEMGPT_STORE_WAIT", settings.store_wait)
         settings.log_level = env.get("MEMGPT_LOG_LEVEL", settings.log_level).upper()
         settings.validate()
         return settings
@@ -120,8 +143,17 @@ class Settings:
             raise ConfigError(f"MEMGPT_EVICT_FRACTION must be between 0.1 and 0.9, got {self.evict_fraction}")
         if self.context_window < 1_024:
             raise ConfigError(f"MEMGPT_CONTEXT_WINDOW must be at least 1024 tokens, got {self.context_window}")
+        if self.store_wait < 0:
+            raise ConfigError(f"MEMGPT_STORE_WAIT must be 0 (do not wait) or more seconds, got {self.store_wait}")
         if self.max_steps_per_event < 1:
             raise ConfigError("MEMGPT_MAX_STEPS must be at least 1")
+        for name, value in (
+            ("MEMGPT_MAX_MESSAGE_TOKENS", self.max_message_tokens),
+            ("MEMGPT_RATE_LIMIT_PER_MINUTE", self.rate_limit_per_minute),
+            ("MEMGPT_DAILY_TOKEN_BUDGET", self.daily_token_budget),
+        ):
+            if value < 0:
+                raise ConfigError(f"{name} must be 0 (off / automatic) or more, got {value}")
 
     def redacted(self) -> dict[str, object]:
         """Settings safe to print or log: secrets shown only as set / not set."""
@@ -151,3 +183,16 @@ def _float(env: os._Environ[str] | dict[str, str], name: str, default: float) ->
         return float(raw)
     except ValueError:
         raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+
+
+def _users(env: os._Environ[str] | dict[str, str], name: str) -> tuple[str, ...]:
+    """Comma-separated users (NAME or PLATFORM:ID, as `--user` takes them) as agent keys."""
+    keys = []
+    for spec in (env.get(name) or "").split(","):
+        if not spec.strip():
+            continue
+        try:
+            keys.append(agent_key(*parse_user(spec.strip())))
+        except ValueError as error:
+            raise ConfigError(f"{name}: {error}") from None
+    return tuple(dict.fromkeys(keys))

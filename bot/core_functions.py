@@ -25,7 +25,7 @@ async def send_message(agent: Agent, args: dict[str, Any]) -> str:
     text = args["message"].strip()
     if not text:
         raise FunctionError("message is empty; write something for the person to read.")
-    agent.send(text)
+    await agent.send(text)
     return "Sent."
 
 

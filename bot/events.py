@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
 from memory.types import utc_now
@@ -43,6 +44,9 @@ class Event:
     event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Where replies go, opaque to the runtime (a channel id, a thread ts...).
     reply_to: dict[str, Any] = field(default_factory=dict)
+    # Replies go through the outbox and the event can be redone after a crash
+    # (bot/journal.py): set by adapters that report deliveries, and by check-ins.
+    durable: bool = False
     kind = "event"
 
     @property
@@ -141,3 +145,16 @@ class Reply:
     user_id: str
     reply_to: dict[str, Any]
     event_id: str
+    # Its outbox entry ("" when not durable): report the delivery to the bot.
+    outbox_id: str = ""
+    # It may have reached the platform before (a crash or an unclear failure
+    # came between): the adapter checks before sending it again.
+    resend: bool = False
+
+
+class Delivery(Enum):
+    """How sending one reply went, as an adapter reports it."""
+
+    SENT = "sent"
+    RETRY = "retry"  # a failure worth trying again (network, 5xx, rate limit)
+    UNDELIVERABLE = "undeliverable"  # the person left, blocked the bot, or the place is gone

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator
 
+from bot.sanitize import fix_surrogates_in
+
 if TYPE_CHECKING:
     from bot.agent import Agent
 
@@ -134,7 +136,7 @@ class FunctionSet:
             raise FunctionError(f"Arguments of {name} are not valid JSON ({error.msg} at {error.pos}).") from None
         if not isinstance(arguments, dict):
             raise FunctionError(f"Arguments of {name} must be a JSON object.")
-        arguments = _coerce_scalars(arguments)
+        arguments = fix_surrogates_in(_coerce_scalars(arguments))  # a model may write "\ud800"
         errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             details = "; ".join(_describe(error) for error in errors[:5])

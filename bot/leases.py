@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import random
@@ -180,6 +181,13 @@ def leases_for(store: Store, settings: LeaseSettings | None = None) -> Leases:
     return AgentLeases(store, settings) if enabled else NoLeases()
 
 
+def lease_name(key: str) -> str:
+    """What an agent's lease rows are stored under: a digest of its key. A
+    name's highest ticket is never deleted (see above), so its rows outlive a
+    forgotten user; they must not hold the user's id."""
+    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
+
+
 def process_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(3)}"
 
@@ -198,6 +206,11 @@ class _Heartbeat:
     active: int = 0  # hold() calls using this owner, from join to leave
     holders: set[asyncio.Task[object]] = field(default_factory=set)  # tasks in a lease body
     beating: asyncio.Task[None] | None = None
+    # Set to end the heartbeat between two renewals. The task is never
+    # cancelled in the middle of a store call: on Python 3.11 cancelling
+    # PyMongo's async client mid-operation can break its connection lock and
+    # hang every later call on that client.
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class AgentLeases:
@@ -227,7 +240,7 @@ class AgentLeases:
             async with self._local_turn(key):
                 try:
                     await self._wait_turn(key, seq, heart)
-                    previous = await self.store.lease_swap_holder(key, me)
+                    previous = await self.store.lease_swap_holder(lease_name(key), me)
                     continuous = previous is not None and previous == self._last.pop(key, None)
                     task = asyncio.current_task()
                     assert task is not None
@@ -253,9 +266,13 @@ class AgentLeases:
 
     async def close(self) -> None:
         """Stop renewing (the process's tickets die with its heartbeat)."""
-        self._heart = None
+        heart, self._heart = self._heart, None
+        if heart is not None:
+            heart.stop.set()
         beats, self._beats = list(self._beats), set()
-        for beat in beats:
+        # Each stops at its next wake; one stuck in a renewal is waited for a moment, then cancelled.
+        _, stuck = await asyncio.wait(beats, timeout=2.0) if beats else (set(), set())
+        for beat in stuck:
             beat.cancel()
         await asyncio.gather(*beats, return_exceptions=True)
 
@@ -279,13 +296,19 @@ class AgentLeases:
     async def _beat(self, heart: _Heartbeat) -> None:
         """Renew the owner until it is lost; on loss, stop every lease body."""
         while True:
-            await asyncio.sleep(min(self.settings.renew_every, max(heart.deadline - time.monotonic(), 0.0) / 2))
+            pause = min(self.settings.renew_every, max(heart.deadline - time.monotonic(), 0.0) / 2)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(heart.stop.wait(), timeout=pause)
+            if heart.stop.is_set():
+                return
             sent = time.monotonic()
             try:
                 if sent >= heart.deadline:
                     raise TimeoutError
+                # Shielded: a renewal past the deadline is abandoned, not cancelled (see stop).
                 renewed = await asyncio.wait_for(
-                    self.store.lease_renew(heart.owner, self.settings.ttl), timeout=heart.deadline - sent
+                    asyncio.shield(self.store.lease_renew(heart.owner, self.settings.ttl)),
+                    timeout=heart.deadline - sent,
                 )
             except TimeoutError:
                 renewed = False
@@ -302,8 +325,8 @@ class AgentLeases:
 
     def _retire(self, heart: _Heartbeat) -> None:
         heart.retired = True
-        if heart.active == 0 and heart.beating is not None:
-            heart.beating.cancel()
+        if heart.active == 0:
+            heart.stop.set()
 
     def _lose(self, heart: _Heartbeat) -> None:
         heart.lost = True
@@ -335,7 +358,7 @@ class AgentLeases:
         async with self._lock(self._join_locks, key):
             heart = await self._alive()
             try:
-                seq = await self.store.lease_join(key, heart.owner)
+                seq = await self.store.lease_join(lease_name(key), heart.owner)
             except StoreError:
                 self._retire(heart)  # a ticket may have been stored for us all the same
                 raise
@@ -348,7 +371,7 @@ class AgentLeases:
         started, pause = time.monotonic(), POLL_FIRST
         while True:
             self._check(heart, key)
-            ahead = await self.store.lease_position(key, seq, heart.owner)
+            ahead = await self.store.lease_position(lease_name(key), seq, heart.owner)
             if ahead is None:
                 raise LeaseLostError(f"lost the place in line for {key} (ticket {seq})")
             self._check(heart, key)
@@ -369,7 +392,7 @@ class AgentLeases:
 
     async def _mark_done(self, key: str, seq: int, heart: _Heartbeat) -> None:
         try:
-            await self.store.lease_leave(key, seq, heart.owner)
+            await self.store.lease_leave(lease_name(key), seq, heart.owner)
         except StoreError as error:
             log.warning("leaving the line for %s failed (%s); its owner %s is retired", key, error, heart.owner)
             heart.retired = True

@@ -2,7 +2,9 @@
 
 Retries with exponential backoff on 429, 5xx, timeouts and dropped connections
 are the `openai` client's own (it honours Retry-After); this module adds one
-error type with a message a person can act on.
+error type with a message a person can act on, and reads the answer defensively:
+whatever the server sends, the agent gets a `Completion` of plain strings or an
+`LLMUnavailableError`, never another exception.
 """
 
 from __future__ import annotations
@@ -15,7 +17,18 @@ from typing import Any
 import openai
 from openai.types.chat import ChatCompletion
 
+from bot.sanitize import fix_surrogates
+
 log = logging.getLogger(__name__)
+
+
+# Every note the person gets says: what is wrong, that their message is kept, and
+# that they can try again (tests/test_llm_fault_property.py checks all three).
+SAVED = "Your message is saved; please try again"
+
+
+def trouble(what: str, when: str = "shortly") -> str:
+    return f"I'm having trouble: {what}. {SAVED} {when}."
 
 
 class LLMUnavailableError(Exception):
@@ -53,6 +66,7 @@ class LLMClient:
         max_retries: int = 3,
     ) -> None:
         self.model = model
+        self._api_key = api_key
         request_timeout = openai.Timeout(timeout, connect=min(timeout, 10.0))
         self.client = openai.AsyncOpenAI(
             api_key=api_key or "not-set",
@@ -65,6 +79,20 @@ class LLMClient:
 
     async def complete(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> Completion:
+        try:
+            return await self._complete(messages, tools)
+        except LLMUnavailableError as error:
+            # Some OpenAI-compatible servers and proxies quote the key they refused
+            # in the error body, which our error text (logged) carries along.
+            reason = str(error)
+            if len(self._api_key) < 8 or self._api_key not in reason:
+                raise
+            # `from None`: the SDK's own exception in the chain holds the key too.
+            raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
+
+    async def _complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
     ) -> Completion:
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
@@ -79,37 +107,33 @@ class LLMClient:
         except openai.AuthenticationError as error:
             raise LLMUnavailableError(
                 f"authentication failed: {error}",
-                "I can't reach my language model: the API key was refused. An admin needs to check OPENAI_API_KEY.",
+                trouble("my language model refused my API key (an admin needs to check OPENAI_API_KEY)", "later"),
             ) from error
         except openai.NotFoundError as error:
             raise LLMUnavailableError(
                 f"model or endpoint not found: {error}",
-                f"I can't reach my language model: the server does not know model '{self.model}'.",
+                trouble(f"my language model server does not know the model '{self.model}'", "later"),
             ) from error
         except openai.RateLimitError as error:
             raise LLMUnavailableError(
                 f"rate limited after retries: {error}",
-                "I'm having trouble: my language model is rate-limiting me. Your message is saved; "
-                "please try again in a minute.",
+                trouble("my language model is rate-limiting me", "in a minute"),
             ) from error
         except openai.APITimeoutError as error:
             raise LLMUnavailableError(
                 "timed out after retries",
-                "I'm having trouble: my language model is not answering in time. Your message is saved; "
-                "please try again shortly.",
+                trouble("my language model is not answering in time"),
             ) from error
         except openai.APIConnectionError as error:
             raise LLMUnavailableError(
                 f"connection failed after retries: {error}",
-                "I'm having trouble: I can't connect to my language model right now. Your message is saved; "
-                "please try again shortly.",
+                trouble("I can't connect to my language model right now"),
             ) from error
         except (openai.APIError, json.JSONDecodeError, ValueError) as error:
             # APIStatusError (5xx and other statuses) and bodies that are not JSON.
             raise LLMUnavailableError(
                 f"bad answer from the LLM server: {type(error).__name__}: {error}",
-                "I'm having trouble: my language model answered with an error. Your message is saved; "
-                "please try again shortly.",
+                trouble("my language model answered with an error"),
             ) from error
         return _parse(response)
 
@@ -118,23 +142,66 @@ class LLMClient:
 
 
 def _parse(response: Any) -> Completion:
-    try:
-        message = response.choices[0].message
-    except (AttributeError, IndexError, TypeError) as error:
+    """The first choice's message, as plain strings. The client does not validate a 200
+    body: an HTML page arrives as a str, `{}` as a ChatCompletion with `choices=None`, and
+    fields can hold any JSON type. A body with no message is an error; odd fields are
+    coerced, so the agent's functions see strings and report bad calls to the model."""
+    choices = _field(response, "choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = _field(choice, "message")
+    if message is None or isinstance(message, str | int | float | list):
+        error = _field(response, "error")
+        detail = f"an error with status 200: {error!r:.200}" if error else f"no message in {response!r:.200}"
         raise LLMUnavailableError(
-            f"response without choices: {response!r:.200}",
-            "I'm having trouble: my language model sent an empty answer. Please try again.",
-        ) from error
+            f"unreadable answer from the LLM server: {detail}",
+            trouble("my language model sent an answer I can't read"),
+        )
+    raw_calls = _field(message, "tool_calls")
     calls = []
-    for index, call in enumerate(message.tool_calls or []):
-        function = getattr(call, "function", None)
-        if function is None:
-            continue
+    for index, call in enumerate(raw_calls if isinstance(raw_calls, list) else []):
+        function = _field(call, "function")
+        if function is None or isinstance(function, str | int | float | list):
+            continue  # not a function call (an unknown call type, or garbage): nothing to run
+        call_id = _field(call, "id")
         calls.append(
             ToolCall(
-                id=call.id or f"call_{index}",
-                name=function.name or "",
-                arguments=function.arguments if function.arguments is not None else "",
+                id=_text(call_id) if call_id not in (None, "") else f"call_{index}",
+                name=fix_surrogates(_text(_field(function, "name"))),
+                arguments=fix_surrogates(_text(_field(function, "arguments"))),
             )
         )
-    return Completion(content=message.content, tool_calls=calls)
+    content = _field(message, "content")
+    # Model output is stored as is: a lone surrogate would make it unstorable.
+    return Completion(content=None if content is None else fix_surrogates(_content_text(content)), tool_calls=calls)
+
+
+def _field(obj: Any, name: str) -> Any:
+    """`obj.name` of a parsed model, or `obj[name]` of a raw dict the client left
+    unconverted because it did not match the expected type; None if absent."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _text(value: Any) -> str:
+    """A string field (id, name, arguments) as a string. Some servers send the arguments
+    as a JSON object instead of a JSON string: encode it back rather than fail the call."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _content_text(content: Any) -> str:
+    """Content as text; a list of content parts (`[{"type": "text", "text": ...}]`)
+    is joined, anything else stringified."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [_field(part, "text") if not isinstance(part, str) else part for part in content]
+        return "".join(part for part in parts if isinstance(part, str))
+    return _text(content)

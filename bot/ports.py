@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from bot.events import Event, Reply
+from bot.events import Delivery, Event, Reply
 from memory.documents import SUPPORTED_SUFFIXES
 
 # File name endings the bot can read from an upload (text, Markdown, HTML, PDF),
@@ -28,4 +28,23 @@ class BotPort(Protocol):
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
         """`/checkin ...`: manage the user's scheduled check-ins; the answer to show them.
         `reply_to` is where future check-ins are delivered (usually the user's DM)."""
+        ...
+
+    # Crash safety (bot/journal.py tells the protocol).
+    async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
+        """Record an inbound event before acknowledging it (`payload`: what the
+        adapter needs to handle it again, plain JSON). False for a repeat
+        delivery. Raises when it cannot be recorded: do not acknowledge then."""
+        ...
+
+    async def finished(self, event_id: str) -> None:
+        """Every reply to the event was sent or handed to the retrier."""
+        ...
+
+    async def pending_events(self, platform: str) -> list[dict[str, Any]]:
+        """Payloads of events a crash left unfinished, in arrival order: replay them at start."""
+        ...
+
+    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> None:
+        """How sending one reply went (only replies with an `outbox_id` need it)."""
         ...

@@ -18,18 +18,22 @@ from bot.checkin_functions import register_checkin_functions
 from bot.checkins import CheckinSettings
 from bot.config import Settings
 from bot.core_functions import build_core_functions
-from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
+from bot.events import Delivery, Event, FileUploaded, Reply, UserMessage, agent_key
+from bot.journal import Journal
 from bot.leases import Leases, leases_for
+from bot.limits import UsageLimits
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from bot.reports import describe_user, plural, render_description
+from bot.sanitize import sanitize_event
+from bot.store_wait import StoreWait
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
 from memory.loader import load_document
 from memory.recall import RecallMemory
 from memory.schedule_store import schedule_store_for
 from memory.sqlite_store import SQLiteStore
-from memory.store import Store
+from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Message, utc_now
 from memory.working_context import default_blocks
@@ -83,6 +87,7 @@ class Runtime:
             response_reserve=settings.response_reserve,
             max_steps=settings.max_steps_per_event,
             search_page_size=settings.search_page_size,
+            max_message_tokens=settings.max_message_tokens,
         )
         self._agents: dict[str, Agent] = {}
         self._locks: dict[str, asyncio.Lock] = {}
@@ -97,6 +102,12 @@ class Runtime:
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
         )
         self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (bot/app.py)
+        # Inbound events and outgoing replies survive a crash (bot/journal.py).
+        self.journal = Journal(store)
+        # Per-user message rate and daily token budget, counted in the store (bot/limits.py).
+        self.limits = UsageLimits(store, settings)
+        # Store faults (SQLite busy or full, MongoDB down): events wait, then are deferred (bot/store_wait.py).
+        self.store_wait = StoreWait(self.journal, settings.store_wait)
 
     @classmethod
     async def create(
@@ -123,22 +134,60 @@ class Runtime:
         return (await self.handle_with_details(event)).replies
 
     async def handle_with_details(self, event: Event) -> EventResult:
+        sanitize_event(event)  # before anything stores or renders it (bot/sanitize.py)
+        key = event.agent_key
+        # A store fault redoes the whole event with backoff for up to
+        # MEMGPT_STORE_WAIT, holding the user's line; then the person is told
+        # and the event is left pending in the journal (bot/store_wait.py).
+        result = await self.store_wait.run(event, lambda: self._handle_once(event))
+        if self.scheduler is not None and not result.unfinished and isinstance(event, UserMessage | FileUploaded):
+            # The person answered: check-in back-off starts over.
+            try:
+                await self.scheduler.user_active(key, event.created_at)
+            except StoreError as error:
+                # The replies must still go out (they are in the outbox, unsent); the back-off catches up later.
+                log.warning("could not note %s as active for check-ins (%s)", key, error)
+        return result
+
+    async def _handle_once(self, event: Event) -> EventResult:
         key = event.agent_key
         # The agent's line (then the lock) is joined before any await, so events
         # keep their arrival order; if another process worked on the agent since
         # our last turn, the cached copy is stale and the agent is reloaded.
         async with self.leases.hold(key) as turn, self._lock(key):
-            agent = await self._agent(key, reload=not turn.continuous)
-            notice: list[Reply] = []
-            if isinstance(event, FileUploaded):
-                event.passages_saved = await self._save_upload(agent, event)
-                notice = [self._upload_notice(event)]
-            result = await agent.handle(event)
-            result.replies = notice + result.replies
-        if self.scheduler is not None and isinstance(event, UserMessage | FileUploaded):
-            # The person answered: check-in back-off starts over.
-            await self.scheduler.user_active(key, event.created_at)
+            try:
+                agent = await self._agent(key, reload=not turn.continuous)
+                notice: list[Reply] = []
+                # Over a limit: kept in recall, no LLM call, perhaps a notice (bot/limits.py).
+                held = await self.limits.admit(agent, event)
+                if isinstance(event, FileUploaded) and held is None:
+                    event.passages_saved = await self._save_upload(agent, event)
+                    notice = [self._upload_notice(event)]
+                result = held if held is not None else await self.limits.metered(agent, event)
+                result.replies = notice + result.replies
+            except StoreError:
+                # A failed write can leave the cached agent ahead of the store
+                # (its queue, counts, blocks): a redo starts from what was stored.
+                self._agents.pop(key, None)
+                raise
         return result
+
+    # -- crash safety: the adapters' side of bot/journal.py ---------------------
+    async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
+        return await self.journal.receive(platform, event_id, user_id, payload)
+
+    async def finished(self, event_id: str) -> None:
+        await self.journal.finished(event_id)
+
+    async def pending_events(self, platform: str) -> list[dict[str, Any]]:
+        return await self.journal.pending(platform)
+
+    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> None:
+        try:
+            await self.journal.report(reply, outcome, detail)
+        except StoreError as error:
+            # Unrecorded, a sent reply stays pending and is checked for before any resend.
+            log.warning("could not record the delivery of reply %s (%s)", reply.outbox_id, error)
 
     # -- agents ------------------------------------------------------------
     def _lock(self, key: str) -> asyncio.Lock:
@@ -190,14 +239,17 @@ class Runtime:
             removed = await self.schedules.delete_for_agent_key(key)
             if removed:
                 await self._schedules_changed()
+            await self.store.journal_forget(key)
+            await self.limits.forget(key)
             record = await self.store.find_agent(key)
             self._agents.pop(key, None)
-            if record is None:
-                return removed > 0
-            self.archival.forget(record.id)
-            self.recall.forget(record.id)
-            await self.store.delete_agent(record.id)
-            return True
+            if record is not None:
+                self.archival.forget(record.id)
+                self.recall.forget(record.id)
+                await self.store.delete_agent(record.id)
+            # Nothing of theirs may stay readable in the store's files (the SQLite WAL).
+            await self.store.flush_deleted()
+            return record is not None or removed > 0
 
     # -- the adapters' slash commands (/memory, /forget) -----------------------
     async def memory_report(self, platform: str, user_id: str) -> str | None:

@@ -282,3 +282,72 @@ def m_message_embeddings(conn: sqlite3.Connection) -> None:
         " WHERE embedding IS NULL AND role IN ('user', 'assistant') AND content <> ''"
         " AND coalesce(name, '') <> 'system_alert'",
     )
+
+
+@migration
+def m_event_journal(conn: sqlite3.Connection) -> None:
+    # Crash safety (bot/journal.py): inbound events recorded before they are
+    # acknowledged, replies recorded before they are sent.
+    _run(
+        conn,
+        # n: arrival order (rowid), which redo follows.
+        """CREATE TABLE event_journal (
+            n INTEGER PRIMARY KEY,
+            event_id TEXT NOT NULL UNIQUE,
+            origin TEXT NOT NULL,
+            agent_key TEXT NOT NULL,
+            payload TEXT NOT NULL,
+            state TEXT NOT NULL,
+            received_at REAL NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0
+        )""",
+        "CREATE INDEX event_journal_pending ON event_journal (origin, n) WHERE state = 'pending'",
+        "CREATE INDEX event_journal_received ON event_journal (received_at)",
+        "CREATE INDEX event_journal_key ON event_journal (agent_key)",
+        """CREATE TABLE outbox (
+            id TEXT PRIMARY KEY,
+            event_id TEXT NOT NULL,
+            position INTEGER NOT NULL,
+            agent_key TEXT NOT NULL,
+            origin TEXT NOT NULL,
+            user_id TEXT NOT NULL,
+            reply_to TEXT NOT NULL,
+            text TEXT NOT NULL,
+            state TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_try_at REAL NOT NULL DEFAULT 0
+        ) WITHOUT ROWID""",
+        "CREATE INDEX outbox_event ON outbox (event_id, position)",
+        "CREATE INDEX outbox_pending ON outbox (origin, created_at) WHERE state = 'pending'",
+        "CREATE INDEX outbox_created ON outbox (created_at)",
+        "CREATE INDEX outbox_key ON outbox (agent_key)",
+        # Which recall message records an event, so a redo never records it twice.
+        "ALTER TABLE messages ADD COLUMN event_id TEXT",
+        "CREATE INDEX messages_event ON messages (agent_id, event_id) WHERE event_id IS NOT NULL",
+    )
+
+
+@migration
+def m_usage_limits(conn: sqlite3.Connection) -> None:
+    # Per-user message rate and daily token budget (bot/limits.py): one row per
+    # hit, counted or summed over a window, swept once older than a day or two.
+    _run(
+        conn,
+        # `at`: integer microseconds since the epoch, so instants come back exact.
+        """CREATE TABLE usage_hits (
+            id INTEGER PRIMARY KEY,
+            key TEXT NOT NULL,
+            kind TEXT NOT NULL,
+            at INTEGER NOT NULL,
+            amount INTEGER NOT NULL
+        )""",
+        # Covering: a window's count and sum are read from the index alone.
+        "CREATE INDEX usage_hits_window ON usage_hits (key, kind, at, amount)",
+        "CREATE INDEX usage_hits_at ON usage_hits (at)",
+        # Users the admin exempted (`memgpt-bot limits exempt`).
+        """CREATE TABLE usage_exempt (
+            key TEXT PRIMARY KEY,
+            since INTEGER NOT NULL
+        ) WITHOUT ROWID""",
+    )

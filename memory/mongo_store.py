@@ -19,6 +19,7 @@ carries `agent_id`, and every query filters on it):
     sources, source_attachments, documents (see memory/mongo_sources.py)
     delivered_events, lease_owners, lease_tickets, lease_holders (memory/mongo_coordination.py)
     schedules, schedule_claims, checkin_prefs (memory/mongo_schedules.py)
+    usage_hits, usage_exempt (memory/mongo_usage.py)
 
 Times are integers, microseconds since the Unix epoch (UTC): a BSON date keeps
 only milliseconds, and the store gives back exactly the instant it was given.
@@ -76,8 +77,10 @@ from memory.hybrid import STOPWORDS, coverage, fuse
 from memory.mongo_archival import ARCHIVAL_INDEXES
 from memory.mongo_base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us
 from memory.mongo_coordination import COORDINATION_INDEXES, MongoCoordination
+from memory.mongo_journal import JOURNAL_INDEXES, MongoJournal
 from memory.mongo_schedules import SCHEDULE_INDEXES
 from memory.mongo_sources import SOURCE_INDEXES, MongoSources
+from memory.mongo_usage import USAGE_INDEXES, MongoUsage
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
 from memory.vector_index import VectorIndex
@@ -111,13 +114,12 @@ INDEXES: dict[str, list[IndexModel]] = {
 }
 
 # Every index the store creates at open(), by collection.
-ALL_INDEXES: dict[str, list[IndexModel]] = {
-    **INDEXES,
-    **ARCHIVAL_INDEXES,
-    **SOURCE_INDEXES,
-    **COORDINATION_INDEXES,
-    **SCHEDULE_INDEXES,
-}
+ALL_INDEXES: dict[str, list[IndexModel]] = {}
+for _part in (
+    INDEXES, ARCHIVAL_INDEXES, SOURCE_INDEXES, COORDINATION_INDEXES, SCHEDULE_INDEXES, JOURNAL_INDEXES, USAGE_INDEXES
+):
+    for _collection, _indexes in _part.items():
+        ALL_INDEXES.setdefault(_collection, []).extend(_indexes)
 
 
 # -- values ------------------------------------------------------------------
@@ -163,6 +165,7 @@ def _message(doc: Doc) -> Message:
         seq=doc["seq"], role=doc["role"], content=doc.get("content"),
         tool_calls=json.loads(doc["tool_calls"]) if doc.get("tool_calls") else None,
         tool_call_id=doc.get("tool_call_id"), name=doc.get("name"), created_at=from_us(doc["created_at"]),
+        event_id=doc.get("event_id"),
     )
 
 def _last_batch(newest: Doc | None) -> tuple[int, int]:
@@ -183,7 +186,7 @@ async def _ensure_indexes(db: AsyncDatabase[Doc]) -> None:
                 await db[name].create_indexes([model])
 
 
-class MongoStore(MongoCoordination, MongoSources, Store):
+class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Store):
     # -- life cycle --------------------------------------------------------
     async def open(self) -> None:
         if self._client is not None:
@@ -311,7 +314,8 @@ class MongoStore(MongoCoordination, MongoSources, Store):
         texts = [words(m.searchable_text()) for m in messages]
         docs = [
             {"agent_id": agent_id, "role": m.role, "content": m.content, "tool_calls": m.tool_calls_json(),
-             "tool_call_id": m.tool_call_id, "name": m.name, "created_at": to_us(m.created_at), "terms": sorted(set(t))}
+             "tool_call_id": m.tool_call_id, "name": m.name, "created_at": to_us(m.created_at), "terms": sorted(set(t)),
+             **({"event_id": m.event_id} if m.event_id else {})}
             for m, t in zip(messages, texts, strict=True)
         ]
         tokens = sum(map(len, texts))

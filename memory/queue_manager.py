@@ -58,6 +58,7 @@ class QueueManager:
         flush_threshold: float = 1.0,
         evict_fraction: float = 0.5,
         response_reserve: int = 512,
+        max_item_tokens: int = 0,
     ) -> None:
         self.counter = counter
         self.instructions = instructions
@@ -68,7 +69,10 @@ class QueueManager:
         self.warning_limit = int(context_window * warning_threshold) - response_reserve
         # A single queue item may take at most this share of the window in the
         # prompt; a longer one is shown shortened (it stays whole in recall).
-        self.max_item_tokens = max(64, self.flush_limit // 4)
+        # Configurable (MEMGPT_MAX_MESSAGE_TOKENS), but never over half the
+        # window: the newest item is never evicted, so it must leave room.
+        automatic = self.flush_limit // 4
+        self.max_item_tokens = max(64, min(max_item_tokens or automatic, self.flush_limit // 2))
         self.fixed_tokens = (
             TOKENS_PER_REQUEST
             + TOKENS_PER_MESSAGE

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -36,19 +37,22 @@ import numpy.typing as npt
 from memory.ann_index import ANN_THRESHOLD
 from memory.migrations import MIGRATIONS, migrate
 from memory.sqlite_coordination import SQLiteCoordination
+from memory.sqlite_journal import SQLiteJournal
 from memory.sqlite_recall import MessageSearch, SQLiteRecall
 from memory.sqlite_search import PassageSearch
+from memory.sqlite_usage import SQLiteUsage
 from memory.store import DocumentRecord, SourceRecord, Store, StoreError, source_key
 from memory.types import AgentRecord, Block, Message, Passage, SearchPage
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 _WORD = re.compile(r"\w+")
 _MAX_QUERY_TERMS = 32
 _F32 = np.dtype("<f4")
 
 _AGENT_COLS = "id, key, created_at, summary, queue_start_seq, summary_updated_at"
-_MESSAGE_COLS = "seq, role, content, tool_calls, tool_call_id, name, created_at"
+_MESSAGE_COLS = "seq, role, content, tool_calls, tool_call_id, name, created_at, event_id"
 _M_MESSAGE_COLS = ", ".join(f"m.{col}" for col in _MESSAGE_COLS.split(", "))
 _PASSAGE_COLS = "id, text, source, position, created_at, embedding"
 _BLOCKS_SQL = 'SELECT label, value, "limit", updated_at FROM blocks WHERE agent_id = ? ORDER BY position'
@@ -93,7 +97,7 @@ def _message(row: Sequence[Any]) -> Message:
     return Message(
         seq=row[0], role=row[1], content=row[2],
         tool_calls=json.loads(row[3]) if row[3] else None,
-        tool_call_id=row[4], name=row[5], created_at=_dt(row[6]),
+        tool_call_id=row[4], name=row[5], created_at=_dt(row[6]), event_id=row[7],
     )
 
 
@@ -104,7 +108,7 @@ def _passage(row: Sequence[Any]) -> Passage:
     )
 
 
-class SQLiteStore(SQLiteRecall, SQLiteCoordination, Store):
+class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, Store):
     _message_columns = _MESSAGE_COLS
     _message_of = staticmethod(_message)
 
@@ -273,6 +277,17 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, Store):
         self._search.forget(agent_id)
         self._recall.forget(agent_id)
 
+    async def flush_deleted(self) -> None:
+        await self._call(self._flush_deleted)
+
+    def _flush_deleted(self) -> None:
+        # The WAL still holds the pages as they were before the delete, and a
+        # checkpoint alone leaves them there until overwritten: TRUNCATE copies
+        # the new (secure_delete-zeroed) pages into the file and empties the WAL.
+        busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+        if busy:  # another process reads an old snapshot: the old pages stay in the WAL until it is reused
+            log.warning("SQLite store %s: the WAL could not be emptied after a forget (a reader is busy)", self.path)
+
     # -- working context ---------------------------------------------------
     async def load_blocks(self, agent_id: str) -> list[Block]:
         return [_block(row) for row in await self._rows(_BLOCKS_SQL, agent_id)]
@@ -325,9 +340,9 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, Store):
             for n, m in enumerate(messages, 1):
                 rowid = conn.execute(
                     "INSERT INTO messages (agent_id, seq, role, content, tool_calls,"
-                    " tool_call_id, name, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    " tool_call_id, name, created_at, event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (agent_id, last + n, m.role, m.content, m.tool_calls_json(),
-                     m.tool_call_id, m.name, _ts(m.created_at)),
+                     m.tool_call_id, m.name, _ts(m.created_at), m.event_id),
                 ).lastrowid
                 text = m.searchable_text()
                 if text:

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from memory.types import AgentRecord, Block, Message, Passage, SearchPage
 
@@ -47,6 +48,11 @@ class Store(ABC):
     @abstractmethod
     async def delete_agent(self, agent_id: str) -> None:
         """Admin / forget: remove the agent and everything stored for it."""
+
+    async def flush_deleted(self) -> None:
+        """After a forget: make what was just deleted unreadable from the
+        store's own files too (SQLite keeps old pages in its WAL)."""
+        return None  # a server-backed store has no files of its own to clean
 
     # -- working context --------------------------------------------------
     @abstractmethod
@@ -273,6 +279,102 @@ class Store(ABC):
     def _no_coordination(self) -> NotImplementedError:
         return NotImplementedError(f"{type(self).__name__} cannot coordinate several bot processes")
 
+    # -- crash safety: the event journal and the reply outbox ------------------
+    # An inbound event is recorded (journal_receive) before the platform is
+    # told it arrived, and marked done once every reply to it is handed to
+    # the outbox; a reply is recorded (outbox_add) when the agent sends it and
+    # marked sent when the platform confirms. A restarted bot redoes the
+    # pending events and re-sends the unsent replies (bot/journal.py tells the
+    # protocol). Not abstract, like coordination; the conformance suite
+    # (test_journal_conformance) holds every backend to these.
+    async def journal_receive(self, entry: JournalEntry) -> bool:
+        """Record an inbound event; True the first time its id is seen (by any
+        process), False for a repeat delivery. Done entries are kept
+        DEDUP_TTL, so repeats within a day are recognised."""
+        raise self._no_journal()
+
+    async def journal_update(self, event_id: str, *, state: str | None = None, attempts: int | None = None) -> None:
+        """Change an entry's state ("pending" or "done") and/or attempt count."""
+        raise self._no_journal()
+
+    async def journal_pending(self, origin: str) -> list[JournalEntry]:
+        """Entries from `origin` still pending, in the order they were received."""
+        raise self._no_journal()
+
+    async def outbox_add(self, entry: OutboxEntry) -> bool:
+        """Record a reply (id unique); False, and nothing changes, if that id
+        is already there (a redo of the same send)."""
+        raise self._no_journal()
+
+    async def outbox_update(
+        self, entry_id: str, *, state: str, attempts: int | None = None, next_try_at: float | None = None
+    ) -> None:
+        """Mark a reply "sent", "dropped" (undeliverable) or "pending" (a retry
+        at `next_try_at`, seconds since the epoch)."""
+        raise self._no_journal()
+
+    async def outbox_for_event(self, event_id: str) -> list[OutboxEntry]:
+        """Every reply recorded for one event, in the order they were sent."""
+        raise self._no_journal()
+
+    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
+        """Replies to `origin` not yet confirmed (nor dropped), oldest first;
+        with `due_by`, only those whose next try is at or before it."""
+        raise self._no_journal()
+
+    async def journal_forget(self, agent_key: str) -> None:
+        """Delete every journal entry and outbox reply of one user."""
+        raise self._no_journal()
+
+    async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
+        """The seq of the agent's message recorded for `event_id` (Message.event_id),
+        if any: how a redone event knows its message is already in recall."""
+        raise self._no_journal()
+
+    def _no_journal(self) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} has no event journal")
+
+    # -- usage limits (bot/limits.py) -------------------------------------------
+    # Per-user message rate and daily token budget, counted here so that they
+    # hold across bot processes. Every hit is its own row/document, counted or
+    # summed over a time window: MongoDB-compatible servers without atomic
+    # updates (FerretDB) lose concurrent `$inc`s, never inserts. Keyed by agent
+    # key ("platform:user"), not agent id, so forgetting a user's memory and
+    # their counters are separate calls (Runtime.forget makes both). Times are
+    # the caller's clock. Not abstract, like coordination; the conformance
+    # suite (test_usage_conformance) holds every backend to these.
+    async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
+        """Count one hit of `kind` ("message", "tokens", ...) worth `amount` for `key`."""
+        raise self._no_usage()
+
+    async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
+        """The hits of `kind` for `key` at or after `since`: how many, the sum of
+        their amounts, the oldest and the newest time (None when there are none)."""
+        raise self._no_usage()
+
+    async def prune_usage(self, before: datetime) -> int:
+        """Housekeeping: delete every key's hits older than `before`; returns how many."""
+        raise self._no_usage()
+
+    async def delete_usage(self, key: str) -> int:
+        """Delete every hit of `key` (reset, forget); returns how many. An
+        exemption stays: it is the admin's setting, not the user's data."""
+        raise self._no_usage()
+
+    async def set_usage_exempt(self, key: str, exempt: bool, at: datetime) -> bool:
+        """Exempt `key` from the limits (or not); returns whether this changed anything."""
+        raise self._no_usage()
+
+    async def usage_exempt(self, key: str) -> bool:
+        raise self._no_usage()
+
+    async def list_usage_exempt(self) -> list[str]:
+        """Admin: every exempt key, sorted."""
+        raise self._no_usage()
+
+    def _no_usage(self) -> NotImplementedError:
+        return NotImplementedError(f"{type(self).__name__} does not count usage")
+
 
 DEDUP_TTL = 24 * 60 * 60  # seconds an event id is remembered by first_delivery
 
@@ -304,3 +406,47 @@ class DocumentRecord:
     name: str
     passages: int
     loaded_at: datetime
+
+
+@dataclass(slots=True)
+class JournalEntry:
+    """An inbound event as its adapter received it. `payload` is whatever the
+    adapter needs to handle it again (plain JSON); `origin` names the adapter."""
+
+    event_id: str
+    origin: str
+    agent_key: str
+    payload: dict[str, Any]
+    received_at: datetime
+    state: str = "pending"  # pending | done
+    attempts: int = 0
+
+
+@dataclass(slots=True)
+class OutboxEntry:
+    """One reply on its way out. `id` is "<event id>:<n>": the n-th reply to
+    that event, so redoing the event cannot record the same reply twice."""
+
+    id: str
+    event_id: str
+    position: int
+    agent_key: str
+    origin: str
+    user_id: str
+    reply_to: dict[str, Any]
+    text: str
+    created_at: datetime
+    state: str = "pending"  # pending | sent | dropped
+    attempts: int = 0
+    next_try_at: float = 0.0
+
+
+@dataclass(slots=True)
+class UsageTally:
+    """What Store.usage_since found: hits, the sum of their amounts, and the
+    times of the oldest and newest (None when there are no hits)."""
+
+    count: int
+    amount: int
+    oldest: datetime | None
+    newest: datetime | None

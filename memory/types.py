@@ -31,6 +31,9 @@ class Message:
     name: str | None = None
     created_at: datetime = field(default_factory=utc_now)
     seq: int = 0
+    # The inbound event this message records (user messages only): a redone
+    # event finds it and is not recorded twice. Internal, never sent to the model.
+    event_id: str | None = None
 
     def to_openai(self) -> dict[str, Any]:
         payload: dict[str, Any] = {"role": self.role, "content": self.content}

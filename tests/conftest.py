@@ -17,9 +17,26 @@ from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
 from memory.sqlite_store import SQLiteStore
+from tests import secrets_catalog
 from tests.fake_llm import FakeLLMServer, start_fake_llm
+from tests.log_capture import ENV as LOG_SCAN_ENV
+from tests.log_capture import SessionLogCapture, session_log_capture
 
 TEST_MODEL = "test-model"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_log_scan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionLogCapture | None]:
+    """With MEMGPT_LOG_SCAN_FILE set, every log record of the session goes to
+    that file, for scripts/scan_logs_for_secrets.py (see tests/log_capture.py)."""
+    with session_log_capture(os.environ.get(LOG_SCAN_ENV), tmp_path_factory.getbasetemp()) as capture:
+        yield capture
+
+
+@pytest.fixture(autouse=True)
+def _log_scan_level(_session_log_scan: SessionLogCapture | None) -> None:
+    if _session_log_scan is not None:
+        _session_log_scan.keep_debug()
 
 
 @pytest.fixture(scope="session")
@@ -44,13 +61,16 @@ def embedder() -> Embedder:
 
 def make_settings(data_dir: Path, **overrides: Any) -> Settings:
     settings = Settings(
-        openai_api_key="test-key",
+        openai_api_key=secrets_catalog.OPENAI_API_KEY,  # the logs of the session are scanned for it
         model=TEST_MODEL,
         context_window=8_192,
         data_dir=data_dir,
         llm_timeout=5.0,
         llm_max_retries=2,
         response_reserve=256,
+        # Off unless a test turns them on: many tests send a burst of turns.
+        rate_limit_per_minute=0,
+        daily_token_budget=0,
     )
     for name, value in overrides.items():
         setattr(settings, name, value)

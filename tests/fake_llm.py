@@ -32,6 +32,12 @@ What the real openai client (openai 3.x over httpx2) raises for each fault:
 - ``fault_malformed_json()``             -> ``json.JSONDecodeError`` (a ``ValueError``; NOT an
   ``openai.OpenAIError`` and not retried: the body is parsed after the retry loop)
 - ``fault_disconnect()``                 -> ``openai.APIConnectionError`` (retried first)
+- ``fault_truncated_body()``             -> ``openai.APIConnectionError`` (retried first): the
+  body is shorter than its Content-Length and the connection closes
+- ``fault_non_json()`` (200, text/html)   -> no error at all: the client returns the body as a
+  ``str`` instead of a ``ChatCompletion``; the caller must check what it got
+- ``RefusedPort().base_url``             -> ``openai.APIConnectionError`` (retried first): nothing
+  listens there, every connection is refused at once (an LLM server that is down)
 
 The client retries 408/409/429/5xx, timeouts and connection errors ``max_retries`` times. To
 keep retries fast, send ``retry-after-ms`` (e.g. ``fault_status(429, headers=RETRY_NOW)``);
@@ -66,14 +72,18 @@ __all__ = [
     "InFlightProbe",
     "MalformedJSONFault",
     "RecordedRequest",
+    "RefusedPort",
     "Reply",
     "StatusFault",
     "ToolCall",
+    "TruncatedBodyFault",
     "fake_llm",
     "fault_delay",
     "fault_disconnect",
     "fault_malformed_json",
+    "fault_non_json",
     "fault_status",
+    "fault_truncated_body",
     "reply_text",
     "reply_tool_calls",
     "start_fake_llm",
@@ -222,6 +232,23 @@ class DisconnectFault(Reply):
             h.connection.shutdown(socket.SHUT_RDWR)
 
 
+@dataclass(frozen=True)
+class TruncatedBodyFault(Reply):
+    """HTTP 200 whose Content-Length announces a whole chat.completion, but only the first
+    ``keep`` fraction of the body is sent before the connection closes: a server or proxy
+    dying mid-response. (``MalformedJSONFault`` is the other case: short but complete.)"""
+
+    keep: float = 0.5
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        body = json.dumps(CompletionReply(content="cut short").to_json(request)).encode()
+        sent = body[: max(1, min(len(body) - 1, int(len(body) * self.keep)))]
+        h.close_connection = True
+        h.send_raw(200, sent, {"Content-Type": "application/json"}, declared_length=len(body))
+        with contextlib.suppress(OSError):
+            h.connection.shutdown(socket.SHUT_RDWR)
+
+
 Handler = Callable[[JSONDict], Reply]
 
 
@@ -278,6 +305,21 @@ def fault_disconnect() -> DisconnectFault:
     return DisconnectFault()
 
 
+def fault_truncated_body(keep: float = 0.5) -> TruncatedBodyFault:
+    """HTTP 200 that sends only ``keep`` of the body its Content-Length promised, then closes."""
+    return TruncatedBodyFault(keep=keep)
+
+
+HTML_ERROR_PAGE = "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1></body></html>"
+
+
+def fault_non_json(
+    body: str = HTML_ERROR_PAGE, content_type: str = "text/html; charset=utf-8", status: int = 200
+) -> StatusFault:
+    """A complete body that is not JSON (by default an HTML error page a proxy serves with 200)."""
+    return StatusFault(status=status, body=body, headers={"Content-Type": content_type})
+
+
 def _error_type(status: int) -> str:
     if status == 429:
         return "rate_limit_exceeded"
@@ -331,13 +373,21 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- writing (always one write: status line + headers + body) --
 
-    def send_raw(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+    def send_raw(
+        self,
+        status: int,
+        body: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        declared_length: int | None = None,
+    ) -> None:
+        """``declared_length`` overrides Content-Length (a lie, for truncated-body faults)."""
         try:
             reason = http.HTTPStatus(status).phrase
         except ValueError:
             reason = "Unknown"
         hdrs = {"Content-Type": "application/octet-stream", **(headers or {})}
-        hdrs["Content-Length"] = str(len(body))
+        hdrs["Content-Length"] = str(len(body) if declared_length is None else declared_length)
         if self.close_connection:
             hdrs["Connection"] = "close"
         head = f"HTTP/1.1 {status} {reason}\r\n"
@@ -596,6 +646,35 @@ class InFlightProbe:
         finally:
             with self._lock:
                 self._now -= 1
+
+
+class RefusedPort:
+    """A loopback port that is bound but never listens, so every connection to it is refused
+    at once: an LLM server that is down. Keeping the socket bound (rather than picking a free
+    port and closing it) stops anything else from taking the port while a test uses it."""
+
+    def __init__(self) -> None:
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.bind(("127.0.0.1", 0))
+        self.port = int(self._sock.getsockname()[1])
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def close(self) -> None:
+        self._sock.close()
+
+    def __enter__(self) -> RefusedPort:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
 
 
 def start_fake_llm() -> FakeLLMServer:

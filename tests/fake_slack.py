@@ -60,6 +60,8 @@ from urllib.parse import parse_qsl
 
 from aiohttp import WSMsgType, web
 
+from tests.secrets_catalog import FAKE_SLACK_APP_TOKEN, FAKE_SLACK_BOT_TOKEN
+
 __all__ = ["Failure", "FakeSlack", "SlackCall", "signature_headers"]
 
 JSONDict = dict[str, Any]
@@ -99,8 +101,8 @@ class FakeSlack:
     def __init__(
         self,
         *,
-        bot_token: str = "xoxb-fake-bot-token",
-        app_token: str = "xapp-fake-app-token",
+        bot_token: str = FAKE_SLACK_BOT_TOKEN,
+        app_token: str = FAKE_SLACK_APP_TOKEN,
         team_id: str = "T1",
         team_name: str = "Test Team",
         bot_user_id: str = "UBOT",
@@ -120,6 +122,7 @@ class FakeSlack:
         self._channels: dict[str, JSONDict] = {}
         self._files: dict[str, tuple[JSONDict, bytes]] = {}
         self._ts = itertools.count(1)
+        self._history: dict[str, list[JSONDict]] = defaultdict(list)  # channel -> posted messages, oldest first
         self._sockets: set[web.WebSocketResponse] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -269,6 +272,11 @@ class FakeSlack:
     def calls_to(self, method: str) -> list[SlackCall]:
         with self._lock:
             return [call for call in self._calls if call.method == method]
+
+    def messages_in(self, channel: str) -> list[JSONDict]:
+        """What chat.postMessage actually posted to `channel` (failed calls excluded), oldest first."""
+        with self._lock:
+            return [dict(message) for message in self._history.get(channel, [])]
 
     def posted_texts(self) -> list[str]:
         """The texts of every chat.postMessage, in order."""
@@ -435,7 +443,32 @@ class FakeSlack:
                    "ts": ts}
         if args.get("thread_ts"):
             message["thread_ts"] = args["thread_ts"]
+        metadata = args.get("metadata")
+        if isinstance(metadata, str):  # form-encoded calls send it as JSON text
+            metadata = json.loads(metadata)
+        if metadata:
+            message["metadata"] = metadata
+        self._history[str(args["channel"])].append(message)
         return {"ok": True, "channel": args["channel"], "ts": ts, "message": message}
+
+    def _m_conversations_history(self, args: JSONDict) -> JSONDict:
+        # Newest first, top-level messages only, metadata only when asked for (as Slack does).
+        return self._listing(
+            [m for m in self._history.get(str(args.get("channel")), []) if "thread_ts" not in m], args
+        )
+
+    def _m_conversations_replies(self, args: JSONDict) -> JSONDict:
+        thread = str(args.get("ts"))
+        found = [m for m in self._history.get(str(args.get("channel")), []) if m.get("thread_ts") == thread]
+        return self._listing(found, args, newest_first=False)
+
+    @staticmethod
+    def _listing(messages: list[JSONDict], args: JSONDict, *, newest_first: bool = True) -> JSONDict:
+        limit = int(args.get("limit") or 100)
+        with_metadata = str(args.get("include_all_metadata", "")).lower() in ("1", "true")
+        chosen = list(reversed(messages))[:limit] if newest_first else messages[:limit]
+        shown = [m if with_metadata else {k: v for k, v in m.items() if k != "metadata"} for m in chosen]
+        return {"ok": True, "messages": shown, "has_more": len(messages) > limit}
 
     def _m_chat_postEphemeral(self, args: JSONDict) -> JSONDict:
         if not args.get("channel") or not args.get("user"):

@@ -21,8 +21,9 @@ import pytest
 from adapters.terminal import TerminalChat
 from bot.events import Reply, UserMessage
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
+from tests.secrets_catalog import CLI_OPENAI_API_KEY
 
-SECRET_KEY = "sk-cli-test-secret-4242"
+SECRET_KEY = CLI_OPENAI_API_KEY
 TROUBLE = "I can't connect to my language model"
 
 

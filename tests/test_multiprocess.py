@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from bot.leases import lease_name
 from memory.mongo_store import MongoStore
 from memory.sqlite_coordination import CLEAR_EVERY
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
@@ -164,7 +165,7 @@ async def user_numbers(store: MongoStore, user: str) -> list[int]:
 
 
 async def last_holder(store: MongoStore, key: str) -> str | None:
-    record = await store.collection("lease_holders").find_one({"_id": key})
+    record = await store.collection("lease_holders").find_one({"_id": lease_name(key)})
     return None if record is None else str(record["holder"])
 
 

@@ -39,8 +39,9 @@ from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
+from tests.secrets_catalog import FAKE_SLACK_APP_TOKEN, SLACK_TEST_SIGNING_SECRET
 
-SECRET = "8f742231b10e8888abcd99yyyzzz85a5"
+SECRET = SLACK_TEST_SIGNING_SECRET
 _ts = itertools.count(1)
 
 
@@ -208,7 +209,10 @@ async def test_an_app_mention_is_answered_in_its_thread_mentioning_the_author(
                "text": "<@UBOT> can you help?"}
     assert await bot.event(mention) == 200
     [post] = await bot.slack.wait_for("chat.postMessage")
+    metadata = post.args.pop("metadata")
     assert post.args == {"channel": "C1", "thread_ts": "1700000000.000200", "text": "<@U2> Sure thing."}
+    # The reply names its outbox entry, so a resend after a crash can tell it was posted.
+    assert metadata["event_type"] == "memgpt_reply" and metadata["event_payload"]["part"] == 0
     assert last_user_line(llm_server.requests[0]).endswith("Bob in #general: can you help?")
     assert await bot.runtime.store.find_agent("slack:T1:U2") is not None
 
@@ -563,7 +567,7 @@ async def test_unsupported_and_oversized_files_are_refused(start_bot: Start, llm
 
 async def test_socket_mode_runs_the_same_handlers(start_bot: Start, llm_server: FakeLLMServer) -> None:
     llm_server.set_handler(echo_number)
-    bot = await start_bot(app_token="xapp-fake-app-token", signing_secret=None)
+    bot = await start_bot(app_token=FAKE_SLACK_APP_TOKEN, signing_secret=None)
     assert bot.adapter.port is None
     await bot.slack.wait_for("socket_mode.connect")
     payload = envelope(dm("number 1"), event_id="EvSOCKET1")

@@ -1,0 +1,254 @@
+"""Abuse and cost control: a per-user message rate limit and a daily LLM token
+budget, counted in the store so that they hold across bot processes.
+
+- **Rate**: at most MEMGPT_RATE_LIMIT_PER_MINUTE user messages (and file
+  uploads) in any 60 seconds. Only what a person sends counts: check-ins,
+  joins and system alerts never do.
+- **Budget**: at most MEMGPT_DAILY_TOKEN_BUDGET tokens of LLM calls per UTC
+  day, counted locally with the model's tokenizer (the whole prompt with the
+  function schemas, plus the completion: Agent._complete), never taken from
+  the server's usage numbers. An event that starts under budget runs to its
+  end, so a user can overshoot by one event's steps at most.
+- Users in MEMGPT_UNLIMITED_USERS, or exempted with `memgpt-bot limits
+  exempt USER`, are never held (their usage is still counted, for `limits show`).
+
+Over a limit, an event reaches no LLM, but nothing the person said is lost:
+their message goes into recall storage (and the queue, marked as held, so the
+model sees it on the next turn). They get a friendly notice saying when they
+can write again, once per episode: once per burst over the rate (until a
+message gets through again), once per UTC day over the budget. Uploaded files
+are not read while over a limit (reading costs CPU; the notice asks to send
+them again). A check-in tick for a user over budget is skipped with a log line.
+
+Counters are rows/documents per hit (memory/store.py says why); hits older
+than two days are swept now and then.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from bot.agent import Agent, EventResult
+from bot.config import Settings
+from bot.events import Event, FileUploaded, Reply, ScheduledTick, UserMessage
+from memory.store import Store, StoreError
+from memory.types import Message, utc_now
+
+log = logging.getLogger(__name__)
+
+MESSAGE = "message"  # one user message (or upload) let through
+TOKENS = "tokens"  # the tokens of one event's LLM calls
+RATE_NOTICE = "notice:rate"  # the person was told they are over the rate
+BUDGET_NOTICE = "notice:budget"  # ... over today's budget
+RATE_WINDOW = timedelta(minutes=1)
+KEEP_HITS = timedelta(days=2)  # longer than any window: a day of tokens, a minute of messages
+PRUNE_EVERY = timedelta(hours=1)
+USER_EVENTS = (UserMessage, FileUploaded)  # what counts toward the rate
+
+HELD_NOTE = {
+    "rate": "[held: sent over the message rate limit; no answer was given, and they were told to slow down]",
+    "budget": "[held: sent after today's token budget was used up; no answer was given, and they were told "
+    "when it resets]",
+}
+
+
+@dataclass(slots=True)
+class Usage:
+    """Where one user stands, for `memgpt-bot limits show`."""
+
+    key: str
+    messages_last_minute: int
+    rate_limit: int  # 0: off
+    tokens_today: int
+    daily_budget: int  # 0: off
+    exempt_by_admin: bool
+    exempt_by_env: bool
+    budget_resets_at: datetime
+
+    @property
+    def exempt(self) -> bool:
+        return self.exempt_by_admin or self.exempt_by_env
+
+
+def start_of_day(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def window_start(now: datetime) -> datetime:
+    """The oldest hit still in the rate window: one exactly a minute old is out,
+    so a person told "until 09:01:00" can write at 09:01:00."""
+    return now - RATE_WINDOW + timedelta(microseconds=1)
+
+
+def humanize_wait(delta: timedelta) -> str:
+    seconds = max(1, int(delta.total_seconds() + 0.999))
+    if seconds < 60:
+        return f"{seconds} second{'s' if seconds != 1 else ''}"
+    minutes = (seconds + 59) // 60
+    if minutes < 60:
+        return f"about {minutes} minute{'s' if minutes != 1 else ''}"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+class UsageLimits:
+    def __init__(self, store: Store, settings: Settings, clock: Callable[[], datetime] = utc_now) -> None:
+        self.store = store
+        self.rate_limit = max(0, settings.rate_limit_per_minute)
+        self.daily_budget = max(0, settings.daily_token_budget)
+        self.unlimited = frozenset(settings.unlimited_users)
+        self.clock = clock  # injectable: tests move time instead of sleeping
+        self._next_prune: datetime | None = None
+        self._unsupported = False
+
+    @property
+    def enabled(self) -> bool:
+        return (self.rate_limit > 0 or self.daily_budget > 0) and not self._unsupported
+
+    # -- the runtime's calls ------------------------------------------------
+    async def admit(self, agent: Agent, event: Event) -> EventResult | None:
+        """None: the event goes ahead (a user message counts toward the rate).
+        Otherwise the user is over a limit: the event was kept in recall
+        storage without any LLM call, and the result holds the notice, if one
+        is due. Called with the agent's lease and lock held, so one user's
+        events are checked one at a time, whichever process runs them."""
+        if not self.enabled:
+            return None
+        try:
+            return await self._admit(agent, event)
+        except NotImplementedError as error:
+            self._unsupported = True
+            log.warning("usage limits are off: %s", error)
+            return None
+
+    async def metered(self, agent: Agent, event: Event) -> EventResult:
+        """`agent.handle(event)`, with the tokens its LLM calls spent charged
+        to the user, also when it fails half-way."""
+        before = agent.tokens_used
+        try:
+            result = await agent.handle(event)
+        finally:
+            spent = agent.tokens_used - before
+            await self.charge(event.agent_key, spent)
+        result.tokens_used = spent
+        return result
+
+    async def charge(self, key: str, tokens: int) -> None:
+        if tokens <= 0 or not self.daily_budget or self._unsupported:
+            return
+        try:
+            await self.store.record_usage(key, TOKENS, tokens, self.clock())
+        except (StoreError, NotImplementedError) as error:
+            # The answer is out already; losing one event's count is better than losing the answer.
+            log.error("could not count %d tokens for %s: %s", tokens, key, error)
+
+    async def forget(self, key: str) -> None:
+        """Delete the user's counters and any exemption stored for them: a
+        forgotten user leaves no row behind (MEMGPT_UNLIMITED_USERS, being
+        configuration, is untouched)."""
+        try:
+            await self.store.delete_usage(key)
+            await self.set_exempt(key, False)
+        except NotImplementedError:
+            pass
+
+    # -- admin ------------------------------------------------------------
+    async def usage(self, key: str) -> Usage:
+        now = self.clock()
+        return Usage(
+            key=key,
+            messages_last_minute=(await self.store.usage_since(key, MESSAGE, window_start(now))).count,
+            rate_limit=self.rate_limit,
+            tokens_today=(await self.store.usage_since(key, TOKENS, start_of_day(now))).amount,
+            daily_budget=self.daily_budget,
+            exempt_by_admin=await self.store.usage_exempt(key),
+            exempt_by_env=key in self.unlimited,
+            budget_resets_at=start_of_day(now) + timedelta(days=1),
+        )
+
+    async def set_exempt(self, key: str, exempt: bool) -> bool:
+        return await self.store.set_usage_exempt(key, exempt, self.clock())
+
+    async def reset(self, key: str) -> int:
+        """Clear the user's counters: they may write and spend from zero again."""
+        return await self.store.delete_usage(key)
+
+    # -- inside -------------------------------------------------------------
+    async def _admit(self, agent: Agent, event: Event) -> EventResult | None:
+        store, key, now = self.store, event.agent_key, self.clock()
+        await self._prune(now)
+        exempt = key in self.unlimited or await store.usage_exempt(key)
+        if not exempt and self.daily_budget:
+            midnight = start_of_day(now)
+            spent = (await store.usage_since(key, TOKENS, midnight)).amount
+            if spent >= self.daily_budget:
+                told = (await store.usage_since(key, BUDGET_NOTICE, midnight)).count > 0
+                return await self._hold(agent, event, "budget", midnight + timedelta(days=1), now, told)
+        if not isinstance(event, USER_EVENTS) or not self.rate_limit:
+            return None
+        if not exempt:
+            recent = await store.usage_since(key, MESSAGE, window_start(now))
+            if recent.count >= self.rate_limit and recent.oldest and recent.newest:
+                # Told already if a notice went out since the last message that got through.
+                told = (await store.usage_since(key, RATE_NOTICE, recent.newest)).count > 0
+                return await self._hold(agent, event, "rate", recent.oldest + RATE_WINDOW, now, told)
+        await store.record_usage(key, MESSAGE, 1, now)
+        return None
+
+    async def _hold(
+        self, agent: Agent, event: Event, reason: str, until: datetime, now: datetime, told: bool
+    ) -> EventResult:
+        key = event.agent_key
+        if isinstance(event, ScheduledTick):
+            log.info("check-in for %s skipped: over the daily token budget until %s", key, until.isoformat())
+            return EventResult(held=reason)
+        log.info("event %s of %s held: over the %s limit until %s", event.event_id, key, reason, until.isoformat())
+        if isinstance(event, FileUploaded):
+            event.load_error = "it was sent while over the usage limit, so it was not read (ask them to send it again)"
+        await self._record(agent, event, f"{event.render()}\n{HELD_NOTE[reason]}")
+        result = EventResult(held=reason)
+        if told or not isinstance(event, USER_EVENTS):
+            return result  # once per episode, and only to someone who wrote
+        await self.store.record_usage(key, RATE_NOTICE if reason == "rate" else BUDGET_NOTICE, 1, now)
+        text = self._rate_notice(until, now) if reason == "rate" else self._budget_notice(until, now)
+        result.replies.append(Reply(text=text, platform=event.platform, user_id=event.user_id,
+                                    reply_to=event.reply_to, event_id=event.event_id))
+        return result
+
+    async def _record(self, agent: Agent, event: Event, content: str) -> None:
+        # Tagged with the event id like Agent.handle's own record, so an event
+        # redone after a crash is never kept twice.
+        if event.durable and await agent.store.event_message_seq(agent.id, event.event_id) is not None:
+            return
+        message = Message(role="user", content=content, name=event.kind, event_id=event.event_id)
+        await agent.record_messages([message])
+
+    def _rate_notice(self, until: datetime, now: datetime) -> str:
+        until = max(until, now + timedelta(seconds=1))
+        return (
+            f"Whoa, that's a lot at once! I take up to {self.rate_limit} messages a minute, so I'm pausing "
+            f"until {until:%H:%M:%S} UTC (in {humanize_wait(until - now)}). I'm keeping everything you write "
+            "meanwhile and will see it then; files sent before then aren't read, so please send those again."
+        )
+
+    def _budget_notice(self, until: datetime, now: datetime) -> str:
+        return (
+            f"We've reached today's conversation budget ({self.daily_budget:,} tokens), so I can't answer "
+            f"until it resets at midnight UTC (in {humanize_wait(until - now)}). I'm keeping everything you "
+            "write meanwhile and will see it then; files sent before then aren't read, so please send those again."
+        )
+
+    async def _prune(self, now: datetime) -> None:
+        if self._next_prune is not None and now < self._next_prune:
+            return
+        self._next_prune = now + PRUNE_EVERY
+        try:
+            removed = await self.store.prune_usage(now - KEEP_HITS)
+        except StoreError as error:  # housekeeping: the next hour tries again
+            log.warning("could not sweep old usage counters: %s", error)
+            return
+        if removed:
+            log.info("swept %d usage counters older than %s", removed, KEEP_HITS)

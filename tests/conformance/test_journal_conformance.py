@@ -1,0 +1,118 @@
+"""The event journal and the reply outbox (crash safety): recorded once,
+replayed in order, confirmed, swept, forgotten."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from memory.store import JournalEntry, OutboxEntry, Store
+from memory.types import Message, utc_now
+from memory.working_context import default_blocks
+
+
+def entry(event_id: str, origin: str = "slack", key: str = "slack:T1:U1", **payload: object) -> JournalEntry:
+    return JournalEntry(event_id, origin, key, {"text": f"payload of {event_id}", **payload}, utc_now())
+
+
+def reply(event_id: str, n: int, key: str = "slack:T1:U1", origin: str = "slack") -> OutboxEntry:
+    return OutboxEntry(
+        f"{event_id}:{n}", event_id, n, key, origin, key.split(":", 1)[1], {"channel": "D1", "thread_ts": "1.2"},
+        f"reply {n} to {event_id}", utc_now(),
+    )
+
+
+async def test_an_event_is_recorded_once_and_pending_until_done(store: Store) -> None:
+    assert await store.journal_receive(entry("Ev1", nested={"a": [1, "ü"]}))
+    assert not await store.journal_receive(entry("Ev1"))  # a repeat delivery
+    pending = await store.journal_pending("slack")
+    assert [e.event_id for e in pending] == ["Ev1"]
+    assert pending[0].payload == {"text": "payload of Ev1", "nested": {"a": [1, "ü"]}}
+    assert pending[0].agent_key == "slack:T1:U1" and pending[0].state == "pending"
+    await store.journal_update("Ev1", attempts=2)
+    assert (await store.journal_pending("slack"))[0].attempts == 2
+    await store.journal_update("Ev1", state="done")
+    assert await store.journal_pending("slack") == []
+    assert not await store.journal_receive(entry("Ev1"))  # still recognised once done
+
+
+async def test_pending_events_come_back_in_arrival_order_per_origin(store: Store) -> None:
+    ids = [f"Ev{n:03d}" for n in range(30)]
+    for n, event_id in enumerate(ids):
+        assert await store.journal_receive(entry(event_id, origin="slack" if n % 3 else "discord"))
+    await store.journal_update(ids[4], state="done")
+    slack = [e.event_id for e in await store.journal_pending("slack")]
+    assert slack == [i for n, i in enumerate(ids) if n % 3 and n != 4]
+    assert [e.event_id for e in await store.journal_pending("discord")] == ids[::3]
+
+
+async def test_concurrent_deliveries_record_exactly_once(store: Store, twin: Store) -> None:
+    for n in range(8):
+        results = await asyncio.gather(*(s.journal_receive(entry(f"race{n}")) for s in (store, twin) * 4))
+        assert sorted(results) == [False] * 7 + [True]
+
+
+async def test_outbox_records_each_reply_once_until_confirmed(store: Store) -> None:
+    assert await store.outbox_add(reply("Ev1", 0))
+    assert await store.outbox_add(reply("Ev1", 1))
+    assert not await store.outbox_add(reply("Ev1", 0))  # a redone send
+    assert await store.outbox_add(reply("Ev2", 0, key="slack:T1:U2"))
+    replies = await store.outbox_for_event("Ev1")
+    assert [(r.id, r.position, r.text) for r in replies] == [
+        ("Ev1:0", 0, "reply 0 to Ev1"), ("Ev1:1", 1, "reply 1 to Ev1")
+    ]
+    assert replies[0].reply_to == {"channel": "D1", "thread_ts": "1.2"} and replies[0].user_id == "T1:U1"
+    assert [r.id for r in await store.outbox_pending("slack")] == ["Ev1:0", "Ev1:1", "Ev2:0"]
+    await store.outbox_update("Ev1:0", state="sent")
+    await store.outbox_update("Ev2:0", state="dropped")
+    await store.outbox_update("Ev1:1", state="pending", attempts=1, next_try_at=1_000.0)
+    assert [r.id for r in await store.outbox_pending("slack")] == ["Ev1:1"]
+    assert await store.outbox_pending("slack", due_by=999.0) == []
+    due = await store.outbox_pending("slack", due_by=1_000.0)
+    assert [(r.id, r.attempts, r.next_try_at) for r in due] == [("Ev1:1", 1, 1_000.0)]
+    assert await store.outbox_pending("discord") == []
+    assert [r.state for r in await store.outbox_for_event("Ev1")] == ["sent", "pending"]
+
+
+async def test_forget_removes_a_users_journal_and_outbox(store: Store) -> None:
+    await store.journal_receive(entry("EvA", key="slack:T1:UA"))
+    await store.journal_receive(entry("EvB", key="slack:T1:UB"))
+    await store.outbox_add(reply("EvA", 0, key="slack:T1:UA"))
+    await store.outbox_add(reply("EvB", 0, key="slack:T1:UB"))
+    await store.journal_forget("slack:T1:UA")
+    assert [e.event_id for e in await store.journal_pending("slack")] == ["EvB"]
+    assert await store.outbox_for_event("EvA") == []
+    assert [r.id for r in await store.outbox_pending("slack")] == ["EvB:0"]
+    # A forgotten id is new again (nothing of it is kept).
+    assert await store.journal_receive(entry("EvA", key="slack:T1:UA"))
+
+
+async def test_the_message_of_an_event_is_found_by_its_id(store: Store) -> None:
+    record, _ = await store.get_or_create_agent("slack:T1:U1", default_blocks(100, 100))
+    other, _ = await store.get_or_create_agent("slack:T1:U2", default_blocks(100, 100))
+    await store.append_messages(record.id, [Message(role="user", content="first", event_id="Ev1")])
+    await store.append_messages(
+        record.id, [Message(role="assistant", content="a"), Message(role="user", content="second", event_id="Ev2")]
+    )
+    assert await store.event_message_seq(record.id, "Ev1") == 1
+    assert await store.event_message_seq(record.id, "Ev2") == 3
+    assert await store.event_message_seq(record.id, "Ev3") is None
+    assert await store.event_message_seq(other.id, "Ev1") is None  # never across agents
+
+
+async def test_finished_entries_older_than_a_day_are_swept(store: Store) -> None:
+    old = entry("EvOld")
+    old.received_at = utc_now() - timedelta(days=2)
+    assert await store.journal_receive(old)
+    await store.journal_update("EvOld", state="done")
+    stale = reply("EvOld", 0)
+    stale.created_at = old.received_at
+    await store.outbox_add(stale)
+    await store.outbox_update("EvOld:0", state="sent")
+    unsent = reply("EvOld", 1)
+    unsent.created_at = old.received_at
+    await store.outbox_add(unsent)
+    store._last_journal_sweep = 0.0  # type: ignore[attr-defined]  # due now
+    assert await store.journal_receive(entry("EvNew"))
+    assert [r.id for r in await store.outbox_for_event("EvOld")] == ["EvOld:1"]  # never an unsent one
+    assert await store.journal_receive(entry("EvOld"))  # swept: new again

@@ -1,0 +1,353 @@
+"""Crash harness: the real bot (`memgpt-bot run`, Slack in HTTP mode) as a
+subprocess against the scripted LLM and the fake Slack Web API, killed with
+SIGKILL at random points while a scripted conversation runs, restarted each
+time; then every promise of bot/journal.py is checked.
+
+    python -m tests.crash_harness --kills 100 --users 8 --messages 30
+
+The conversation: each user sends numbered messages ("msg U3 17"); the
+scripted model answers "re: U3 17" with send_message, and every fourth
+message first saves a fact "[U3:16]" to working context (a two-step chain,
+so kills also land between steps). This process plays Slack: it re-delivers
+an event (with the retry header) until the bot acknowledges it.
+
+Checked at the end: every event answered exactly once on the platform; every
+user message in recall storage exactly once; the working context made of whole
+facts only; nothing left pending in the journal or the outbox.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import multiprocessing.process
+import os
+import random
+import re
+import signal
+import socket
+import sqlite3
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from tests.fake_llm import Reply, reply_text, reply_tool_calls, start_fake_llm, tool_call
+from tests.fake_slack import FakeSlack, signature_headers
+
+ROOT = Path(__file__).resolve().parent.parent
+SECRET = "crash-harness-signing-secret"
+TEAM = "T1"
+_MESSAGE = re.compile(r"msg (U\d+) (\d+)$")
+_FACT = re.compile(r"\[(U\d+):(\d+)\]")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- the scripted model
+
+
+def scripted_model(request: dict[str, Any]) -> Reply:
+    """Stateless, so a redone step gets the same answer: decided by the request alone."""
+    messages = request["messages"]
+    if not request.get("tools"):  # the summarizer
+        return reply_text("Earlier: numbered test messages.")
+    asked = None
+    for message in reversed(messages):
+        if message["role"] == "user":
+            found = _MESSAGE.search(str(message.get("content") or ""))
+            if found:
+                asked = found.group(1), int(found.group(2))
+                break
+    if asked is None:
+        return reply_text("nothing to do")
+    user, number = asked
+    last = messages[-1]
+    if number % 4 == 0 and last["role"] == "user":
+        return reply_tool_calls(tool_call(
+            "core_memory_append", {"name": "human", "content": f"[{user}:{number}]", "request_heartbeat": True}
+        ))
+    return reply_tool_calls(tool_call("send_message", {"message": f"re: {user} {number}"}))
+
+
+# --------------------------------------------------------------------------- the bot process
+
+
+def _run_bot(env: dict[str, str], log_path: str) -> None:
+    """The child: `memgpt-bot run` with this environment, output to the log."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(ROOT)
+    with open(log_path, "ab", buffering=0) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+    from bot.cli import main
+
+    main(["run"])
+
+
+# The bot's modules are imported once, in a fork server, and each start forks
+# from it: a real new process (its own memory, sockets, threads, event loop)
+# without a second of imports per restart, which 100 restarts would multiply.
+_FORKS = multiprocessing.get_context("forkserver")
+_FORKS.set_forkserver_preload(["bot.cli", "bot.app", "bot.runtime", "adapters.slack_adapter"])
+
+
+@dataclass
+class BotProcess:
+    env: dict[str, str]
+    log_path: Path
+    port: int
+    process: multiprocessing.process.BaseProcess | None = None
+    starts: int = 0
+
+    def start(self) -> None:
+        self.process = _FORKS.Process(target=_run_bot, args=(self.env, str(self.log_path)), daemon=True)
+        self.process.start()
+        self.starts += 1
+
+    async def wait_listening(self, within: float = 60.0) -> None:
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline:
+            assert self.process is not None
+            if not self.process.is_alive():
+                raise RuntimeError(f"the bot exited with {self.process.exitcode}; see {self.log_path}")
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", self.port)
+                writer.close()
+                return
+            except OSError:
+                await asyncio.sleep(0.02)
+        raise RuntimeError(f"the bot did not listen within {within} s; see {self.log_path}")
+
+    def kill(self) -> None:
+        assert self.process is not None and self.process.pid is not None
+        os.kill(self.process.pid, signal.SIGKILL)
+        self.process.join()
+
+    def stop(self) -> int:
+        assert self.process is not None and self.process.pid is not None
+        os.kill(self.process.pid, signal.SIGTERM)
+        self.process.join(timeout=60)
+        return -1 if self.process.exitcode is None else self.process.exitcode
+
+
+# --------------------------------------------------------------------------- playing Slack
+
+
+@dataclass
+class Conversation:
+    users: list[str]
+    per_user: int
+    rng: random.Random
+    acked: int = 0
+    deliveries: int = 0  # POSTs, retries included
+
+    def events(self) -> list[tuple[str, int, str]]:
+        """(user, number, event id), users interleaved, each user's in order."""
+        ordered = [(user, n, f"Ev{user}N{n:04d}") for n in range(self.per_user) for user in self.users]
+        return ordered
+
+    async def play(self, port: int, session: aiohttp.ClientSession) -> None:
+        url = f"http://127.0.0.1:{port}/slack/events"
+        for user, number, event_id in self.events():
+            event = {"type": "message", "channel_type": "im", "channel": f"D{user}", "user": user, "team": TEAM,
+                     "text": f"msg {user} {number}", "ts": f"{int(time.time())}.{number:06d}"}
+            body = json.dumps({"token": "x", "team_id": TEAM, "api_app_id": "A1", "event": event,
+                               "type": "event_callback", "event_id": event_id, "event_time": int(time.time())})
+            attempt = 0
+            while True:  # Slack re-delivers until it gets a 2xx
+                headers = {"Content-Type": "application/json", **signature_headers(body, SECRET)}
+                if attempt:
+                    headers |= {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"}
+                self.deliveries += 1
+                try:
+                    async with session.post(url, data=body.encode(), headers=headers,
+                                            timeout=aiohttp.ClientTimeout(total=3)) as response:
+                        if 200 <= response.status < 300:
+                            break
+                except (aiohttp.ClientError, TimeoutError):
+                    pass
+                attempt += 1
+                await asyncio.sleep(0.05)
+            self.acked += 1
+            await asyncio.sleep(self.rng.uniform(0.0, 0.03))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class Report:
+    kills: int
+    events: int
+    deliveries: int
+    starts: int
+    seconds: float
+    answers: Counter[tuple[str, int]] = field(default_factory=Counter)
+    recall: Counter[tuple[str, int]] = field(default_factory=Counter)
+    facts_ok: bool = True
+    duplicate_facts: int = 0
+    pending_events: int = 0
+    pending_replies: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    def summary(self) -> str:
+        wrong_answers = sum(1 for count in self.answers.values() if count != 1)
+        wrong_recall = sum(1 for count in self.recall.values() if count != 1)
+        return (
+            f"crash harness: {self.kills} SIGKILLs, {self.starts} starts, {self.events} events "
+            f"({self.deliveries} deliveries with retries) in {self.seconds:.0f} s; "
+            f"events not answered exactly once: {wrong_answers}; user messages not in recall exactly once: "
+            f"{wrong_recall}; working context whole: {self.facts_ok} ({self.duplicate_facts} facts saved twice "
+            f"by a redone step); left pending: {self.pending_events} events, {self.pending_replies} replies"
+        )
+
+
+async def run(data_dir: Path, *, kills: int, users: int, per_user: int, seed: int,
+              max_gap: float = 0.08) -> Report:
+    rng = random.Random(seed)
+    llm = start_fake_llm()
+    slack = FakeSlack(bot_token="xoxb-crash-harness", team_id=TEAM).start()
+    llm.set_handler(scripted_model)
+    port = free_port()
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+        "OPENAI_API_KEY": "crash-harness-key", "OPENAI_BASE_URL": llm.base_url, "MEMGPT_MODEL": "test-model",
+        "MEMGPT_CONTEXT_WINDOW": "32000", "MEMGPT_DATA_DIR": str(data_dir), "MEMGPT_LLM_TIMEOUT": "5",
+        "MEMGPT_LLM_MAX_RETRIES": "1",
+        "SLACK_BOT_TOKEN": "xoxb-crash-harness", "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.api_url,
+        "SLACK_HTTP_HOST": "127.0.0.1", "SLACK_HTTP_PORT": str(port),
+        # The conversation is a burst far above any sane per-user rate: no limits here.
+        "MEMGPT_RATE_LIMIT_PER_MINUTE": "0", "MEMGPT_DAILY_TOKEN_BUDGET": "0",
+    }
+    for name in ("DISCORD_TOKEN", "SLACK_APP_TOKEN", "MONGODB_URI"):
+        env.pop(name, None)
+    bot = BotProcess(env, data_dir / "bot.log", port)
+    conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng)
+    started = time.monotonic()
+    done_killing = 0
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before anything runs
+        bot.start()
+        await bot.wait_listening()
+        async with aiohttp.ClientSession() as session:
+            player = asyncio.create_task(conversation.play(port, session))
+            while done_killing < kills:
+                # Kill while work is going on: after a few more events were
+                # taken, at a random moment of what follows (receiving,
+                # calling the model, saving, posting the answer).
+                target = conversation.acked + rng.randint(1, 4)
+                while conversation.acked < target and not player.done():  # noqa: ASYNC110 - a counter, polled
+                    await asyncio.sleep(0.002)
+                await asyncio.sleep(rng.uniform(0.0, max_gap))
+                bot.kill()
+                done_killing += 1
+                bot.start()
+                await bot.wait_listening()
+            await player
+            total = len(conversation.events())
+            await _settle(slack, total, within=120.0)
+        exit_code = bot.stop()
+        report = Report(done_killing, total, conversation.deliveries, bot.starts, time.monotonic() - started)
+        if exit_code != 0:
+            report.problems.append(f"the bot exited with {exit_code} on SIGTERM")
+        _check(report, slack, data_dir / "memgpt.sqlite3", conversation)
+        return report
+    finally:
+        if bot.process is not None and bot.process.is_alive():
+            bot.kill()
+        slack.stop()
+        llm.stop()
+
+
+async def _settle(slack: FakeSlack, expected: int, within: float) -> None:
+    """Wait until every event has an answer (or time runs out; the checks then say what is missing)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        answered = {text for text in slack.posted_texts() if text.startswith("re: ")}
+        if len(answered) >= expected:
+            await asyncio.sleep(1.0)  # let a duplicate, if any, arrive too
+            return
+        await asyncio.sleep(0.1)
+
+
+def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:
+    for text in slack.posted_texts():
+        found = re.fullmatch(r"re: (U\d+) (\d+)", text)
+        if found:
+            report.answers[(found.group(1), int(found.group(2)))] += 1
+        else:
+            report.problems.append(f"unexpected post: {text[:80]!r}")
+    conn = sqlite3.connect(db)
+    try:
+        for user, number, _ in conversation.events():
+            report.answers.setdefault((user, number), 0)
+            report.recall.setdefault((user, number), 0)
+        rows = conn.execute(
+            "SELECT a.key, m.content FROM messages m JOIN agents a ON a.id = m.agent_id"
+            " WHERE m.role = 'user' AND m.name = 'user_message'"
+        ).fetchall()
+        for _key, content in rows:
+            found = _MESSAGE.search(content or "")
+            if found:
+                report.recall[(found.group(1), int(found.group(2)))] += 1
+        for key, value in conn.execute(
+            "SELECT a.key, b.value FROM blocks b JOIN agents a ON a.id = b.agent_id WHERE b.label = 'human'"
+        ).fetchall():
+            user = key.rsplit(":", 1)[-1]
+            facts = _FACT.findall(value)
+            leftover = _FACT.sub("", value).strip()
+            # Whole facts only, each one of this user's, nothing half-written.
+            if any(owner != user for owner, _ in facts) or (leftover and not _is_default_human(leftover)):
+                report.facts_ok = False
+                report.problems.append(f"working context of {key} is not whole facts: {value[-200:]!r}")
+            counts = Counter(facts)
+            report.duplicate_facts += sum(count - 1 for count in counts.values())
+            expected = {(user, str(n)) for n in range(0, conversation.per_user, 4)}
+            missing = expected - set(counts)
+            if missing:
+                report.facts_ok = False
+                report.problems.append(f"working context of {key} lost facts {sorted(missing)[:5]}")
+        report.pending_events = conn.execute("SELECT count(*) FROM event_journal WHERE state = 'pending'").fetchone()[0]
+        report.pending_replies = conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0]
+    finally:
+        conn.close()
+
+
+def _is_default_human(text: str) -> bool:
+    # The block's starting text (memory/working_context.py), before any fact.
+    from memory.working_context import default_blocks
+
+    human = next(block for block in default_blocks(2000, 2000) if block.label == "human")
+    return text.strip() == human.value.strip()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--kills", type=int, default=100)
+    parser.add_argument("--users", type=int, default=10)
+    parser.add_argument("--messages", type=int, default=40, help="messages per user")
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--data-dir", type=Path, default=Path(f"/tmp/crash-harness-{uuid.uuid4().hex[:8]}"))
+    args = parser.parse_args()
+    report = asyncio.run(run(args.data_dir, kills=args.kills, users=args.users, per_user=args.messages,
+                             seed=args.seed))
+    print(report.summary())
+    for problem in report.problems[:20]:
+        print("  -", problem)
+
+
+if __name__ == "__main__":
+    main()

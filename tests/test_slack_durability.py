@@ -1,0 +1,167 @@
+"""Slack and the crash-safety protocol (bot/journal.py), in process: events
+journaled before the ack, replies through the outbox, failed sends retried
+with backoff, undeliverable ones dropped, and resends that check Slack first.
+(tests/test_crash_harness.py kills a real bot process instead.)"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from adapters.slack_adapter import METADATA_TYPE
+from bot.journal import OutboxRetrier, retry_delay
+from tests import test_slack_adapter as slack_tests
+from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply
+from tests.test_slack_adapter import SlackBot, Start, dm, eventually, say
+
+# The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.
+fake_slack = slack_tests.fake_slack
+start_bot = slack_tests.start_bot
+bot = slack_tests.bot
+
+KEY = "slack:T1:U1"
+
+
+async def agent_id(bot: SlackBot) -> str:
+    record = await bot.runtime.store.find_agent(KEY)
+    assert record is not None
+    return record.id
+
+
+async def test_an_event_is_journaled_before_slack_gets_its_ack(bot: SlackBot, llm_server: FakeLLMServer) -> None:
+    gate = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def blocked(request: dict[str, object]) -> Reply:
+        asyncio.run_coroutine_threadsafe(gate.wait(), loop).result(10)
+        return say("answered")
+
+    llm_server.set_handler(blocked)
+    assert await bot.event(dm("remember me"), event_id="EvJ1") == 200
+    # Acked while the model is still thinking: the event is in the journal, pending.
+    pending = await bot.runtime.store.journal_pending("slack")
+    assert [entry.event_id for entry in pending] == ["EvJ1"]
+    assert pending[0].payload["event"]["text"] == "remember me"
+    gate.set()
+    assert await bot.texts(1) == ["answered"]
+    await eventually(lambda: True)
+    await bot.adapter.drain()
+    assert await bot.runtime.store.journal_pending("slack") == []
+    [sent] = await bot.runtime.store.outbox_for_event("EvJ1")
+    assert sent.state == "sent" and sent.text == "answered"
+    # A repeat delivery of the same id is acknowledged and not worked on again.
+    assert await bot.event(dm("remember me"), event_id="EvJ1") == 200
+    await bot.adapter.drain()
+    assert len(llm_server.requests) == 1
+
+
+async def test_a_replayed_event_is_answered_once_and_recorded_once(
+    start_bot: Start, llm_server: FakeLLMServer
+) -> None:
+    """A crash after the journal and the user message were written, before any
+    answer: the restart redoes the steps without recording the message again."""
+    bot = await start_bot()
+    llm_server.set_handler(lambda request: say("first run answer"))
+    # What a killed run leaves behind: the event journaled, its message recorded, no reply.
+    payload_event = dm("are you there?")
+    bot.adapter._durable = True
+    await bot.runtime.receive("slack", "EvR1", "T1:U1", {
+        "kind": "message", "event": payload_event,
+        "origin": {"team": "T1", "user": "U1", "reply_to": {"channel": "DU1"}, "event_id": "EvR1",
+                   "created_at": "2026-11-30T10:00:00+00:00"},
+    })
+    from bot.events import UserMessage
+    from memory.types import Message
+
+    agent = await bot.runtime.agent(KEY)
+    event = UserMessage(platform="slack", user_id="T1:U1", text="are you there?", event_id="EvR1", durable=True)
+    await agent.record_messages([Message(role="user", content=event.render(), name=event.kind, event_id="EvR1")])
+    llm_server.set_handler(lambda request: say("after the restart"))
+    assert await bot.adapter.recover() == 1
+    assert await bot.texts(1) == ["after the restart"]
+    messages = await bot.runtime.store.messages_since(await agent_id(bot), 0)
+    assert sum(1 for m in messages if m.event_id == "EvR1") == 1
+    assert await bot.runtime.store.journal_pending("slack") == []
+
+
+async def test_a_reply_posted_but_unconfirmed_is_not_posted_again(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(say("only once please"))
+    assert await bot.event(dm("hello"), event_id="EvP1") == 200
+    assert await bot.texts(1) == ["only once please"]
+    await bot.adapter.drain()
+    # As if the process died between Slack's answer and recording it.
+    await bot.runtime.store.outbox_update("EvP1:0", state="pending")
+    bot.runtime.journal.started_at = 1e12  # the entry now looks left over from a previous run
+    retrier = OutboxRetrier(bot.runtime.journal, {"slack": bot.adapter.deliver})
+    assert await retrier.run_once() == 1
+    assert bot.slack.posted_texts() == ["only once please"]
+    [history] = bot.slack.calls_to("conversations.history")
+    assert history.args["channel"] == "DU1"
+    assert [entry.state for entry in await bot.runtime.store.outbox_for_event("EvP1")] == ["sent"]
+
+
+async def test_a_failed_send_is_retried_with_backoff_until_it_goes_through(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    clock = [1_000_000.0]
+    bot.runtime.journal.clock = lambda: clock[0]
+    llm_server.script(say("eventually delivered"))
+    bot.slack.fail("chat.postMessage", "internal_error", status=500, times=4)  # the SDK itself retries none of these
+    assert await bot.event(dm("hi"), event_id="EvF1") == 200
+    await bot.adapter.drain()
+    [entry] = await bot.runtime.store.outbox_for_event("EvF1")
+    assert (entry.state, entry.attempts, entry.next_try_at) == ("pending", 1, clock[0] + retry_delay(1))
+    retrier = OutboxRetrier(bot.runtime.journal, {"slack": bot.adapter.deliver})
+    assert await retrier.run_once() == 0  # not due yet
+    delays = []
+    for _ in range(3):  # three more failures, each waiting twice as long
+        clock[0] = entry.next_try_at
+        assert await retrier.run_once() == 1
+        [entry] = await bot.runtime.store.outbox_for_event("EvF1")
+        delays.append(entry.next_try_at - clock[0])
+    assert delays == [retry_delay(2), retry_delay(3), retry_delay(4)] and delays[0] < delays[1] < delays[2]
+    clock[0] = entry.next_try_at
+    assert await retrier.run_once() == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["eventually delivered"]
+    assert len(bot.slack.calls_to("chat.postMessage")) == 5  # 4 failures, then through
+    assert [e.state for e in await bot.runtime.store.outbox_for_event("EvF1")] == ["sent"]
+    assert await retrier.run_once() == 0
+
+
+async def test_a_reply_to_someone_gone_is_dropped_with_a_log_line(
+    bot: SlackBot, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    llm_server.script(say("you will never read this"))
+    bot.slack.fail("chat.postMessage", "account_inactive")
+    with caplog.at_level(logging.WARNING):
+        assert await bot.event(dm("bye"), event_id="EvG1") == 200
+        await bot.adapter.drain()
+    [entry] = await bot.runtime.store.outbox_for_event("EvG1")
+    assert entry.state == "dropped"
+    assert any("EvG1:0" in r.getMessage() and "account_inactive" in r.getMessage() for r in caplog.records)
+    assert all("you will never read this" not in r.getMessage() for r in caplog.records)
+    bot.runtime.journal.started_at = 1e12
+    retrier = OutboxRetrier(bot.runtime.journal, {"slack": bot.adapter.deliver})
+    assert await retrier.run_once() == 0  # never retried
+    assert len(bot.slack.calls_to("chat.postMessage")) == 1
+
+
+async def test_events_of_one_user_are_replayed_in_order(start_bot: Start, llm_server: FakeLLMServer) -> None:
+    bot = await start_bot()
+    for n in range(5):
+        await bot.runtime.receive("slack", f"EvO{n}", "T1:U1", {
+            "kind": "message", "event": dm(f"number {n}"),
+            "origin": {"team": "T1", "user": "U1", "reply_to": {"channel": "DU1"}, "event_id": f"EvO{n}",
+                       "created_at": "2026-11-30T10:00:00+00:00"},
+        })
+    probe = InFlightProbe(lambda request: say("ok " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
+    llm_server.set_handler(probe)
+    assert await bot.adapter.recover() == 5
+    assert await bot.texts(5) == [f"ok {n}" for n in range(5)]
+    assert probe.most == 1  # one at a time, in arrival order
+    posts = bot.slack.calls_to("chat.postMessage")
+    assert all(post.args["metadata"]["event_type"] == METADATA_TYPE for post in posts)
