@@ -55,7 +55,7 @@ class AdapterPlan:
 
 
 class NoAdapterError(Exception):
-    """No platform has credentials configured."""
+    """No platform has credentials configured, or every adapter stopped with an error."""
 
 
 def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
@@ -183,6 +183,7 @@ async def run_adapters(
     tasks = {asyncio.create_task(plan.adapter.start(), name=plan.name): plan for plan in active}  # type: ignore[union-attr]
     stopper = asyncio.create_task(stop.wait(), name="stop")
     started = asyncio.create_task(on_started(), name="on-started") if on_started else None
+    failures: list[str] = []
     try:
         pending: set[asyncio.Task[Any]] = set(tasks) | {stopper}
         while pending:
@@ -193,8 +194,10 @@ async def run_adapters(
                 plan = tasks[task]
                 error = task.exception() if not task.cancelled() else None
                 if error is not None:
-                    log.error("%s adapter stopped: %s", plan.name, error)
+                    # Announced (to the console), and in the log file with the others' start lines.
+                    log.info("%s adapter stopped: %s", plan.name, error)
                     announce(f"{plan.name}: stopped: {error}")
+                    failures.append(f"{plan.name}: {error}")
             if pending == {stopper}:
                 break
     finally:
@@ -209,3 +212,6 @@ async def run_adapters(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    if failures and len(failures) == len(active):
+        # Nothing is left running: exit non-zero so a process supervisor notices and restarts.
+        raise NoAdapterError("every adapter stopped: " + "; ".join(failures))

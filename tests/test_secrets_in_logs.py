@@ -261,15 +261,16 @@ async def test_a_refused_discord_token_is_not_shown(
     make_runtime: RuntimeFactory, fake_discord_api: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     from adapters.discord_adapter import DiscordAdapter, DiscordConfig
-    from bot.app import AdapterPlan, run_adapters
+    from bot.app import AdapterPlan, NoAdapterError, run_adapters
 
     config = DiscordConfig.from_env({"DISCORD_TOKEN": catalog.WRONG_DISCORD_TOKEN})
     assert config is not None
     adapter = DiscordAdapter(await make_runtime(), config)
     said: list[str] = []
-    with caplog.at_level(logging.DEBUG):
+    with caplog.at_level(logging.DEBUG), pytest.raises(NoAdapterError) as stopped:
         # The path of `memgpt-bot run`: the adapter stops, the error is logged and announced.
         await run_adapters([AdapterPlan("discord", adapter, "gateway connection")], said.append)
+    said.append(str(stopped.value))  # what `run` prints last, as its error
     assert fake_discord_api == [f"Bot {catalog.WRONG_DISCORD_TOKEN}"]
     assert any("discord: stopped" in line for line in said)
     assert leaked(caplog.text, said) == []
