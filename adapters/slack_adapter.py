@@ -1,16 +1,19 @@
 """The Slack adapter: Events API in (Socket Mode or HTTP), chat.postMessage out.
 
 Each Slack payload is read by one small listener that drops what the bot must
-not answer, then hands a builder to `_submit`; the builder turns the payload
-into typed events (`UserMessage`, `UserJoined`, `FileUploaded`). Bolt acks
-every event before any listener runs (`process_before_response=False`), and
-the listeners only schedule work, so the agent's LLM calls never delay the
-HTTP response or the Socket Mode ack and Slack has no reason to retry.
+not answer, records the event in the bot's journal (bot/journal.py) and hands
+a builder to `_submit`; the builder turns the payload into typed events
+(`UserMessage`, `UserJoined`, `FileUploaded`). Bolt acks an event only once its
+listener returns (`process_before_response=True`): an event Slack stops
+re-delivering is always one the bot has kept. The listeners only record and
+schedule work, so the agent's LLM calls never delay the HTTP response or the
+Socket Mode ack. Replies carry their outbox id in message metadata, so a reply
+re-sent after a crash is first looked for in the conversation (`_parts_posted`).
 
 Work for one user runs in arrival order (a FIFO lock per user, taken before
 any await) so that reading the display name or downloading a file cannot let a
 later message overtake an earlier one; different users run concurrently.
-Slack's retried deliveries are dropped by Events API `event_id`.
+Slack's retried deliveries are dropped by Events API `event_id` (the journal's key).
 
 Like every adapter it knows nothing of memory: it calls only the `BotPort`.
 Slash commands live in `slack_commands`, configuration and small parts in

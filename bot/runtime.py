@@ -19,7 +19,7 @@ from bot.checkins import CheckinSettings
 from bot.config import Settings
 from bot.core_functions import build_core_functions
 from bot.events import Delivery, Event, FileUploaded, Reply, UserMessage, agent_key
-from bot.journal import Journal
+from bot.journal import Journal, reply_of
 from bot.leases import Leases, leases_for
 from bot.limits import UsageLimits
 from bot.llm import LLMClient
@@ -33,7 +33,7 @@ from memory.loader import load_document
 from memory.recall import RecallMemory
 from memory.schedule_store import schedule_store_for
 from memory.sqlite_store import SQLiteStore
-from memory.store import Store, StoreError
+from memory.store import OutboxEntry, Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Message, utc_now
 from memory.working_context import default_blocks
@@ -162,7 +162,7 @@ class Runtime:
                 held = await self.limits.admit(agent, event)
                 if isinstance(event, FileUploaded) and held is None:
                     event.passages_saved = await self._save_upload(agent, event)
-                    notice = [self._upload_notice(event)]
+                    notice = await self._upload_notices(event)
                 result = held if held is not None else await self.limits.metered(agent, event)
                 result.replies = notice + result.replies
             except StoreError:
@@ -208,6 +208,22 @@ class Runtime:
     async def agent(self, key: str) -> Agent:
         async with self._lock(key):
             return await self._agent(key)
+
+    async def _upload_notices(self, event: FileUploaded) -> list[Reply]:
+        """The "Saved X" notice; for a durable event, through the outbox like
+        the agent's replies (under its own id, so it never counts as the
+        agent's answer), and not sent again when the event is redone."""
+        reply = self._upload_notice(event)
+        if not event.durable:
+            return [reply]
+        notice_event = f"{event.event_id}:notice"
+        entry = OutboxEntry(f"{notice_event}:0", notice_event, 0, event.agent_key, event.platform, event.user_id,
+                            dict(event.reply_to), reply.text, utc_now())
+        if await self.store.outbox_add(entry):
+            reply.outbox_id, reply.event_id = entry.id, notice_event
+            return [reply]
+        return [reply_of(earlier) for earlier in await self.store.outbox_for_event(notice_event)
+                if earlier.state == "pending"]
 
     @staticmethod
     def _upload_notice(event: FileUploaded) -> Reply:

@@ -165,3 +165,21 @@ async def test_events_of_one_user_are_replayed_in_order(start_bot: Start, llm_se
     assert probe.most == 1  # one at a time, in arrival order
     posts = bot.slack.calls_to("chat.postMessage")
     assert all(post.args["metadata"]["event_type"] == METADATA_TYPE for post in posts)
+
+
+async def test_a_replayed_upload_neither_repeats_its_notice_nor_its_answer(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    llm_server.set_handler(lambda request: say("I read your notes."))
+    shared = bot.slack.add_file("notes.md", "# Garden\n\nBasil likes sun.", mimetype="text/markdown",
+                                filetype="markdown")
+    assert await bot.event(dm("", subtype="file_share", files=[shared]), event_id="EvU1") == 200
+    await bot.adapter.drain()
+    first = [m["text"] for m in bot.slack.messages_in("DU1")]
+    assert first == ["Saved notes.md to my memory (1 passage).", "I read your notes."]
+    calls = len(llm_server.requests)
+    # As if the process died after the replies went out, before the event was marked done.
+    await bot.runtime.store.journal_update("EvU1", state="pending")
+    assert await bot.adapter.recover() == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == first
+    assert len(llm_server.requests) == calls
