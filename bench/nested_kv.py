@@ -303,7 +303,8 @@ async def main() -> None:
     embedder = Embedder()
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(openai_api_key=args.api_key, openai_base_url=args.base_url, model=args.model,
-                            data_dir=Path(data_dir), max_steps_per_event=args.max_steps)
+                            data_dir=Path(data_dir), max_steps_per_event=args.max_steps,
+                            rate_limit_per_minute=0, daily_token_budget=0)  # a quality run: no limits
         if args.context_window:
             settings.context_window = args.context_window
         store = SQLiteStore(Path(data_dir) / "nested-kv.sqlite3")

@@ -65,7 +65,10 @@ async def main() -> None:
     )
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(openai_api_key="bench", model="bench-model", context_window=args.window,
-                            data_dir=Path(data_dir), llm_max_retries=0)
+                            data_dir=Path(data_dir), llm_max_retries=0,
+                            # The limits are checked and counted on every event (their cost is
+                            # part of a step) but set too high to ever hold one back.
+                            rate_limit_per_minute=10**9, daily_token_budget=10**15)
         llm = LLMClient(settings.model, api_key="bench", base_url=server.base_url, max_retries=0)
         runtime = await Runtime.create(settings, store=SQLiteStore(Path(data_dir) / "bench.sqlite3"),
                                        llm=llm, embedder=Embedder())

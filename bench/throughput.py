@@ -93,7 +93,9 @@ async def main() -> None:
         await embedder.embed(["warm up the embedding model"])
     with tempfile.TemporaryDirectory() as data_dir:
         settings = Settings(openai_api_key="bench", model="bench-model", context_window=8_192,
-                            data_dir=Path(data_dir), llm_max_retries=0)
+                            data_dir=Path(data_dir), llm_max_retries=0,
+                            # Checked and counted on every event, too high to ever hold one back.
+                            rate_limit_per_minute=10**9, daily_token_budget=10**15)
         llm = LLMClient(settings.model, api_key="bench", base_url=base_url, max_retries=0)
         runtime = await Runtime.create(settings, store=SQLiteStore(Path(data_dir) / "bench.sqlite3"),
                                        llm=llm, embedder=embedder)

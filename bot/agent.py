@@ -36,12 +36,31 @@ log = logging.getLogger(__name__)
 NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
+INTERRUPTED_RESULT = (
+    "Cut short by a restart: this call may or may not have taken effect. Check (working context, "
+    "archival storage, reminders) before doing it again."
+)
+# Functions a redone step may simply run again: reads, and send_message (its
+# outbox entry is keyed by event and position, so a redo cannot send twice).
+# Their steps skip the extra write that records the calls before they run.
+SAFE_TO_REDO = frozenset({"send_message", "conversation_search", "conversation_search_date", "archival_memory_search"})
 MAX_FLUSHES_PER_STEP = 3
 # Room for the assistant message that asked for a page and the result's JSON wrapper.
 PAGE_CALL_ALLOWANCE = 160
 MIN_PAGE_TOKENS = 96
 # Events a person is waiting on: a step that reaches nobody gets a nudge.
 ANSWERED_KINDS = frozenset({"user_message", "file_uploaded"})
+
+
+def interrupted_calls(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The function calls of the last step that have no result: only a crash
+    between recording a step's calls and their results leaves any."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role == "assistant" and message.tool_calls:
+            answered = {later.tool_call_id for later in messages[index + 1:] if later.role == "tool"}
+            return [call for call in message.tool_calls if call.get("id") not in answered]
+    return []
 
 
 @dataclass(slots=True)
@@ -131,8 +150,23 @@ class Agent:
             archival_count=await store.count_passages(record.id),
         )
         agent.queue.load(record.summary, queue_messages, agent.working_context.render())
+        await agent.close_interrupted_calls(queue_messages)
         await services.archival.resume_pending(record.id)
         return agent
+
+    async def close_interrupted_calls(self, queue_messages: Sequence[Message]) -> None:
+        """Give every function call a crash left without its result an
+        "interrupted" one: the model sees what may not have happened, and the
+        queue never holds a call without its answer (the API refuses that)."""
+        open_calls = interrupted_calls(queue_messages)
+        if open_calls:
+            log.warning("agent %s: %d function calls were cut short by a restart", self.id, len(open_calls))
+            result = json.dumps({"status": "Failed", "result": INTERRUPTED_RESULT})
+            await self.record_messages([
+                Message(role="tool", tool_call_id=str(call.get("id")), name=str(call.get("function", {}).get("name")),
+                        content=result)
+                for call in open_calls
+            ])
 
     # -- the event loop of one agent -------------------------------------
     async def handle(self, event: Event) -> EventResult:
@@ -217,6 +251,13 @@ class Agent:
             tool_calls=[call.as_dict() for call in calls] or None,
         )
         produced = [assistant]
+        if any(call.name not in SAFE_TO_REDO for call in calls):
+            # The call is kept before it runs: a crash inside a function then
+            # leaves a record of what was under way, which the next load closes
+            # with a "cut short" result (close_interrupted_calls) instead of
+            # running it blind a second time (a fact saved twice, two reminders).
+            await self.record_messages(produced)
+            produced = []
         heartbeat = False
         for call in calls:
             try:

@@ -22,7 +22,9 @@ async def test_sigkill_at_random_points_loses_nothing_and_doubles_nothing(tmp_pa
     assert Counter(report.answers.values()) == Counter({1: report.events}), report.summary()
     # ... every user message in recall storage exactly once ...
     assert Counter(report.recall.values()) == Counter({1: report.events}), report.summary()
-    # ... the working context whole, and nothing left behind.
+    # ... the working context whole, every fact saved once (a save cut short is
+    # closed as such at restart, never run blind again), and nothing left behind.
     assert report.facts_ok, report.summary()
+    assert report.duplicate_facts == 0, report.summary()
     assert (report.pending_events, report.pending_replies) == (0, 0), report.summary()
     assert report.deliveries > report.events  # the kills did land: Slack had to re-deliver
