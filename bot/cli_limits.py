@@ -85,24 +85,22 @@ async def cmd_limits_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 async def cmd_limits_exempt(args: argparse.Namespace, settings: Settings) -> int:
-    user: User = args.user
-
-    async def work(limits: UsageLimits) -> int:
-        changed = await limits.set_exempt(user.key, True)
-        _say(f"{user.key} is now exempt from the limits." if changed else f"{user.key} was exempt already.")
-        return EXIT_OK
-
-    return await _with_limits(settings, work)
+    return await _set_exempt(args.user, settings, True)
 
 
 async def cmd_limits_unexempt(args: argparse.Namespace, settings: Settings) -> int:
-    user: User = args.user
+    return await _set_exempt(args.user, settings, False)
 
+
+async def _set_exempt(user: User, settings: Settings, exempt: bool) -> int:
     async def work(limits: UsageLimits) -> int:
-        changed = await limits.set_exempt(user.key, False)
-        text = f"{user.key} is no longer exempt." if changed else f"{user.key} was not exempted by `limits exempt`."
-        if user.key in limits.unlimited:
-            text += " It stays exempt through MEMGPT_UNLIMITED_USERS."
+        changed = await limits.set_exempt(user.key, exempt)
+        if exempt:
+            text = f"{user.key} is now exempt from the limits." if changed else f"{user.key} was exempt already."
+        else:
+            text = f"{user.key} is no longer exempt." if changed else f"{user.key} was not exempted by `limits exempt`."
+            if user.key in limits.unlimited:
+                text += " It stays exempt through MEMGPT_UNLIMITED_USERS."
         _say(text)
         return EXIT_OK
 
