@@ -29,7 +29,7 @@ from memory.mongo_base import MAX_ATTEMPTS, Doc, MongoBase, Session, from_us, lo
 from memory.mongo_keywords import keyword_scores, passage_terms
 from memory.store import StoreError
 from memory.types import Passage, SearchPage
-from memory.vector_index import VectorIndex
+from memory.vector_index import VectorIndex, embedding_matrix
 
 _F32 = np.dtype("<f4")
 # The keyword fields are only for search: never sent back with a passage.
@@ -141,18 +141,13 @@ class MongoArchival(MongoBase):
         """Vectors as a float32 matrix, refused (ValueError) before anything is
         written if their length differs from the agent's stored embeddings."""
         if not vectors:
-            return np.empty((0, 0), dtype=_F32)
-        matrix = np.asarray(vectors, dtype=_F32)
-        if matrix.ndim != 2:
-            raise ValueError("embeddings in one call must all have the same length")
+            return embedding_matrix(vectors)
         cached = self._indexes.get(agent_id)
         dim = cached[0].dim if cached is not None else None
         if dim is None:
             doc = await self._c("passages").find_one({"agent_id": agent_id, "embedded": True}, {"embedding": 1})
             dim = None if doc is None else len(doc["embedding"])
-        if dim is not None and matrix.shape[1] != dim:
-            raise ValueError(f"embedding length {matrix.shape[1]} != stored length {dim}")
-        return matrix
+        return embedding_matrix(vectors, dim)
 
     async def _vectors_changed(self, agent_id: str, apply: Callable[[VectorIndex], None]) -> None:
         """Bump the agent's vector version (other processes then rebuild their

@@ -67,7 +67,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-import numpy as np
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, UpdateOne
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
@@ -83,7 +82,7 @@ from memory.mongo_sources import SOURCE_INDEXES, MongoSources
 from memory.mongo_usage import USAGE_INDEXES, MongoUsage
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
-from memory.vector_index import VectorIndex
+from memory.vector_index import VectorIndex, check_dimension, embedding_matrix
 
 log = logging.getLogger(__name__)
 
@@ -460,13 +459,10 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         if not vectors:
             return
         seqs = [int(seq) for seq in vectors]
-        matrix = np.asarray([vectors[seq] for seq in vectors], dtype=np.float32)
-        if matrix.ndim != 2:
-            raise ValueError("embeddings in one call must all have the same length")
+        matrix = embedding_matrix([vectors[seq] for seq in vectors])
         messages = self._c("messages")
         stored = await messages.find_one({"agent_id": agent_id, "embedding": {"$exists": True}}, {"embedding": 1})
-        if stored is not None and len(stored["embedding"]) != matrix.shape[1]:
-            raise ValueError(f"embedding length {matrix.shape[1]} != stored length {len(stored['embedding'])}")
+        check_dimension(matrix, None if stored is None else len(stored["embedding"]))
         # The agent_id condition keeps one agent from writing another's messages.
         await messages.bulk_write(
             [UpdateOne({"agent_id": agent_id, "seq": seq}, {"$set": {"embedding": matrix[n].tolist()}})

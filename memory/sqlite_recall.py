@@ -30,7 +30,7 @@ import numpy.typing as npt
 from memory.hybrid import coverage, fuse, keyword_query
 from memory.sqlite_search import CachedRowCount, read_vectors, weigh_expressions
 from memory.types import Message, SearchPage
-from memory.vector_index import VectorIndex
+from memory.vector_index import VectorIndex, check_dimension, embedding_matrix
 
 T = TypeVar("T")
 
@@ -77,14 +77,10 @@ class SQLiteRecall:
         if not vectors:
             return
         seqs = [int(seq) for seq in vectors]
-        matrix = np.asarray([vectors[seq] for seq in vectors], dtype=_F32)
-        if matrix.ndim != 2:
-            raise ValueError("embeddings in one call must all have the same length")
+        matrix = embedding_matrix([vectors[seq] for seq in vectors])
 
         def write(conn: sqlite3.Connection) -> list[int]:
-            dim = self._recall.dim(conn, agent_id)
-            if dim is not None and matrix.shape[1] != dim:
-                raise ValueError(f"embedding length {matrix.shape[1]} != stored length {dim}")
+            check_dimension(matrix, self._recall.dim(conn, agent_id))
             # The agent_id condition keeps one agent from writing another's
             # messages; rowcount tells which seqs were the agent's.
             return [

@@ -43,6 +43,7 @@ from memory.sqlite_search import PassageSearch
 from memory.sqlite_usage import SQLiteUsage
 from memory.store import DocumentRecord, SourceRecord, Store, StoreError, source_key
 from memory.types import AgentRecord, Block, Message, Passage, SearchPage
+from memory.vector_index import embedding_matrix
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -477,15 +478,7 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
     ) -> npt.NDArray[np.float32]:
         """Vectors as a float32 matrix, refused (ValueError) before anything is
         written if their length differs from the agent's stored embeddings."""
-        if not vectors:
-            return np.empty((0, 0), dtype=_F32)
-        matrix = np.asarray(vectors, dtype=_F32)
-        if matrix.ndim != 2:
-            raise ValueError("embeddings in one call must all have the same length")
-        dim = self._search.dim(conn, agent_id)
-        if dim is not None and matrix.shape[1] != dim:
-            raise ValueError(f"embedding length {matrix.shape[1]} != stored length {dim}")
-        return matrix
+        return embedding_matrix(vectors, self._search.dim(conn, agent_id) if vectors else None)
 
     async def passages_without_embedding(self, agent_id: str) -> list[Passage]:
         sql = f"SELECT {_PASSAGE_COLS} FROM passages WHERE agent_id = ? AND embedding IS NULL"

@@ -8,6 +8,30 @@ import numpy as np
 import numpy.typing as npt
 
 _EPS = 1e-12
+_F32 = np.dtype("<f4")  # how embeddings are stored (BLOBs are little-endian float32)
+
+
+def embedding_matrix(
+    vectors: Sequence[Sequence[float]], stored_dim: int | None = None
+) -> npt.NDArray[np.float32]:
+    """Embeddings to store, as a float32 matrix; ValueError before anything is
+    written if they differ in length from each other or from `stored_dim`
+    (the length of the embeddings already stored beside them, if any)."""
+    if not vectors:
+        return np.empty((0, 0), dtype=_F32)
+    try:
+        matrix = np.asarray(vectors, dtype=_F32)
+    except ValueError:  # ragged rows
+        matrix = np.empty(0, dtype=_F32)
+    if matrix.ndim != 2:
+        raise ValueError("embeddings in one call must all have the same length")
+    check_dimension(matrix, stored_dim)
+    return matrix
+
+
+def check_dimension(matrix: npt.NDArray[np.float32], stored_dim: int | None) -> None:
+    if stored_dim is not None and matrix.shape[1] != stored_dim:
+        raise ValueError(f"embedding length {matrix.shape[1]} != stored length {stored_dim}")
 
 
 def _normalise(matrix: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
