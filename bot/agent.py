@@ -16,6 +16,7 @@ from typing import Any
 
 from bot.events import Event, Reply
 from bot.functions import FunctionSet
+from bot.journal import outbox_entry, unconfirmed
 from bot.llm import Completion, LLMClient, LLMUnavailableError
 from bot.prompts import SUMMARIZER_INSTRUCTIONS
 from memory.archival import ArchivalMemory
@@ -26,7 +27,7 @@ from memory.queue_manager import (
     render_transcript,
 )
 from memory.recall import RecallMemory
-from memory.store import OutboxEntry, Store
+from memory.store import Store
 from memory.tokens import TOKENS_PER_MESSAGE, TokenCounter
 from memory.types import AgentRecord, Block, Message, utc_now
 from memory.working_context import WorkingContext
@@ -223,9 +224,7 @@ class Agent:
         answered: `result` then holds its replies not yet confirmed sent, and
         no step runs again (the person must not get a second answer)."""
         store = self.store
-        if await store.event_message_seq(self.id, event.event_id) is None:
-            message = Message(role="user", content=event.render(), name=event.kind, event_id=event.event_id)
-            await self.record_messages([message])
+        if await self.record_event_message(event, event.render()):
             return False
         # Without an outbox (terminal chat) a redo after a storage fault just runs the steps again.
         sent = await store.outbox_for_event(event.event_id) if event.durable else []
@@ -234,12 +233,16 @@ class Agent:
             return False
         log.info("agent %s: event %s was answered before a restart; re-sending what is unconfirmed",
                  self.id, event.event_id)
-        result.replies = [
-            Reply(entry.text, entry.origin, entry.user_id, entry.reply_to, entry.event_id,
-                  outbox_id=entry.id, resend=True)
-            for entry in sent
-            if entry.state == "pending"
-        ]
+        result.replies = unconfirmed(sent)
+        return True
+
+    async def record_event_message(self, event: Event, content: str) -> bool:
+        """Record the message of `event`, tagged with its id, unless an earlier
+        run of the event (before a crash or a storage fault) did; whether it
+        was recorded now."""
+        if await self.store.event_message_seq(self.id, event.event_id) is not None:
+            return False
+        await self.record_messages([Message(role="user", content=content, name=event.kind, event_id=event.event_id)])
         return True
 
     async def _execute(self, completion: Completion) -> bool:
@@ -396,10 +399,8 @@ class Agent:
         reply = Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to,
                       event_id=event.event_id)
         if event.durable:
-            position = len(self._outbox)
-            reply.outbox_id = f"{event.event_id}:{position}"
-            entry = OutboxEntry(reply.outbox_id, event.event_id, position, event.agent_key, event.platform,
-                                event.user_id, dict(event.reply_to), text, utc_now())
+            entry = outbox_entry(event, text, len(self._outbox))
+            reply.outbox_id = entry.id
             await self.store.outbox_add(entry)
         self._outbox.append(reply)
 

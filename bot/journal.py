@@ -75,6 +75,19 @@ def reply_of(entry: OutboxEntry) -> Reply:
                  outbox_id=entry.id, resend=True)
 
 
+def unconfirmed(entries: Iterable[OutboxEntry]) -> list[Reply]:
+    """The replies among `entries` not yet confirmed sent (nor dropped), to send again."""
+    return [reply_of(entry) for entry in entries if entry.state == "pending"]
+
+
+def outbox_entry(event: Event, text: str, position: int, *, filed_under: str | None = None) -> OutboxEntry:
+    """The outbox record of reply number `position` to `event`, filed under
+    the event's id (or `filed_under`, for a notice kept apart from its answers)."""
+    event_id = filed_under or event.event_id
+    return OutboxEntry(f"{event_id}:{position}", event_id, position, event.agent_key, event.platform,
+                       event.user_id, dict(event.reply_to), text, utc_now())
+
+
 @dataclass(slots=True)
 class _Deferred:
     origin: str

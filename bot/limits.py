@@ -35,7 +35,7 @@ from bot.agent import Agent, EventResult
 from bot.config import Settings
 from bot.events import Event, FileUploaded, Reply, ScheduledTick, UserMessage
 from memory.store import Store, StoreError
-from memory.types import Message, utc_now
+from memory.types import utc_now
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +208,7 @@ class UsageLimits:
         log.info("event %s of %s held: over the %s limit until %s", event.event_id, key, reason, until.isoformat())
         if isinstance(event, FileUploaded):
             event.load_error = "it was sent while over the usage limit, so it was not read (ask them to send it again)"
-        await self._record(agent, event, f"{event.render()}\n{HELD_NOTE[reason]}")
+        await agent.record_event_message(event, f"{event.render()}\n{HELD_NOTE[reason]}")
         result = EventResult(held=reason)
         if told or not isinstance(event, USER_EVENTS):
             return result  # once per episode, and only to someone who wrote
@@ -218,13 +218,6 @@ class UsageLimits:
                                     reply_to=event.reply_to, event_id=event.event_id))
         return result
 
-    async def _record(self, agent: Agent, event: Event, content: str) -> None:
-        # Tagged with the event id like Agent.handle's own record, so an event
-        # redone after a crash is never kept twice.
-        if event.durable and await agent.store.event_message_seq(agent.id, event.event_id) is not None:
-            return
-        message = Message(role="user", content=content, name=event.kind, event_id=event.event_id)
-        await agent.record_messages([message])
 
     def _rate_notice(self, until: datetime, now: datetime) -> str:
         until = max(until, now + timedelta(seconds=1))

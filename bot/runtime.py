@@ -19,7 +19,7 @@ from bot.checkins import CheckinSettings
 from bot.config import Settings
 from bot.core_functions import build_core_functions
 from bot.events import Delivery, Event, FileUploaded, Reply, UserMessage, agent_key
-from bot.journal import Journal, reply_of
+from bot.journal import Journal, outbox_entry, unconfirmed
 from bot.leases import Leases, leases_for
 from bot.limits import UsageLimits
 from bot.llm import LLMClient
@@ -33,7 +33,7 @@ from memory.loader import load_document
 from memory.recall import RecallMemory
 from memory.schedule_store import schedule_store_for
 from memory.sqlite_store import SQLiteStore
-from memory.store import OutboxEntry, Store, StoreError
+from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Message, utc_now
 from memory.working_context import default_blocks
@@ -216,14 +216,11 @@ class Runtime:
         reply = self._upload_notice(event)
         if not event.durable:
             return [reply]
-        notice_event = f"{event.event_id}:notice"
-        entry = OutboxEntry(f"{notice_event}:0", notice_event, 0, event.agent_key, event.platform, event.user_id,
-                            dict(event.reply_to), reply.text, utc_now())
+        entry = outbox_entry(event, reply.text, 0, filed_under=f"{event.event_id}:notice")
         if await self.store.outbox_add(entry):
-            reply.outbox_id, reply.event_id = entry.id, notice_event
+            reply.outbox_id, reply.event_id = entry.id, entry.event_id
             return [reply]
-        return [reply_of(earlier) for earlier in await self.store.outbox_for_event(notice_event)
-                if earlier.state == "pending"]
+        return unconfirmed(await self.store.outbox_for_event(entry.event_id))
 
     @staticmethod
     def _upload_notice(event: FileUploaded) -> Reply:
