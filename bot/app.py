@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bot.dedup import StoreDeduper
 from bot.events import Reply
 from bot.journal import OutboxRetrier
 from bot.ports import BotPort
-from memory.store import Store, StoreError
+from memory.store import StoreError
 from memory.types import utc_now
 
 if TYPE_CHECKING:
@@ -82,10 +81,8 @@ def _slack(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
     else:
         host, port = env.get("SLACK_HTTP_HOST", "0.0.0.0"), env.get("SLACK_HTTP_PORT", "3000")
         mode = f"HTTP mode on {host}:{port}/slack/events (SLACK_SIGNING_SECRET)"
-    # Retries are recognised across processes (and restarts) through the database.
-    store = getattr(bot, "store", None)
-    deduper = StoreDeduper(store) if isinstance(store, Store) else None  # used only by bots without a journal
-    return AdapterPlan("slack", SlackAdapter(bot, config, deduper=deduper), mode)
+    # Retries are recognised across processes (and restarts) by the bot's event journal.
+    return AdapterPlan("slack", SlackAdapter(bot, config), mode)
 
 
 PLANNERS: dict[str, Callable[[BotPort, Mapping[str, str]], AdapterPlan]] = {"discord": _discord, "slack": _slack}

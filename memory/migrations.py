@@ -239,7 +239,7 @@ def m_process_coordination(conn: sqlite3.Connection) -> None:
     # Several bot processes on one database file (see bot/leases.py).
     _run(
         conn,
-        # Platform event ids already handled (Store.first_delivery), kept a day.
+        # Platform event ids already handled, kept a day (replaced by the event journal: see below).
         """CREATE TABLE delivered_events (
             event_id TEXT PRIMARY KEY,
             seen_at REAL NOT NULL
@@ -351,3 +351,10 @@ def m_usage_limits(conn: sqlite3.Connection) -> None:
             since INTEGER NOT NULL
         ) WITHOUT ROWID""",
     )
+
+
+@migration
+def m_drop_delivered_events(conn: sqlite3.Connection) -> None:
+    # Repeat deliveries are recognised by the event journal's key now
+    # (Store.journal_receive): the table of delivered event ids is not used.
+    _run(conn, "DROP TABLE delivered_events")

@@ -2,15 +2,14 @@
 the `# -- coordination between bot processes` part of the Store interface
 (memory/store.py), as a mixin of MongoStore.
 
-    delivered_events  {_id: platform event id, seen_at: date}    TTL index where the server has one
     lease_owners      {_id: owner (a bot process), expires_at}
     lease_tickets     {_id: ObjectId, name, seq, owner, done}      unique (name, seq)
     lease_holders     {_id: name, holder}
 
 The only write that every MongoDB-compatible server makes atomic is an insert
 against a unique index (FerretDB runs update and findAndModify as a read, then
-a write), so that is what arbitrates: the event id's `_id` for de-duplication,
-the unique (name, seq) for a ticket in an agent's line. Every other write here
+a write), so that is what arbitrates: the unique (name, seq) for a ticket in an
+agent's line (and, in memory/mongo_journal.py, the event id for repeat deliveries). Every other write here
 has one writer (an owner's heartbeat, a ticket's owner, the lease holder) or
 is a clean-up that is safe to lose or to repeat. The lease protocol, and why
 these rules make it safe, is told in bot/leases.py.
@@ -30,24 +29,19 @@ from datetime import UTC, datetime
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import DuplicateKeyError
 
 from memory.capabilities import guarded
 from memory.mongo_base import MAX_ATTEMPTS, Doc, MongoBase
 from memory.sqlite_coordination import CLEAR_EVERY, position
-from memory.store import DEDUP_TTL, StoreError
+from memory.store import StoreError
 
 log = logging.getLogger("memory.mongo_store")
 
 COORDINATION_INDEXES: dict[str, list[IndexModel]] = {
     "lease_tickets": [IndexModel([("name", ASCENDING), ("seq", ASCENDING)], unique=True, name="name_seq_unique")],
 }
-# Not in COORDINATION_INDEXES: FerretDB 1.24 refuses TTL indexes ("not
-# implemented yet"), so it is created where the server takes it, and expired
-# ids are also swept by hand (and ignored until then) everywhere.
-_DEDUP_TTL_INDEX = IndexModel([("seen_at", ASCENDING)], expireAfterSeconds=DEDUP_TTL, name="seen_at_ttl")
 _CLOCK_REFRESH = 600.0  # seconds between measurements of the server's clock
-_SWEEP_EVERY = 300.0  # seconds between sweeps of expired event ids, without a TTL index
 _MAX_OWNERS_SEEN = 1_000  # remembered owner expiries, before the expired ones are dropped
 
 
@@ -62,33 +56,16 @@ def _date(seconds: float) -> datetime:
     return datetime.fromtimestamp(seconds, UTC)
 
 
-async def ensure_dedup_ttl_index(db: AsyncDatabase[Doc]) -> bool:
-    """Create the TTL index on delivered event ids if the server has TTL indexes;
-    whether it exists."""
-    events = db["delivered_events"]
-    if "seen_at_ttl" in await events.index_information():
-        return True
-    try:
-        await events.create_indexes([_DEDUP_TTL_INDEX])
-    except OperationFailure as exc:
-        log.info("no TTL index for delivered event ids (%s); the bot sweeps expired ids itself", exc)
-        return False
-    return True
-
-
 class MongoCoordination(MongoBase):
     # Per-process state, set on first use (MongoBase.__init__ knows nothing of it).
     # The server's clock minus time.monotonic() here: monotonic, because the
     # wall clock of this machine may be wrong or be stepped (NTP) meanwhile.
     _clock_offset: float | None = None
     _clock_measured = 0.0  # time.monotonic() of the last measurement
-    _dedup_ttl_index = False
-    _last_sweep = 0.0
     _owners_seen: dict[str, float]  # owner -> expires_at last read (server clock)
 
     async def _prepare_coordination(self, db: AsyncDatabase[Doc]) -> None:
-        """At open(): the indexes that cannot go in ALL_INDEXES."""
-        self._dedup_ttl_index = await ensure_dedup_ttl_index(db)
+        """At open(): this process's view of the other lease owners starts empty."""
         self._owners_seen = {}
 
     async def _store_clock(self) -> float:
@@ -106,31 +83,6 @@ class MongoCoordination(MongoBase):
             self._clock_offset = now - (before + after) / 2
             self._clock_measured = after
         return time.monotonic() + self._clock_offset
-
-    # -- de-duplication ----------------------------------------------------
-    @guarded
-    async def first_delivery(self, event_id: str) -> bool:
-        events = self._c("delivered_events")
-        now = await self._store_clock()
-        cutoff = _date(now - DEDUP_TTL)
-        if not self._dedup_ttl_index and now - self._last_sweep > _SWEEP_EVERY:
-            self._last_sweep = now
-            await events.delete_many({"seen_at": {"$lt": cutoff}})
-        for _ in range(3):
-            try:
-                await events.insert_one({"_id": event_id, "seen_at": _date(now)})
-                return True
-            except DuplicateKeyError:
-                pass
-            seen = await events.find_one({"_id": event_id})
-            if seen is None:
-                continue  # swept between our insert and this read: try again
-            if _date(_seconds(seen["seen_at"])) >= cutoff:
-                return False
-            # Known, but over a day ago and not swept yet: it counts as new.
-            # Take the old record away and let the insert arbitrate again.
-            await events.delete_one({"_id": event_id, "seen_at": seen["seen_at"]})
-        return False
 
     # -- agent leases --------------------------------------------------------
     @guarded

@@ -17,7 +17,8 @@ carries `agent_id`, and every query filters on it):
                embedding, embedded, [hash], terms, words}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo_sources.py)
-    delivered_events, lease_owners, lease_tickets, lease_holders (memory/mongo_coordination.py)
+    lease_owners, lease_tickets, lease_holders (memory/mongo_coordination.py)
+    event_journal, outbox (memory/mongo_journal.py)
     schedules, schedule_claims, checkin_prefs (memory/mongo_schedules.py)
     usage_hits, usage_exempt (memory/mongo_usage.py)
 

@@ -22,12 +22,8 @@ from abc import abstractmethod
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from memory.store import DEDUP_TTL
-
 T = TypeVar("T")
 
-# Expired event ids are swept at most this often (seconds), not on every call.
-_SWEEP_EVERY = 300.0
 # Finished tickets are cleared away when one numbered a multiple of this leaves
 # (a few writes fewer per event; at most this many wait per agent).
 CLEAR_EVERY = 8
@@ -42,35 +38,12 @@ def position(ahead: Sequence[tuple[int, str]], seq: int, owner: str, live_owners
 
 
 class SQLiteCoordination:
-    _last_sweep = 0.0
-
     @abstractmethod
     async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
 
     async def _store_clock(self) -> float:
         """The store's clock: this machine's, shared by every process on the file."""
         return time.time()
-
-    async def first_delivery(self, event_id: str) -> bool:
-        now = await self._store_clock()
-        sweep = now - self._last_sweep > _SWEEP_EVERY
-        if sweep:
-            self._last_sweep = now
-
-        def job(conn: sqlite3.Connection) -> bool:
-            if sweep:
-                conn.execute("DELETE FROM delivered_events WHERE seen_at < ?", (now - DEDUP_TTL,))
-            # New, or known but expired (not swept yet): one row changes.
-            return bool(
-                conn.execute(
-                    "INSERT INTO delivered_events (event_id, seen_at) VALUES (?, ?)"
-                    " ON CONFLICT (event_id) DO UPDATE SET seen_at = excluded.seen_at"
-                    " WHERE delivered_events.seen_at < ?",
-                    (event_id, now, now - DEDUP_TTL),
-                ).rowcount
-            )
-
-        return await self.run_in_db(job, write=True)
 
     # -- agent leases --------------------------------------------------------
     async def lease_register(self, owner: str, ttl: float) -> None:

@@ -235,12 +235,6 @@ class Store(ABC):
     # tells the protocol). Not abstract, like shared collections; the
     # conformance suite (test_dedup_conformance, test_lease_conformance) holds
     # every backend to these. Times are the store's clock, in seconds.
-    async def first_delivery(self, event_id: str) -> bool:
-        """True the first time `event_id` is seen by any process on this
-        database, False for every repeat within DEDUP_TTL (a day); an id
-        older than that counts as new again."""
-        raise self._no_coordination()
-
     async def lease_register(self, owner: str, ttl: float) -> None:
         """Start the heartbeat of a new lease owner (a bot process; the id is
         never used again once it expires): alive for `ttl` seconds."""
@@ -376,7 +370,7 @@ class Store(ABC):
         return NotImplementedError(f"{type(self).__name__} does not count usage")
 
 
-DEDUP_TTL = 24 * 60 * 60  # seconds an event id is remembered by first_delivery
+DEDUP_TTL = 24 * 60 * 60  # seconds a finished journal entry (and so its event id) is kept
 
 
 SOURCE_KEY_PREFIX = "source:"

@@ -56,14 +56,3 @@ async def test_a_number_cleared_away_meanwhile_is_given_up(store: MongoStore, mo
 async def test_times_are_the_servers(store: MongoStore) -> None:
     # FerretDB runs on this machine: the measured offset is about the round trip.
     assert abs(await store._store_clock() - time.time()) < 1.0
-
-
-async def test_event_ids_expire_by_ttl_index_where_the_server_has_one(
-    mongo_target: MongoTarget, store: MongoStore
-) -> None:
-    indexes = await store.collection("delivered_events").index_information()
-    if mongo_target.is_ferretdb:
-        assert "seen_at_ttl" not in indexes  # FerretDB 1.24 has none: the store sweeps them itself
-    else:
-        assert indexes["seen_at_ttl"]["expireAfterSeconds"] == 24 * 60 * 60
-    assert await store.first_delivery("Ev1") and not await store.first_delivery("Ev1")
