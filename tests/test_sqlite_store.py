@@ -236,17 +236,6 @@ async def test_writes_for_unknown_agent_are_store_errors(store: SQLiteStore) -> 
         await store.update_queue("ghost", "", 1, T0)
 
 
-async def test_embedding_length_mismatch_is_refused_before_writing(store: SQLiteStore) -> None:
-    agent, _ = await store.get_or_create_agent("discord:dims", blocks())
-    ids = await store.insert_passages(agent.id, [Passage("a"), Passage("b")])
-    await store.set_embeddings(agent.id, {ids[0]: [1.0, 0.0]})
-    with pytest.raises(ValueError):
-        await store.set_embeddings(agent.id, {ids[1]: [1.0, 0.0, 0.0]})
-    with pytest.raises(ValueError):
-        await store.set_embeddings(agent.id, {ids[1]: [1.0], ids[0]: [1.0, 0.0]})
-    assert [p.id for p in await store.passages_without_embedding(agent.id)] == [ids[1]]
-
-
 async def test_index_cache_eviction_keeps_results_right(db_path: Path) -> None:
     store = SQLiteStore(db_path, max_cached_indexes=1)
     await store.open()

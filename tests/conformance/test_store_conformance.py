@@ -581,3 +581,14 @@ async def test_hybrid_pages_are_disjoint_and_cover_every_embedded_passage(store:
         assert page.total == 17
         seen.extend(p.id for p, _ in page.items)
     assert seen == [p.id for p, _ in full.items]
+
+
+async def test_passage_embedding_length_mismatch_is_refused_before_writing(store: Store) -> None:
+    agent = await new_agent(store, "discord:dims")
+    ids = await store.insert_passages(agent.id, [Passage("a"), Passage("b")])
+    await store.set_embeddings(agent.id, {ids[0]: [1.0, 0.0]})
+    with pytest.raises(ValueError):  # differs from the stored length
+        await store.set_embeddings(agent.id, {ids[1]: [1.0, 0.0, 0.0]})
+    with pytest.raises(ValueError):  # differ from each other
+        await store.set_embeddings(agent.id, {ids[1]: [1.0], ids[0]: [1.0, 0.0]})
+    assert [p.id for p in await store.passages_without_embedding(agent.id)] == [ids[1]]
