@@ -12,7 +12,7 @@ Who is answered: direct messages always; in servers, messages that mention the
 bot, or any message in an always-on channel (and its threads). Other bots,
 webhooks, system messages and the bot itself are never answered.
 
-Crash safety (bot/journal.py tells the protocol). Discord neither waits for an
+Crash safety (bot/durable/journal.py tells the protocol). Discord neither waits for an
 acknowledgement nor delivers a gateway event again, so here the journal is for
 redoing work a crash cut short. With a bot that keeps one (the runtime), each
 message meant for the bot and each join is recorded (`receive`) before any
@@ -125,7 +125,7 @@ class DiscordAdapter:
         add_commands(self.tree, bot, forget_timeout=forget_timeout)
         self.lanes = _Lanes()
         # A bot with a journal (the runtime) records events and reports deliveries, so a
-        # crash loses nothing (bot/journal.py); simpler bots (tests) are served without.
+        # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are served without.
         self._durable = callable(getattr(bot, "receive", None))
         for handler in (self.on_ready, self.on_message, self.on_member_join):
             self.client.event(handler)
@@ -383,7 +383,7 @@ class DiscordAdapter:
     # -- crash recovery ----------------------------------------------------------
     async def recover(self) -> int:
         """Replay the events a crash left unfinished, in arrival order, and wait for them; the
-        number replayed. Call once connected (bot/app.py does), before check-ins start."""
+        number replayed. Call once connected (cli/app.py does), before check-ins start."""
         if not self._durable:
             return 0
         payloads = await self.bot.pending_events(PLATFORM)
@@ -393,7 +393,7 @@ class DiscordAdapter:
                  for payload in payloads]
         for payload, outcome in zip(payloads, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
             if isinstance(outcome, Exception):
-                # Left pending: the next start tries it again (bot/journal.py caps the replays).
+                # Left pending: the next start tries it again (bot/durable/journal.py caps the replays).
                 log.error("replaying Discord event %s failed", payload.get("event_id"), exc_info=outcome)
         return len(payloads)
 

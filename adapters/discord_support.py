@@ -1,5 +1,5 @@
 """The Discord adapter's small parts: configuration from the environment, the
-client's intents, reply addresses, and what a failed send means (bot/journal.py)."""
+client's intents, reply addresses, and what a failed send means (bot/durable/journal.py)."""
 
 from __future__ import annotations
 

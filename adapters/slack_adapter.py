@@ -1,7 +1,7 @@
 """The Slack adapter: Events API in (Socket Mode or HTTP), chat.postMessage out.
 
 Each Slack payload is read by one small listener that drops what the bot must
-not answer, records the event in the bot's journal (bot/journal.py) and hands
+not answer, records the event in the bot's journal (bot/durable/journal.py) and hands
 a builder to `_submit`; the builder turns the payload into typed events
 (`UserMessage`, `UserJoined`, `FileUploaded`). Bolt acks an event only once its
 listener returns (`process_before_response=True`): an event Slack stops
@@ -166,7 +166,7 @@ class SlackAdapter:
         self.config = config
         self.deduper: EventDeduper = deduper or RecentEventIds()
         # A bot with a journal (the runtime) records events and replies so a
-        # crash loses nothing (bot/journal.py); simpler bots (tests) are
+        # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are
         # de-duplicated in memory and not replayed.
         self._durable = callable(getattr(bot, "receive", None))
         self.client = AsyncWebClient(

@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench.nested_kv import count_calls, last_event
 from bot.events import UserMessage
 from bot.runtime import Runtime
-from memory.chunking import chunk_text
+from memory.ingest.chunking import chunk_text
 from memory.types import Passage
 
 DOCUMENTS: dict[str, str] = {
@@ -208,7 +208,7 @@ async def main() -> None:
     from bot.config import Settings
     from bot.llm import LLMClient
     from memory.embeddings import Embedder
-    from memory.sqlite_store import SQLiteStore
+    from memory.sqlite.store import SQLiteStore
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url")

@@ -2,7 +2,7 @@
 
 In the same run, on the same passages: "raw" is one `Embedder.encode_now`
 call over the already-chunked texts (the model alone); "loader" is
-`memory.loader.load_paths` from the files on disk into a fresh SQLite store
+`memory.ingest.loader.load_paths` from the files on disk into a fresh SQLite store
 (reading, extraction, chunking, hashing, embedding and writing, end to end).
 Rounds alternate which goes first, so a shared machine's drifting load hits
 both alike. Three ratios are printed: the median of the rounds, best round
@@ -31,11 +31,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from memory.archival import ArchivalMemory
-from memory.chunking import DEFAULT_OVERLAP_TOKENS, chunk_document
-from memory.documents import extract_document
 from memory.embeddings import Embedder
-from memory.loader import load_paths
-from memory.sqlite_store import SQLiteStore
+from memory.ingest.chunking import DEFAULT_OVERLAP_TOKENS, chunk_document
+from memory.ingest.documents import extract_document
+from memory.ingest.loader import load_paths
+from memory.sqlite.store import SQLiteStore
 from memory.tokens import TokenCounter, load_encoder
 
 WORDS = (

@@ -276,7 +276,7 @@ async def main() -> None:
     from bot.config import Settings
     from bot.llm import LLMClient
     from memory.embeddings import Embedder
-    from memory.sqlite_store import SQLiteStore
+    from memory.sqlite.store import SQLiteStore
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint")

@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import numpy.typing as npt
 
-from memory.ann_index import ANN_THRESHOLD, AnnIndex
-from memory.sqlite_store import SQLiteStore
+from memory.search.ann_index import ANN_THRESHOLD, AnnIndex
+from memory.search.vector_index import VectorIndex
+from memory.sqlite.store import SQLiteStore
 from memory.types import Block, Passage
-from memory.vector_index import VectorIndex
 
 DIM = 384
 SIZES = (10_000, 100_000, 1_000_000)

@@ -30,7 +30,7 @@ from bot.events import UserMessage
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.sqlite_store import SQLiteStore
+from memory.sqlite.store import SQLiteStore
 from tests.fake_llm import reply_text, reply_tool_calls, start_fake_llm, tool_call
 
 

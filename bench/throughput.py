@@ -33,7 +33,7 @@ from bot.events import UserMessage
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.sqlite_store import SQLiteStore
+from memory.sqlite.store import SQLiteStore
 
 
 def serve(port_queue: multiprocessing.Queue, stop: multiprocessing.Event) -> None:  # type: ignore[type-arg]

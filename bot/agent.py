@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.durable.journal import outbox_entry, unconfirmed
 from bot.events import Event, Reply
-from bot.functions import FunctionSet
-from bot.journal import outbox_entry, unconfirmed
+from bot.functions.registry import FunctionSet
 from bot.llm import Completion, LLMClient, LLMUnavailableError
 from bot.prompts import SUMMARIZER_INSTRUCTIONS
 from memory.archival import ArchivalMemory
@@ -94,7 +94,7 @@ class EventResult:
     tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
     held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
     # Storage stayed unreachable for MEMGPT_STORE_WAIT: not handled; a durable
-    # event stays pending in the journal for a replay (bot/store_wait.py).
+    # event stays pending in the journal for a replay (bot/durable/store_wait.py).
     unfinished: bool = False
 
 

@@ -90,7 +90,7 @@ class Settings:
     mongodb_uri: str = field(default="", repr=False)
     mongodb_db: str = "memgpt"
     # Seconds an event waits (retrying with backoff) for a busy, full or
-    # unreachable store before the person is told (bot/store_wait.py).
+    # unreachable store before the person is told (bot/durable/store_wait.py).
     store_wait: float = 120.0
     log_level: str = "INFO"
 

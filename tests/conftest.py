@@ -16,7 +16,7 @@ from bot.config import Settings
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.sqlite_store import SQLiteStore
+from memory.sqlite.store import SQLiteStore
 from tests import secrets_catalog
 from tests.fake_llm import FakeLLMServer, start_fake_llm
 from tests.log_capture import ENV as LOG_SCAN_ENV

@@ -1,7 +1,7 @@
 """Crash harness: the real bot (`memgpt-bot run`, Slack in HTTP mode) as a
 subprocess against the scripted LLM and the fake Slack Web API, killed with
 SIGKILL at random points while a scripted conversation runs, restarted each
-time; then every promise of bot/journal.py is checked.
+time; then every promise of bot/durable/journal.py is checked.
 
     python -m tests.crash_harness --kills 100 --users 8 --messages 30
 
@@ -96,7 +96,7 @@ def _run_bot(env: dict[str, str], log_path: str) -> None:
     with open(log_path, "ab", buffering=0) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-    from bot.cli import main
+    from cli.main import main
 
     main(["run"])
 
@@ -105,7 +105,7 @@ def _run_bot(env: dict[str, str], log_path: str) -> None:
 # from it: a real new process (its own memory, sockets, threads, event loop)
 # without a second of imports per restart, which 100 restarts would multiply.
 _FORKS = multiprocessing.get_context("forkserver")
-_FORKS.set_forkserver_preload(["bot.cli", "bot.app", "bot.runtime", "adapters.slack_adapter"])
+_FORKS.set_forkserver_preload(["cli.main", "cli.app", "bot.runtime", "adapters.slack_adapter"])
 
 
 @dataclass

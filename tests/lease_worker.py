@@ -35,12 +35,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bot.config import Settings
+from bot.durable.leases import AgentLeases
 from bot.events import UserMessage
-from bot.leases import AgentLeases
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.mongo_store import MongoStore
+from memory.mongo.store import MongoStore
 
 PLATFORM = "test"
 _event_id: contextvars.ContextVar[str] = contextvars.ContextVar("event_id", default="?")

@@ -33,7 +33,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from memory.mongo_store import MongoStore
+from memory.mongo.store import MongoStore
 
 FERRETDB_VERSION = "1.24.2"
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ import asyncio
 import socket
 from datetime import timedelta
 
-from bot.app import serve
-from memory.schedule_store import Schedule, new_schedule_id
+from cli.app import serve
+from memory.schedules import Schedule, new_schedule_id
 from memory.types import utc_now
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.checkins import (
+from bot.checkins.rules import (
     CheckinSettings,
     Schedule,
     backoff_skips,
@@ -25,8 +25,8 @@ from bot.checkins import (
     parse_when,
 )
 from bot.config import ConfigError
-from memory.schedule_store import CheckinPrefs, ScheduleStore, schedule_store_for
-from memory.sqlite_store import SQLiteStore
+from memory.schedules import CheckinPrefs, ScheduleStore, schedule_store_for
+from memory.sqlite.store import SQLiteStore
 from tests.mongo_server import shared_target
 
 

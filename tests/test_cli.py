@@ -44,10 +44,10 @@ def base_env(llm_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
 def memgpt(
     *args: str, env: dict[str, str], cwd: Path, stdin: str | int | None = "", timeout: float = 90
 ) -> subprocess.CompletedProcess[str]:
-    """Run `memgpt-bot ARGS` (as `python -m bot.cli`) from a folder without a .env file."""
+    """Run `memgpt-bot ARGS` (as `python -m cli.main`) from a folder without a .env file."""
     feed: dict[str, Any] = {"input": stdin} if isinstance(stdin, str) or stdin is None else {"stdin": stdin}
     return subprocess.run(
-        [sys.executable, "-m", "bot.cli", *args],
+        [sys.executable, "-m", "cli.main", *args],
         env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, **feed,
     )
 

@@ -1,4 +1,4 @@
-"""Crash safety on Discord (bot/journal.py): events journaled before work and redone at
+"""Crash safety on Discord (bot/durable/journal.py): events journaled before work and redone at
 restart, replies reported, retried and never sent twice.
 
 The same set-up as tests/test_discord_adapter.py: dpytest drives discord.py's real
@@ -26,9 +26,9 @@ import pytest
 from discord.ext.test import backend
 
 from adapters.discord_adapter import DiscordAdapter, nonce_of
+from bot.durable.journal import OutboxRetrier
 from bot.events import Event, UserMessage
 from bot.events import Reply as BotReply
-from bot.journal import OutboxRetrier
 from bot.runtime import Runtime
 from tests import test_discord_adapter as base
 from tests.conftest import RuntimeFactory

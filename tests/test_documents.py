@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.chunking import chunk_document, chunk_sections, chunk_text
-from memory.documents import (
+from memory.ingest.chunking import chunk_document, chunk_sections, chunk_text
+from memory.ingest.documents import (
     Document,
     DocumentError,
     Section,

@@ -39,8 +39,8 @@ from bot.events import FileUploaded, UserMessage, agent_key
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from memory.types import Message, Passage
 from tests.conftest import make_settings
@@ -81,7 +81,7 @@ class Person:
 
     def event(self, text: str) -> UserMessage:
         # Durable, as adapters that report deliveries make them: the replies go
-        # through the outbox (bot/journal.py).
+        # through the outbox (bot/durable/journal.py).
         return UserMessage(platform=PLATFORM, user_id=self.user_id, text=text, display_name=self.words["name"],
                            reply_to={"channel": self.words["channel"]}, durable=True)
 

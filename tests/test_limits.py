@@ -217,7 +217,7 @@ def limits_cli(*args: str, data_dir: Path, **env: str) -> str:
         "PATH": "/usr/bin:/bin", "HOME": str(data_dir.parent), "MEMGPT_DATA_DIR": str(data_dir),
         "MEMGPT_MODEL": "test-model", "HF_HUB_OFFLINE": "1", **env,
     }
-    done = subprocess.run([sys.executable, "-m", "bot.cli", "limits", *args], env=environment, cwd=data_dir.parent,
+    done = subprocess.run([sys.executable, "-m", "cli.main", "limits", *args], env=environment, cwd=data_dir.parent,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr

@@ -16,8 +16,8 @@ import pytest
 from bot.events import UserMessage
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
-from memory.loader import load_document, load_paths
-from memory.sqlite_store import SQLiteStore
+from memory.ingest.loader import load_document, load_paths
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from memory.types import AgentRecord, Block
 from tests.conftest import RuntimeFactory

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
-from memory.loader import passage_hash
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from cli.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
+from memory.ingest.loader import passage_hash
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 from memory.store import DocumentRecord, Store
 from memory.types import Block, Message, Passage
 from tests.mongo_server import MongoTarget, mongo_target

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memory.mongo_schedules import CLAIM_GRACE, MongoScheduleStore
-from memory.mongo_store import MongoStore
-from memory.schedule_store import Schedule, schedule_store_for
+from memory.mongo.schedules import CLAIM_GRACE, MongoScheduleStore
+from memory.mongo.store import MongoStore
+from memory.schedules import Schedule, schedule_store_for
 from tests.mongo_server import MongoTarget, mongo_target
 
 __all__ = ["mongo_target"]  # the session fixture, imported to be found here

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import pytest
 from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 
-from memory.capabilities import IN_PROCESS_VECTORS, RECALL_SEARCH, redact_uri, scrub, store_error
-from memory.mongo_store import ALL_INDEXES, MongoStore, bm25, words
+from memory.mongo.capabilities import IN_PROCESS_VECTORS, RECALL_SEARCH, redact_uri, scrub, store_error
+from memory.mongo.store import ALL_INDEXES, MongoStore, bm25, words
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
 from tests.mongo_server import MongoTarget, _free_port, mongo_target
@@ -52,7 +52,7 @@ async def test_capabilities_pick_the_fallbacks_on_ferretdb(
     if not mongo_target.is_ferretdb:
         pytest.skip("FerretDB-specific: MONGODB_TEST_URI names another server")
     backend = mongo_target.store()
-    with caplog.at_level(logging.INFO, logger="memory.mongo_store"):
+    with caplog.at_level(logging.INFO, logger="memory.mongo.store"):
         await backend.open()
     try:
         caps = backend.capabilities

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from bot.leases import lease_name
-from memory.mongo_store import MongoStore
-from memory.sqlite_coordination import CLEAR_EVERY
+from bot.durable.leases import lease_name
+from memory.mongo.store import MongoStore
+from memory.sqlite.coordination import CLEAR_EVERY
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
 from tests.mongo_server import MongoTarget, mongo_target
 

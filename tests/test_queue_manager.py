@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from bot.core_functions import build_core_functions
+from bot.functions.core import build_core_functions
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from memory.queue_manager import QueueManager
 from memory.tokens import TokenCounter, load_encoder

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from bot.agent import EventResult
-from bot.checkin_commands import checkin_command
-from bot.checkin_functions import register_checkin_functions
-from bot.checkins import CheckinSettings
+from bot.checkins.commands import checkin_command
+from bot.checkins.functions import register_checkin_functions
+from bot.checkins.rules import CheckinSettings
+from bot.checkins.scheduler import CheckinScheduler, TickOutcome
 from bot.events import Event, Reply, UserMessage
 from bot.runtime import Runtime
-from bot.scheduler import CheckinScheduler, TickOutcome
-from memory.schedule_store import Schedule, ScheduleStore, schedule_store_for
+from memory.schedules import Schedule, ScheduleStore, schedule_store_for
 from memory.store import Store
 from memory.types import utc_now
 from tests.conftest import RuntimeFactory
@@ -245,7 +245,7 @@ async def test_a_tick_missed_while_down_fires_once_within_grace_and_is_skipped_b
     assert sorted((o.agent_key, o.fired) for o in outcomes) == [("discord:1", True), ("discord:2", True)]
     assert await after.run(utc(2027, 3, 1, 8, 11)) == []
     # Down again for the next one, back 2 hours late: skipped, logged, moved to the future.
-    with caplog.at_level(logging.WARNING, logger="bot.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="bot.checkins.scheduler"):
         outcomes = await after.run(utc(2027, 3, 2, 10))
     assert [(o.fired, o.next_fire_at) for o in outcomes] == [(False, utc(2027, 3, 3, 8))] * 2
     assert sum("skipped the tick due at 2027-03-02T08:00:00+00:00" in r.getMessage() for r in caplog.records) == 2

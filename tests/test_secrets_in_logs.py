@@ -36,7 +36,7 @@ from aiohttp import web
 from bot.config import ConfigError, Settings
 from bot.events import UserMessage
 from bot.llm import LLMClient, LLMUnavailableError
-from memory.mongo_store import MongoStore
+from memory.mongo.store import MongoStore
 from memory.store import StoreError
 from tests import secrets_catalog as catalog
 from tests.conftest import RuntimeFactory
@@ -100,7 +100,7 @@ def test_settings_show_no_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 def test_platform_configs_show_no_secret() -> None:
     from adapters.discord_adapter import DiscordConfig
     from adapters.slack_adapter import SlackConfig
-    from bot.app import plan_adapters
+    from cli.app import plan_adapters
 
     discord_config = DiscordConfig.from_env(SECRET_ENV)
     slack_config = SlackConfig.from_env(SECRET_ENV)
@@ -261,7 +261,7 @@ async def test_a_refused_discord_token_is_not_shown(
     make_runtime: RuntimeFactory, fake_discord_api: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     from adapters.discord_adapter import DiscordAdapter, DiscordConfig
-    from bot.app import AdapterPlan, NoAdapterError, run_adapters
+    from cli.app import AdapterPlan, NoAdapterError, run_adapters
 
     config = DiscordConfig.from_env({"DISCORD_TOKEN": catalog.WRONG_DISCORD_TOKEN})
     assert config is not None
@@ -355,7 +355,7 @@ def test_the_scanner_finds_a_planted_secret_and_never_prints_it() -> None:
     # session's scan file, where a planted secret would fail CI.
     with tempfile.TemporaryDirectory(prefix="memgpt-scan-") as folder:
         root = Path(folder)
-        clean = plant(root, ["INFO bot.cli: settings {'openai_api_key': 'set'}", "DEBUG httpx: HTTP Request: POST"])
+        clean = plant(root, ["INFO cli.main: settings {'openai_api_key': 'set'}", "DEBUG httpx: HTTP Request: POST"])
         assert scanner(str(clean)).returncode == 0
         for label, value in (("SLACK_BOT_TOKEN", catalog.SLACK_BOT_TOKEN),
                              ("MONGODB_PASSWORD", catalog.MONGODB_PASSWORD)):

@@ -1,4 +1,4 @@
-"""Slack and the crash-safety protocol (bot/journal.py), in process: events
+"""Slack and the crash-safety protocol (bot/durable/journal.py), in process: events
 journaled before the ack, replies through the outbox, failed sends retried
 with backoff, undeliverable ones dropped, and resends that check Slack first.
 (tests/test_crash_harness.py kills a real bot process instead.)"""
@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from adapters.slack_adapter import METADATA_TYPE
-from bot.journal import OutboxRetrier, retry_delay
+from bot.durable.journal import OutboxRetrier, retry_delay
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually, say

@@ -10,7 +10,7 @@ from typing import Any
 
 from bot.events import UserMessage
 from bot.runtime import Runtime
-from memory.loader import load_paths
+from memory.ingest.loader import load_paths
 from memory.store import SourceRecord
 from memory.types import Passage
 from tests.conftest import RuntimeFactory

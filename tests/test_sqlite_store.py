@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memory.migrations import MIGRATIONS, migrate
-from memory.sqlite_store import SQLiteStore, fts_terms
+from memory.sqlite.migrations import MIGRATIONS, migrate
+from memory.sqlite.store import SQLiteStore, fts_terms
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
 

@@ -1,4 +1,4 @@
-"""Store faults (bot/store_wait.py, bot/journal.py): SQLite busy/locked, a full
+"""Store faults (bot/durable/store_wait.py, bot/durable/journal.py): SQLite busy/locked, a full
 disk, MongoDB unreachable. Events wait (bounded) and resume, nothing
 acknowledged is lost or answered twice, and the person is told when the bot
 cannot keep up.
@@ -44,16 +44,16 @@ from urllib.parse import urlsplit
 import pytest
 
 from adapters.slack_adapter import APOLOGY
+from bot.durable.journal import OutboxRetrier
+from bot.durable.leases import AgentLeases, LeaseSettings, NoLeases
+from bot.durable.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from bot.events import Reply as BotReply
 from bot.events import UserMessage
-from bot.journal import OutboxRetrier
-from bot.leases import AgentLeases, LeaseSettings, NoLeases
 from bot.llm import LLMClient
 from bot.runtime import Runtime
-from bot.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from memory.embeddings import Embedder
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
 from memory.types import utc_now
 from tests.conftest import make_settings
@@ -244,7 +244,7 @@ class Rig:
         return say(f"answer {number}")
 
     async def notify(self, replies: list[BotReply]) -> None:
-        # What bot/app.py wires: Slack replies to the adapter, the others noted here.
+        # What cli/app.py wires: Slack replies to the adapter, the others noted here.
         slack = [reply for reply in replies if reply.platform == "slack"]
         self.direct += [reply for reply in replies if reply.platform != "slack"]
         if slack:
@@ -489,7 +489,7 @@ async def test_sqlite_disk_full(rig: Callable[..., Awaitable[Rig]], small_disk: 
 
 
 # "on" once hung for good: a heartbeat cancelled inside a PyMongo call broke the
-# client's lock (bot/leases.py now stops it between renewals instead).
+# client's lock (bot/durable/leases.py now stops it between renewals instead).
 @pytest.mark.parametrize("leases", ["off", "on"])
 async def test_mongodb_unreachable_and_back(
     rig: Callable[..., Awaitable[Rig]], mongo_target: MongoTarget, tmp_path: Path, leases: str
