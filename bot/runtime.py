@@ -228,15 +228,21 @@ class Runtime:
             text = f"I couldn't read {event.filename}: {event.load_error}"
         else:
             text = f"Saved {event.filename} to my memory ({plural(event.passages_saved, 'passage')})."
-        return Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to,
-                     event_id=event.event_id)
+        return Reply(
+            text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
+        )
 
     async def _save_upload(self, agent: Agent, event: FileUploaded) -> int:
         # The same extraction, chunking and de-duplication as `memgpt-bot load`;
         # vectors are written with the passages, so the agent can search them at once.
         result = await load_document(
-            self.archival, agent.id, event.filename, event.data, event.content_type,
-            text=event.text or None, counter=self.services.counter,
+            self.archival,
+            agent.id,
+            event.filename,
+            event.data,
+            event.content_type,
+            text=event.text or None,
+            counter=self.services.counter,
         )
         if result.status == "failed":
             event.load_error = result.reason
@@ -273,8 +279,14 @@ class Runtime:
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
         """`/checkin ...` on any platform: manage this user's scheduled check-ins."""
         return await checkin_command(
-            platform, user_id, text, reply_to, self.schedules, utc_now,
-            settings=self.checkin_settings, on_change=self._schedules_changed,
+            platform,
+            user_id,
+            text,
+            reply_to,
+            self.schedules,
+            utc_now,
+            settings=self.checkin_settings,
+            on_change=self._schedules_changed,
         )
 
     async def _schedules_changed(self) -> None:
@@ -317,8 +329,13 @@ class Runtime:
                 for m in messages
             ],
             "passages": [
-                {"id": p.id, "text": p.text, "source": p.source, "position": p.position,
-                 "created_at": p.created_at.isoformat()}
+                {
+                    "id": p.id,
+                    "text": p.text,
+                    "source": p.source,
+                    "position": p.position,
+                    "created_at": p.created_at.isoformat(),
+                }
                 for p in passages
             ],
         }

@@ -118,8 +118,11 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     scheduler = CheckinScheduler(runtime, runtime.schedules, deliver, utc_now, runtime.checkin_settings)
     # The retrier also replays, through each adapter's recover path, the
     # events that gave up waiting for storage (bot/durable/store_wait.py).
-    retrier = OutboxRetrier(runtime.journal, {name: adapter.deliver for name, adapter in adapters.items()},
-                            replayers={name: adapter.recover for name, adapter in adapters.items()})
+    retrier = OutboxRetrier(
+        runtime.journal,
+        {name: adapter.deliver for name, adapter in adapters.items()},
+        replayers={name: adapter.recover for name, adapter in adapters.items()},
+    )
     # While an event waits for storage, the person gets one notice through here.
     runtime.store_wait.notify = deliver
 

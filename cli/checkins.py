@@ -81,15 +81,17 @@ def render_schedules(schedules: Sequence[Schedule]) -> str:
     for s in schedules:
         nxt = s.next_fire_at
         state = "paused" if s.paused else (f"{s.unanswered} unanswered" if s.unanswered else "active")
-        rows.append((
-            s.id,
-            s.agent_key,
-            describe(s)[:40],
-            s.timezone,
-            nxt.strftime("%Y-%m-%d %H:%M") if nxt else "-",
-            format_local(nxt, s.timezone, with_zone=False) if nxt else "-",
-            state,
-        ))
+        rows.append(
+            (
+                s.id,
+                s.agent_key,
+                describe(s)[:40],
+                s.timezone,
+                nxt.strftime("%Y-%m-%d %H:%M") if nxt else "-",
+                format_local(nxt, s.timezone, with_zone=False) if nxt else "-",
+                state,
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
     return "\n".join(lines)

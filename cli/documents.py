@@ -91,10 +91,20 @@ def _chunk_options(parser: argparse.ArgumentParser) -> None:
     from memory.ingest.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS
 
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="files or folders (walked recursively)")
-    parser.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, metavar="N",
-                        help=f"tokens per passage at most (default {DEFAULT_MAX_TOKENS})")
-    parser.add_argument("--overlap", type=int, default=DEFAULT_OVERLAP_TOKENS, metavar="N",
-                        help=f"tokens repeated from the previous passage (default {DEFAULT_OVERLAP_TOKENS})")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=DEFAULT_MAX_TOKENS,
+        metavar="N",
+        help=f"tokens per passage at most (default {DEFAULT_MAX_TOKENS})",
+    )
+    parser.add_argument(
+        "--overlap",
+        type=int,
+        default=DEFAULT_OVERLAP_TOKENS,
+        metavar="N",
+        help=f"tokens repeated from the previous passage (default {DEFAULT_OVERLAP_TOKENS})",
+    )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
@@ -105,17 +115,26 @@ def add_document_commands(
     `common` is the parent parser holding the global options."""
     parents = [common] if common is not None else []
     load = commands.add_parser(
-        "load", parents=parents, help="load text, Markdown, HTML and PDF files into a user's archival storage",
+        "load",
+        parents=parents,
+        help="load text, Markdown, HTML and PDF files into a user's archival storage",
         description="Chunk files (folders are walked; hidden files skipped) into passages and embed them. "
         "Files loaded before are skipped; an interrupted load continues when run again.",
     )
-    load.add_argument("--user", required=True, type=_user_key, metavar="NAME",
-                      help="a terminal user's name, or PLATFORM:ID (discord:1234, slack:T01:U02)")
+    load.add_argument(
+        "--user",
+        required=True,
+        type=_user_key,
+        metavar="NAME",
+        help="a terminal user's name, or PLATFORM:ID (discord:1234, slack:T01:U02)",
+    )
     _chunk_options(load)
     load.set_defaults(func=cmd_load)
 
     sources = commands.add_parser(
-        "sources", parents=parents, help="shared document collections, searched by the agents they are attached to",
+        "sources",
+        parents=parents,
+        help="shared document collections, searched by the agents they are attached to",
     )
     actions = sources.add_subparsers(dest="action", metavar="ACTION", required=True)
 
@@ -128,8 +147,10 @@ def add_document_commands(
     _chunk_options(fill)
     fill.set_defaults(func=cmd_sources_load)
 
-    for verb, func, what in (("attach", cmd_sources_attach, "let a user's agent (or every agent) search it"),
-                             ("detach", cmd_sources_detach, "stop a user's agent (or every agent) searching it")):
+    for verb, func, what in (
+        ("attach", cmd_sources_attach, "let a user's agent (or every agent) search it"),
+        ("detach", cmd_sources_detach, "stop a user's agent (or every agent) searching it"),
+    ):
         parser = actions.add_parser(verb, parents=parents, help=what)
         parser.add_argument("name", type=_source_name, metavar="NAME")
         who = parser.add_mutually_exclusive_group(required=True)
@@ -168,8 +189,13 @@ async def _load(runtime: Runtime, agent_id: str, args: argparse.Namespace, where
         raise _Failure("--max-tokens must be at least 16 and --overlap at least 0")
     try:
         report = await load_paths(
-            runtime.archival, agent_id, args.paths, counter=runtime.services.counter,
-            max_tokens=args.max_tokens, overlap_tokens=args.overlap, label=f"loading into {where}",
+            runtime.archival,
+            agent_id,
+            args.paths,
+            counter=runtime.services.counter,
+            max_tokens=args.max_tokens,
+            overlap_tokens=args.overlap,
+            label=f"loading into {where}",
         )
     except asyncio.CancelledError:
         sys.stderr.write(f"{PROG}: load interrupted; what was stored is kept: run the same command to continue\n")
@@ -177,8 +203,9 @@ async def _load(runtime: Runtime, agent_id: str, args: argparse.Namespace, where
     for result in report.failed:
         log.warning("could not load %s: %s", result.name, result.reason)
     log.info("loaded into %s: %s", where, _summary(report, where))
-    _write(json.dumps(_report_json(report, where), ensure_ascii=False, indent=2) if args.json
-           else _summary(report, where))
+    _write(
+        json.dumps(_report_json(report, where), ensure_ascii=False, indent=2) if args.json else _summary(report, where)
+    )
     if report.failed:
         failed = report.failed
         shown = ", ".join(result.name for result in failed[:5]) + (" ..." if len(failed) > 5 else "")
@@ -209,8 +236,13 @@ def _report_json(report: LoadReport, where: str) -> dict[str, Any]:
         "passages_added": report.passages_added,
         "seconds": round(report.seconds, 3),
         "files": [
-            {"name": r.name, "status": r.status, "passages_added": r.passages_added,
-             "passages_existing": r.passages_existing, "reason": r.reason or None}
+            {
+                "name": r.name,
+                "status": r.status,
+                "passages_added": r.passages_added,
+                "passages_existing": r.passages_existing,
+                "reason": r.reason or None,
+            }
             for r in report.files
         ],
         "skipped": report.skipped,
@@ -300,14 +332,16 @@ async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
         rows = []
         for source in await store.list_sources():
             attached = [keys.get(agent_id, agent_id) for agent_id in await store.source_attachments(source.id)]
-            rows.append({
-                "name": source.name,
-                "passages": await store.count_passages(source.id),
-                "files": len(await store.list_documents(source.id)),
-                "attach_all": source.attach_all,
-                "attached_to": sorted(attached),
-                "created_at": source.created_at.isoformat(),
-            })
+            rows.append(
+                {
+                    "name": source.name,
+                    "passages": await store.count_passages(source.id),
+                    "files": len(await store.list_documents(source.id)),
+                    "attach_all": source.attach_all,
+                    "attached_to": sorted(attached),
+                    "created_at": source.created_at.isoformat(),
+                }
+            )
     finally:
         await runtime.close()
     if args.json:

@@ -30,7 +30,9 @@ def add_limits_commands(
     """`common` carries the global options, so they work after the subcommand too."""
     parents = [common] if common is not None else []
     limits = commands.add_parser(
-        "limits", parents=parents, help="per-user message rate and daily token budget: show, exempt, reset",
+        "limits",
+        parents=parents,
+        help="per-user message rate and daily token budget: show, exempt, reset",
         description="USER is a terminal user's name or PLATFORM:ID (discord:1234, slack:T01:U02).",
     )
     actions = limits.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -125,20 +127,26 @@ def _limit(value: int) -> str:
 def render_usage(usage: Usage) -> str:
     if usage.exempt:
         how = " and ".join(
-            where for where, yes in (("limits exempt", usage.exempt_by_admin),
-                                     ("MEMGPT_UNLIMITED_USERS", usage.exempt_by_env)) if yes
+            where
+            for where, yes in (
+                ("limits exempt", usage.exempt_by_admin),
+                ("MEMGPT_UNLIMITED_USERS", usage.exempt_by_env),
+            )
+            if yes
         )
         exempt = f"yes (by {how})"
     else:
         exempt = "no"
     resets = humanize_wait(usage.budget_resets_at - utc_now())
-    return "\n".join([
-        usage.key,
-        f"  messages let through in the last minute: {usage.messages_last_minute} (limit {_limit(usage.rate_limit)})",
-        f"  tokens today (UTC): {usage.tokens_today:,} (budget {_limit(usage.daily_budget)}; "
-        f"resets at midnight UTC, in {resets})",
-        f"  exempt: {exempt}",
-    ])
+    return "\n".join(
+        [
+            usage.key,
+            f"  messages let through in the last minute: {usage.messages_last_minute} (limit {_limit(usage.rate_limit)})",
+            f"  tokens today (UTC): {usage.tokens_today:,} (budget {_limit(usage.daily_budget)}; "
+            f"resets at midnight UTC, in {resets})",
+            f"  exempt: {exempt}",
+        ]
+    )
 
 
 def usage_json(usage: Usage) -> dict[str, Any]:

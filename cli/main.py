@@ -62,6 +62,7 @@ NO_API_KEY = (
     "accept any value, e.g. OPENAI_API_KEY=local with OPENAI_BASE_URL pointing at them"
 )
 
+
 class CLIError(Exception):
     """A failure to report as one line on standard error."""
 
@@ -89,15 +90,22 @@ def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     subcommand (without, so they never overwrite one given earlier)."""
     keep = {} if defaults else {"default": argparse.SUPPRESS}
     parser.add_argument(
-        "--data-dir", metavar="PATH", help="where memory is kept (overrides MEMGPT_DATA_DIR)",
+        "--data-dir",
+        metavar="PATH",
+        help="where memory is kept (overrides MEMGPT_DATA_DIR)",
         **({"default": None} if defaults else keep),
     )
     parser.add_argument(
-        "--env-file", metavar="PATH", help="settings file to read (default: .env in the current folder)",
+        "--env-file",
+        metavar="PATH",
+        help="settings file to read (default: .env in the current folder)",
         **({"default": None} if defaults else keep),
     )
     parser.add_argument(
-        "-v", "--verbose", action="store_true", help="log progress to standard error",
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="log progress to standard error",
         **({"default": False} if defaults else keep),
     )
 
@@ -112,13 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(common, defaults=False)
     user = argparse.ArgumentParser(add_help=False)
     user.add_argument(
-        "--user", required=True, type=user_argument, metavar="NAME",
+        "--user",
+        required=True,
+        type=user_argument,
+        metavar="NAME",
         help="a terminal user's name, or PLATFORM:ID (discord:1234, slack:T01:U02)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     chat = commands.add_parser(
-        "chat", parents=[common, user], help="chat with your agent: lines in, replies out",
+        "chat",
+        parents=[common, user],
+        help="chat with your agent: lines in, replies out",
         description="Read messages from standard input, one a line; print each reply on its own line.",
     )
     chat.set_defaults(func=cmd_chat)
@@ -131,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(func=cmd_show)
 
     search = actions.add_parser(
-        "search", parents=[common, user], help="search recall or archival storage",
+        "search",
+        parents=[common, user],
+        help="search recall or archival storage",
         description="Search recall storage (words) or archival storage (meaning). With '-' as the query, "
         "queries are read one a line from standard input and answered as JSON lines, in order.",
     )
@@ -150,9 +165,11 @@ def build_parser() -> argparse.ArgumentParser:
     forget.set_defaults(func=cmd_forget)
 
     load = actions.add_parser(
-        "import", parents=[common, user], help="load past conversation (JSON lines) into recall storage",
-        description="Each line: {\"role\": \"user\"|\"assistant\"|\"system\", \"content\": \"...\", "
-        "\"timestamp\": \"2024-05-01T10:00:00\"} (no zone: UTC). Nothing is imported from a file with errors.",
+        "import",
+        parents=[common, user],
+        help="load past conversation (JSON lines) into recall storage",
+        description='Each line: {"role": "user"|"assistant"|"system", "content": "...", '
+        '"timestamp": "2024-05-01T10:00:00"} (no zone: UTC). Nothing is imported from a file with errors.',
     )
     load.add_argument("file", metavar="FILE.jsonl", type=Path)
     load.set_defaults(func=cmd_import)

@@ -12,7 +12,9 @@ def add_run_command(
     commands: argparse._SubParsersAction[argparse.ArgumentParser], common: argparse.ArgumentParser
 ) -> None:
     run = commands.add_parser(
-        "run", parents=[common], help="run the bot on every configured platform (Discord, Slack)",
+        "run",
+        parents=[common],
+        help="run the bot on every configured platform (Discord, Slack)",
         description="Start every adapter whose credentials are configured (DISCORD_TOKEN; SLACK_BOT_TOKEN with "
         "SLACK_APP_TOKEN for Socket Mode or SLACK_SIGNING_SECRET for HTTP mode), sharing one runtime, "
         "and the scheduler for check-ins. Stops on Ctrl-C or SIGTERM.",

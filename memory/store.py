@@ -32,9 +32,7 @@ class Store(ABC):
 
     # -- agents (admin calls are the only ones that span agents) ----------
     @abstractmethod
-    async def get_or_create_agent(
-        self, key: str, default_blocks: Sequence[Block]
-    ) -> tuple[AgentRecord, list[Block]]:
+    async def get_or_create_agent(self, key: str, default_blocks: Sequence[Block]) -> tuple[AgentRecord, list[Block]]:
         """The agent for `key` ("platform:user"), created with `default_blocks`
         on first use. Safe under concurrent calls for the same key."""
 
@@ -125,9 +123,7 @@ class Store(ABC):
         """Store passages (embedding may still be None); returns their ids."""
 
     @abstractmethod
-    async def set_embeddings(
-        self, agent_id: str, vectors: dict[int, list[float]]
-    ) -> None:
+    async def set_embeddings(self, agent_id: str, vectors: dict[int, list[float]]) -> None:
         """Attach computed embeddings to passages by id."""
 
     @abstractmethod

@@ -82,9 +82,7 @@ RuntimeFactory = Callable[..., Awaitable[Runtime]]
 
 
 @pytest.fixture
-async def make_runtime(
-    tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder
-) -> AsyncIterator[RuntimeFactory]:
+async def make_runtime(tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder) -> AsyncIterator[RuntimeFactory]:
     """Build runtimes on a real SQLite file in tmp_path, talking to the local
     LLM server through the real openai client. Several runtimes may share a
     data directory (a 'restart')."""

@@ -53,12 +53,22 @@ def emit(message: dict[str, Any]) -> None:
 
 async def build_runtime(data_dir: Path) -> Runtime:
     settings = Settings(
-        openai_api_key="test-key", model="test-model", context_window=8_192, data_dir=data_dir,
-        llm_timeout=20.0, llm_max_retries=2, response_reserve=256,
+        openai_api_key="test-key",
+        model="test-model",
+        context_window=8_192,
+        data_dir=data_dir,
+        llm_timeout=20.0,
+        llm_max_retries=2,
+        response_reserve=256,
     )
     settings.validate()
-    llm = LLMClient(settings.model, api_key=settings.openai_api_key, base_url=os.environ["LLM_BASE_URL"],
-                    timeout=settings.llm_timeout, max_retries=settings.llm_max_retries)
+    llm = LLMClient(
+        settings.model,
+        api_key=settings.openai_api_key,
+        base_url=os.environ["LLM_BASE_URL"],
+        timeout=settings.llm_timeout,
+        max_retries=settings.llm_max_retries,
+    )
     store = MongoStore(os.environ["MONGODB_URI"], os.environ["MONGODB_DB"], server_selection_timeout=10.0)
     return await Runtime.create(settings, store=store, llm=llm, embedder=Embedder())
 

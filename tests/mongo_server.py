@@ -111,11 +111,18 @@ class FerretDB:
             log = (self.folder / "ferretdb.log").open("ab")
             self.process = subprocess.Popen(
                 [
-                    str(self.binary), "--handler=sqlite", f"--sqlite-url=file:{data}/",
-                    f"--listen-addr=127.0.0.1:{port}", f"--state-dir={self.folder}",
-                    "--debug-addr=-", "--telemetry=disable", "--log-level=warn",
+                    str(self.binary),
+                    "--handler=sqlite",
+                    f"--sqlite-url=file:{data}/",
+                    f"--listen-addr=127.0.0.1:{port}",
+                    f"--state-dir={self.folder}",
+                    "--debug-addr=-",
+                    "--telemetry=disable",
+                    "--log-level=warn",
                 ],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
             log.close()
             self.uri = f"mongodb://127.0.0.1:{port}/"

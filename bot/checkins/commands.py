@@ -91,9 +91,18 @@ class _Command:
 
     def handlers(self) -> dict[str, Callable[[list[str]], Awaitable[str]]]:
         return {
-            "help": self.help, "daily": self.daily, "weekly": self.weekly, "every": self.every,
-            "tz": self.timezone, "timezone": self.timezone, "quiet": self.quiet, "list": self.list,
-            "pause": self.pause, "resume": self.resume, "remove": self.remove, "delete": self.remove,
+            "help": self.help,
+            "daily": self.daily,
+            "weekly": self.weekly,
+            "every": self.every,
+            "tz": self.timezone,
+            "timezone": self.timezone,
+            "quiet": self.quiet,
+            "list": self.list,
+            "pause": self.pause,
+            "resume": self.resume,
+            "remove": self.remove,
+            "delete": self.remove,
         }
 
     async def help(self, args: list[str]) -> str:
@@ -145,7 +154,10 @@ class _Command:
         recurring = [s for s in existing if s.kind != "once"]
         for other in recurring:
             if (other.kind, other.time_of_day, other.weekday, other.every_hours) == (
-                kind, time_of_day, weekday, every_hours,
+                kind,
+                time_of_day,
+                weekday,
+                every_hours,
             ):
                 return f"You already have that one: {other.id}, {describe(other)}. `/checkin list` shows them all."
         if len(recurring) >= self.settings.max_checkins:
@@ -155,10 +167,20 @@ class _Command:
         prefs = await self.store.get_prefs(self.key)
         now = self.clock()
         schedule = Schedule(
-            id="", agent_key=self.key, platform=self.platform, user_id=self.user_id, kind=kind,
-            timezone=prefs.timezone or "UTC", time_of_day=time_of_day, weekday=weekday, every_hours=every_hours,
-            quiet_start=prefs.quiet_start, quiet_end=prefs.quiet_end, note=note.strip()[:300],
-            reply_to=self.reply_to, created_at=now,
+            id="",
+            agent_key=self.key,
+            platform=self.platform,
+            user_id=self.user_id,
+            kind=kind,
+            timezone=prefs.timezone or "UTC",
+            time_of_day=time_of_day,
+            weekday=weekday,
+            every_hours=every_hours,
+            quiet_start=prefs.quiet_start,
+            quiet_end=prefs.quiet_end,
+            note=note.strip()[:300],
+            reply_to=self.reply_to,
+            created_at=now,
         )
         schedule.next_fire_at = next_fire(schedule, now)
         await self.store.add(schedule)

@@ -92,9 +92,18 @@ def register_checkin_functions(
             )
         platform, user_id, reply_to = _sender(agent)
         reminder = Schedule(
-            id="", agent_key=key, platform=platform, user_id=user_id, kind="once", timezone=zone_name,
-            run_at=when, quiet_start=prefs.quiet_start, quiet_end=prefs.quiet_end, note=note,
-            reply_to=reply_to, created_at=now,
+            id="",
+            agent_key=key,
+            platform=platform,
+            user_id=user_id,
+            kind="once",
+            timezone=zone_name,
+            run_at=when,
+            quiet_start=prefs.quiet_start,
+            quiet_end=prefs.quiet_end,
+            note=note,
+            reply_to=reply_to,
+            created_at=now,
         )
         reminder.next_fire_at = next_fire(reminder, now)
         await schedules.add(reminder)

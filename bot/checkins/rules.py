@@ -100,7 +100,7 @@ _CLOCK = re.compile(r"^(\d{1,2})(?::(\d{2}))?\s*(am|pm)?$")
 
 
 def parse_clock(text: str, *, bare_hour: bool = False) -> time:
-    """"09:00", "9:30", "18:30", "9am", "6:30 pm" (and "9" if `bare_hour`)."""
+    """ "09:00", "9:30", "18:30", "9am", "6:30 pm" (and "9" if `bare_hour`)."""
     match = _CLOCK.match(text.strip().lower())
     if not match or (match[2] is None and match[3] is None and not bare_hour):
         raise ValueError(f"{text!r} is not a time of day; use HH:MM, e.g. 09:00 or 18:30")
@@ -151,15 +151,47 @@ def zone(name: str | None) -> tzinfo:
 
 
 _UNITS = {
-    "s": "seconds", "sec": "seconds", "secs": "seconds", "second": "seconds", "seconds": "seconds",
-    "m": "minutes", "min": "minutes", "mins": "minutes", "minute": "minutes", "minutes": "minutes",
-    "h": "hours", "hr": "hours", "hrs": "hours", "hour": "hours", "hours": "hours",
-    "d": "days", "day": "days", "days": "days",
-    "w": "weeks", "week": "weeks", "weeks": "weeks",
+    "s": "seconds",
+    "sec": "seconds",
+    "secs": "seconds",
+    "second": "seconds",
+    "seconds": "seconds",
+    "m": "minutes",
+    "min": "minutes",
+    "mins": "minutes",
+    "minute": "minutes",
+    "minutes": "minutes",
+    "h": "hours",
+    "hr": "hours",
+    "hrs": "hours",
+    "hour": "hours",
+    "hours": "hours",
+    "d": "days",
+    "day": "days",
+    "days": "days",
+    "w": "weeks",
+    "week": "weeks",
+    "weeks": "weeks",
 }
 _NUMBERS = {
-    "a": 1, "an": 1, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
-    "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "fifteen": 15, "twenty": 20, "thirty": 30, "half an": 0.5,
+    "a": 1,
+    "an": 1,
+    "one": 1,
+    "two": 2,
+    "three": 3,
+    "four": 4,
+    "five": 5,
+    "six": 6,
+    "seven": 7,
+    "eight": 8,
+    "nine": 9,
+    "ten": 10,
+    "eleven": 11,
+    "twelve": 12,
+    "fifteen": 15,
+    "twenty": 20,
+    "thirty": 30,
+    "half an": 0.5,
     "half a": 0.5,
 }
 _AMOUNT = re.compile(r"(\d+(?:\.\d+)?|half an?|[a-z]+)\s*([a-z]+)\s*(?:,|and)?\s*")
@@ -329,7 +361,7 @@ def next_fire_with_backoff(
 
 # -- words -------------------------------------------------------------------
 def format_local(moment: datetime, tz_name: str | None, *, with_zone: bool = True) -> str:
-    """"Mon 30 Nov 09:00 Europe/Paris"."""
+    """ "Mon 30 Nov 09:00 Europe/Paris"."""
     local = moment.astimezone(zone(tz_name))
     text = f"{local:%a} {local.day} {local:%b %H:%M}"
     return f"{text} {tz_name or 'UTC'}" if with_zone else text
@@ -347,7 +379,7 @@ def humanize(delta: timedelta) -> str:
 
 
 def describe(schedule: Schedule) -> str:
-    """"daily at 09:00", "weekly on Monday at 18:30", "every 4 hours", "reminder: call Mum"."""
+    """ "daily at 09:00", "weekly on Monday at 18:30", "every 4 hours", "reminder: call Mum"."""
     if schedule.kind == "daily":
         return f"daily at {schedule.time_of_day}"
     if schedule.kind == "weekly":

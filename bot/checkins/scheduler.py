@@ -189,7 +189,11 @@ class CheckinScheduler:
         late = humanize(now - due_at)
         log.warning(
             "check-in %s of %s: skipped the tick due at %s (%s late, beyond the %d-minute grace period); %s",
-            schedule.id, schedule.agent_key, due_at.isoformat(), late, self.settings.grace_minutes,
+            schedule.id,
+            schedule.agent_key,
+            due_at.isoformat(),
+            late,
+            self.settings.grace_minutes,
             f"next at {following.isoformat()}" if following else "reminder dropped",
         )
         return TickOutcome(schedule.id, schedule.agent_key, due_at, False, following)

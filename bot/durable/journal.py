@@ -71,8 +71,9 @@ def retry_delay(attempts: int) -> float:
 
 
 def reply_of(entry: OutboxEntry) -> Reply:
-    return Reply(entry.text, entry.origin, entry.user_id, entry.reply_to, entry.event_id,
-                 outbox_id=entry.id, resend=True)
+    return Reply(
+        entry.text, entry.origin, entry.user_id, entry.reply_to, entry.event_id, outbox_id=entry.id, resend=True
+    )
 
 
 def unconfirmed(entries: Iterable[OutboxEntry]) -> list[Reply]:
@@ -84,8 +85,17 @@ def outbox_entry(event: Event, text: str, position: int, *, filed_under: str | N
     """The outbox record of reply number `position` to `event`, filed under
     the event's id (or `filed_under`, for a notice kept apart from its answers)."""
     event_id = filed_under or event.event_id
-    return OutboxEntry(f"{event_id}:{position}", event_id, position, event.agent_key, event.platform,
-                       event.user_id, dict(event.reply_to), text, utc_now())
+    return OutboxEntry(
+        f"{event_id}:{position}",
+        event_id,
+        position,
+        event.agent_key,
+        event.platform,
+        event.user_id,
+        dict(event.reply_to),
+        text,
+        utc_now(),
+    )
 
 
 @dataclass(slots=True)
@@ -95,8 +105,9 @@ class _Deferred:
 
 
 class Journal:
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time,
-                 replay_after: float = REPLAY_AFTER) -> None:
+    def __init__(
+        self, store: Store, clock: Callable[[], float] = time.time, replay_after: float = REPLAY_AFTER
+    ) -> None:
         self.store = store
         self.clock = clock
         self.started_at = clock()
@@ -147,12 +158,17 @@ class Journal:
             del self._deferred[key]
         count = self._deferrals[event_id] = self._deferrals.get(event_id, 0) + 1
         if count > MAX_DEFERRALS:
-            log.error("event %s deferred %d times (storage down, or every write of it fails); left pending "
-                      "for the next start", event_id, count - 1)
+            log.error(
+                "event %s deferred %d times (storage down, or every write of it fails); left pending "
+                "for the next start",
+                event_id,
+                count - 1,
+            )
             return True
         self._waiting[event_id] = _Deferred(origin, self.clock() + self.replay_after)
-        log.warning("event %s waits for storage; replayed in %.0f s, or once storage answers",
-                    event_id, self.replay_after)
+        log.warning(
+            "event %s waits for storage; replayed in %.0f s, or once storage answers", event_id, self.replay_after
+        )
         return True
 
     async def finished(self, event_id: str) -> None:
@@ -199,8 +215,13 @@ class Journal:
             if entry.agent_key not in heads:
                 heads.add(entry.agent_key)
                 if entry.attempts >= MAX_REPLAYS:
-                    log.error("giving up on %s event %s of %s: the bot stopped %d times while handling it",
-                              origin, entry.event_id, entry.agent_key, entry.attempts)
+                    log.error(
+                        "giving up on %s event %s of %s: the bot stopped %d times while handling it",
+                        origin,
+                        entry.event_id,
+                        entry.agent_key,
+                        entry.attempts,
+                    )
                     await self.store.journal_update(entry.event_id, state="done")
                     heads.discard(entry.agent_key)  # the next one heads the line now
                     continue
@@ -219,24 +240,43 @@ class Journal:
             self._attempts.pop(reply.outbox_id, None)
             return
         if outcome is Delivery.UNDELIVERABLE:
-            log.warning("reply %s to %s:%s dropped: %s", reply.outbox_id, reply.platform, reply.user_id,
-                        detail or "undeliverable")
+            log.warning(
+                "reply %s to %s:%s dropped: %s",
+                reply.outbox_id,
+                reply.platform,
+                reply.user_id,
+                detail or "undeliverable",
+            )
             await self.store.outbox_update(reply.outbox_id, state="dropped")
             self._attempts.pop(reply.outbox_id, None)
             return
         attempts = await self._attempts_of(reply) + 1
         if attempts >= MAX_SEND_ATTEMPTS:
-            log.error("reply %s to %s:%s dropped after %d failed sends (%s)", reply.outbox_id, reply.platform,
-                      reply.user_id, attempts, detail or "send failed")
+            log.error(
+                "reply %s to %s:%s dropped after %d failed sends (%s)",
+                reply.outbox_id,
+                reply.platform,
+                reply.user_id,
+                attempts,
+                detail or "send failed",
+            )
             await self.store.outbox_update(reply.outbox_id, state="dropped", attempts=attempts)
             self._attempts.pop(reply.outbox_id, None)
             return
         delay = retry_delay(attempts)
-        log.info("reply %s to %s:%s not sent (%s); retry %d in %.0f s", reply.outbox_id, reply.platform,
-                 reply.user_id, detail or "send failed", attempts, delay)
+        log.info(
+            "reply %s to %s:%s not sent (%s); retry %d in %.0f s",
+            reply.outbox_id,
+            reply.platform,
+            reply.user_id,
+            detail or "send failed",
+            attempts,
+            delay,
+        )
         self._attempts[reply.outbox_id] = attempts
-        await self.store.outbox_update(reply.outbox_id, state="pending", attempts=attempts,
-                                       next_try_at=self.clock() + delay)
+        await self.store.outbox_update(
+            reply.outbox_id, state="pending", attempts=attempts, next_try_at=self.clock() + delay
+        )
 
     async def _attempts_of(self, reply: Reply) -> int:
         known = self._attempts.get(reply.outbox_id)
@@ -265,8 +305,13 @@ class OutboxRetrier:
     starts the adapter's replay of events deferred while storage was down,
     until stopped."""
 
-    def __init__(self, journal: Journal, senders: dict[str, Sender], poll: float = RETRY_POLL,
-                 replayers: Mapping[str, Replayer] | None = None) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        senders: dict[str, Sender],
+        poll: float = RETRY_POLL,
+        replayers: Mapping[str, Replayer] | None = None,
+    ) -> None:
         self.journal = journal
         self.senders = senders
         self.poll = poll

@@ -330,8 +330,11 @@ class AgentLeases:
 
     def _lose(self, heart: _Heartbeat) -> None:
         heart.lost = True
-        log.error("lease owner %s ran out (cut off from the database, or stalled); stopping %d lease(s)",
-                  heart.owner, len(heart.holders))
+        log.error(
+            "lease owner %s ran out (cut off from the database, or stalled); stopping %d lease(s)",
+            heart.owner,
+            len(heart.holders),
+        )
         for task in heart.holders:
             task.cancel()
 

@@ -43,8 +43,7 @@ FIRST_DELAY = 0.5  # seconds before the first redo; doubles per attempt...
 MAX_DELAY = 8.0  # ...up to this
 TROUBLE_NOTICE = "I'm having trouble saving right now; I'll answer as soon as I can."
 KEPT_MESSAGE = (
-    "I can't reach my memory storage right now. I got your message and will answer it as soon as my "
-    "storage is back."
+    "I can't reach my memory storage right now. I got your message and will answer it as soon as my storage is back."
 )
 LOST_MESSAGE = (
     "I can't reach my memory storage right now, so I couldn't take your message in. "
@@ -55,8 +54,15 @@ Attempt = Callable[[], Awaitable[EventResult]]
 
 
 class StoreWait:
-    def __init__(self, journal: Journal, wait: float, *, first_delay: float = FIRST_DELAY,
-                 max_delay: float = MAX_DELAY, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        wait: float,
+        *,
+        first_delay: float = FIRST_DELAY,
+        max_delay: float = MAX_DELAY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.journal = journal
         self.wait = wait  # MEMGPT_STORE_WAIT
         self.first_delay = first_delay
@@ -87,8 +93,9 @@ class StoreWait:
                     if left <= 0:
                         return self._give_up(event, error, tries)
                     pause = min(delay, left)
-                    log.warning("event %s of %s: storage failed (%s); trying again in %.1f s",
-                                event.event_id, key, error, pause)
+                    log.warning(
+                        "event %s of %s: storage failed (%s); trying again in %.1f s", event.event_id, key, error, pause
+                    )
                     await self._notice(event)
                     await asyncio.sleep(pause)
                     delay = min(delay * 2, self.max_delay)
@@ -121,9 +128,15 @@ class StoreWait:
 
     def _give_up(self, event: Event, error: StoreError, tries: int) -> EventResult:
         key, kept = event.agent_key, event.durable
-        log.error("event %s of %s: storage unreachable for %.0f s (%d attempts; last: %s); %s",
-                  event.event_id, key, self.wait, tries, error,
-                  "it stays pending in the journal for a replay" if kept else "it was not kept")
+        log.error(
+            "event %s of %s: storage unreachable for %.0f s (%d attempts; last: %s); %s",
+            event.event_id,
+            key,
+            self.wait,
+            tries,
+            error,
+            "it stays pending in the journal for a replay" if kept else "it was not kept",
+        )
         if kept:
             self.journal.defer(event)
         text = KEPT_MESSAGE if kept else LOST_MESSAGE
@@ -137,5 +150,6 @@ class StoreWait:
 
 
 def _reply(event: Event, text: str) -> Reply:
-    return Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to,
-                 event_id=event.event_id)
+    return Reply(
+        text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
+    )

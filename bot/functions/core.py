@@ -65,10 +65,7 @@ async def archival_memory_search(agent: Agent, args: dict[str, Any]) -> str:
     query, page = _query_and_page(args)
     size = agent.services.search_page_size
     found = await agent.services.archival.search(agent.id, query, size, page * size)
-    items = [
-        _passage_line(passage, score)
-        for passage, score in found.items
-    ]
+    items = [_passage_line(passage, score) for passage, score in found.items]
     return _page_text(agent, "archival storage", query, page, size, found.total, items)
 
 

@@ -53,7 +53,7 @@ class Document:
 
 
 def document_kind(filename: str, content_type: str = "") -> str | None:
-    """"pdf", "html", "markdown" or "text" for a supported file; None otherwise."""
+    """ "pdf", "html", "markdown" or "text" for a supported file; None otherwise."""
     suffix = PurePath(filename).suffix.lower()
     mime = content_type.split(";", 1)[0].strip().lower()
     if suffix in PDF_SUFFIXES or mime == "application/pdf":
@@ -183,10 +183,48 @@ def markdown_sections(text: str) -> list[Section]:
 
 # -- HTML ------------------------------------------------------------------------
 # Page chrome and non-text: never part of a passage.
-_SKIP_TAGS = {"script", "style", "noscript", "template", "svg", "math", "canvas", "iframe", "object",
-              "head", "title", "nav", "aside", "footer", "form", "button", "select"}
-_BLOCK_TAGS = {"p", "div", "section", "article", "main", "header", "blockquote", "pre", "table", "tr",
-               "ul", "ol", "dl", "dt", "dd", "figure", "figcaption", "details", "summary", "hr", "address"}
+_SKIP_TAGS = {
+    "script",
+    "style",
+    "noscript",
+    "template",
+    "svg",
+    "math",
+    "canvas",
+    "iframe",
+    "object",
+    "head",
+    "title",
+    "nav",
+    "aside",
+    "footer",
+    "form",
+    "button",
+    "select",
+}
+_BLOCK_TAGS = {
+    "p",
+    "div",
+    "section",
+    "article",
+    "main",
+    "header",
+    "blockquote",
+    "pre",
+    "table",
+    "tr",
+    "ul",
+    "ol",
+    "dl",
+    "dt",
+    "dd",
+    "figure",
+    "figcaption",
+    "details",
+    "summary",
+    "hr",
+    "address",
+}
 _HEADINGS = {f"h{level}": level for level in range(1, 7)}
 _VOID_TAGS = {"br", "hr", "img", "input", "meta", "link", "area", "base", "col", "embed", "source", "track", "wbr"}
 

@@ -181,8 +181,12 @@ def _prepare(
     sha = hashlib.sha256(item.text.encode("utf-8") if item.text else data).hexdigest()
     earlier = loaded.get(sha)
     if earlier is not None:
-        return FileResult(item.name, "unchanged", passages_existing=earlier.passages,
-                          reason="" if earlier.name == item.name else f"same content as {earlier.name}")
+        return FileResult(
+            item.name,
+            "unchanged",
+            passages_existing=earlier.passages,
+            reason="" if earlier.name == item.name else f"same content as {earlier.name}",
+        )
     try:
         if item.text:
             chunks = chunk_text(item.text, chunking.counter, chunking.max_tokens, chunking.overlap_tokens)
@@ -426,8 +430,14 @@ async def load_paths(
     store, model = _target(target, embedder)
     inputs, missing, skipped = await asyncio.to_thread(collect_files, paths)
     loader = _Loader(
-        store, model, agent_id, _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
-        write_batch=write_batch, embed_batch=embed_batch, progress=progress, label=label,
+        store,
+        model,
+        agent_id,
+        _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
+        write_batch=write_batch,
+        embed_batch=embed_batch,
+        progress=progress,
+        label=label,
     )
     files = await loader.run(inputs)
     return LoadReport(missing + files, skipped, time.perf_counter() - started)
@@ -449,8 +459,14 @@ async def load_document(
     """One file held in memory (a chat upload); `text` if already extracted."""
     store, model = _target(target, embedder)
     loader = _Loader(
-        store, model, agent_id, _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
-        write_batch=WRITE_BATCH, embed_batch=MAX_BATCH, progress=False, label=name,
+        store,
+        model,
+        agent_id,
+        _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
+        write_batch=WRITE_BATCH,
+        embed_batch=MAX_BATCH,
+        progress=False,
+        label=name,
     )
     [result] = await loader.run([_Input(name, data=data, content_type=content_type, text=text)])
     return result

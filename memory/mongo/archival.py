@@ -48,8 +48,12 @@ ARCHIVAL_INDEXES: dict[str, list[IndexModel]] = {
 
 def _passage(doc: Doc) -> Passage:
     return Passage(
-        id=doc["_id"], text=doc["text"], source=doc.get("source"), position=doc.get("position"),
-        created_at=from_us(doc["created_at"]), embedding=doc.get("embedding"),
+        id=doc["_id"],
+        text=doc["text"],
+        source=doc.get("source"),
+        position=doc.get("position"),
+        created_at=from_us(doc["created_at"]),
+        embedding=doc.get("embedding"),
     )
 
 
@@ -69,9 +73,16 @@ class MongoArchival(MongoBase):
         matrix = await self._checked_vectors(agent_id, [passages[n].embedding or [] for n in embedded])
         vectors = {n: matrix[i].tolist() for i, n in enumerate(embedded)}
         docs = [
-            {"agent_id": agent_id, "text": p.text, "source": p.source, "position": p.position,
-             "created_at": to_us(p.created_at), "embedding": vectors.get(n), "embedded": n in vectors,
-             **passage_terms(p.text)}
+            {
+                "agent_id": agent_id,
+                "text": p.text,
+                "source": p.source,
+                "position": p.position,
+                "created_at": to_us(p.created_at),
+                "embedding": vectors.get(n),
+                "embedded": n in vectors,
+                **passage_terms(p.text),
+            }
             for n, p in enumerate(passages)
         ]
         for doc, content_hash in zip(docs, hashes or (), strict=False):
@@ -92,7 +103,9 @@ class MongoArchival(MongoBase):
         for attempt in range(MAX_ATTEMPTS):
             async with self._id_lock:  # no race between this process's own reservations
                 counter = await counters.find_one_and_update(
-                    {"_id": "passage_id"}, {"$inc": {"value": len(docs)}}, upsert=True,
+                    {"_id": "passage_id"},
+                    {"$inc": {"value": len(docs)}},
+                    upsert=True,
                     return_document=ReturnDocument.AFTER,
                 )
             if counter is None:  # cannot be, with upsert and AFTER
@@ -131,8 +144,12 @@ class MongoArchival(MongoBase):
         if not rows:
             return
         await passages.bulk_write(
-            [UpdateOne({"_id": ids[n], "agent_id": agent_id},
-                       {"$set": {"embedding": matrix[n].tolist(), "embedded": True}}) for n in rows],
+            [
+                UpdateOne(
+                    {"_id": ids[n], "agent_id": agent_id}, {"$set": {"embedding": matrix[n].tolist(), "embedded": True}}
+                )
+                for n in rows
+            ],
             ordered=False,
         )
         await self._vectors_changed(agent_id, lambda index: index.add([ids[n] for n in rows], matrix[rows]))
@@ -231,8 +248,14 @@ class MongoArchival(MongoBase):
         total = await passages.count_documents({"agent_id": agent_id, "embedded": True})
         if limit <= 0 or offset >= total:
             return SearchPage(items=[], total=total)
-        stage = {"index": self._vector_index, "path": "embedding", "queryVector": [float(x) for x in query],
-                 "filter": {"agent_id": agent_id}, "exact": True, "limit": offset + limit}
+        stage = {
+            "index": self._vector_index,
+            "path": "embedding",
+            "queryVector": [float(x) for x in query],
+            "filter": {"agent_id": agent_id},
+            "exact": True,
+            "limit": offset + limit,
+        }
         cursor = await passages.aggregate(
             [{"$vectorSearch": stage}, {"$project": {"_score": {"$meta": "vectorSearchScore"}}}]
         )

@@ -133,12 +133,18 @@ class MongoBase:
                 return doc
             now = to_us(datetime.now(UTC))
             self._last_created = max(now, self._last_created + 1)  # list_agents order, within a process
-            doc = {"_id": uuid.uuid4().hex, "key": key, "created_at": self._last_created, "summary": "",
-                   "queue_start_seq": 1, "summary_updated_at": None, "ready": ready}
+            doc = {
+                "_id": uuid.uuid4().hex,
+                "key": key,
+                "created_at": self._last_created,
+                "summary": "",
+                "queue_start_seq": 1,
+                "summary_updated_at": None,
+                "ready": ready,
+            }
             try:
                 await agents.insert_one(doc)
                 return doc
             except DuplicateKeyError:
                 continue
         raise StoreError(f"MongoDB store: could not create agent {key!r}")
-

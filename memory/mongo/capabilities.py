@@ -87,7 +87,8 @@ async def detect(
         else:
             log.warning(
                 "MongoDB search index %r on %s is missing or not queryable yet: archival search runs in-process",
-                vector_index, probe_collection,
+                vector_index,
+                probe_collection,
             )
     return Capabilities(
         server=server,

@@ -42,15 +42,29 @@ _SWEEP_EVERY = 300.0
 
 def _journal(doc: Doc) -> JournalEntry:
     return JournalEntry(
-        doc["_id"], doc["origin"], doc["agent_key"], doc["payload"], from_us(doc["received_at"]),
-        doc["state"], doc.get("attempts", 0),
+        doc["_id"],
+        doc["origin"],
+        doc["agent_key"],
+        doc["payload"],
+        from_us(doc["received_at"]),
+        doc["state"],
+        doc.get("attempts", 0),
     )
 
 
 def _outbox(doc: Doc) -> OutboxEntry:
     return OutboxEntry(
-        doc["_id"], doc["event_id"], doc["position"], doc["agent_key"], doc["origin"], doc["user_id"],
-        doc["reply_to"], doc["text"], from_us(doc["created_at"]), doc["state"], doc.get("attempts", 0),
+        doc["_id"],
+        doc["event_id"],
+        doc["position"],
+        doc["agent_key"],
+        doc["origin"],
+        doc["user_id"],
+        doc["reply_to"],
+        doc["text"],
+        from_us(doc["created_at"]),
+        doc["state"],
+        doc.get("attempts", 0),
         doc.get("next_try_at", 0.0),
     )
 
@@ -73,8 +87,13 @@ class MongoJournal(MongoBase):
             await self._c("event_journal").delete_many({"state": "done", "received_at": {"$lt": cutoff}})
             await self._c("outbox").delete_many({"state": {"$ne": "pending"}, "created_at": {"$lt": cutoff}})
         doc = {
-            "_id": entry.event_id, "n": self._next_n(), "origin": entry.origin, "agent_key": entry.agent_key,
-            "payload": entry.payload, "received_at": to_us(entry.received_at), "state": entry.state,
+            "_id": entry.event_id,
+            "n": self._next_n(),
+            "origin": entry.origin,
+            "agent_key": entry.agent_key,
+            "payload": entry.payload,
+            "received_at": to_us(entry.received_at),
+            "state": entry.state,
             "attempts": entry.attempts,
         }
         try:
@@ -101,9 +120,17 @@ class MongoJournal(MongoBase):
     @guarded
     async def outbox_add(self, entry: OutboxEntry) -> bool:
         doc = {
-            "_id": entry.id, "event_id": entry.event_id, "position": entry.position, "agent_key": entry.agent_key,
-            "origin": entry.origin, "user_id": entry.user_id, "reply_to": entry.reply_to, "text": entry.text,
-            "created_at": to_us(entry.created_at), "state": entry.state, "attempts": entry.attempts,
+            "_id": entry.id,
+            "event_id": entry.event_id,
+            "position": entry.position,
+            "agent_key": entry.agent_key,
+            "origin": entry.origin,
+            "user_id": entry.user_id,
+            "reply_to": entry.reply_to,
+            "text": entry.text,
+            "created_at": to_us(entry.created_at),
+            "state": entry.state,
+            "attempts": entry.attempts,
             "next_try_at": entry.next_try_at,
         }
         try:
@@ -133,8 +160,10 @@ class MongoJournal(MongoBase):
         where: Doc = {"origin": origin, "state": "pending"}
         if due_by is not None:
             where["next_try_at"] = {"$lte": due_by}
-        cursor = self._c("outbox").find(where).sort(
-            [("created_at", ASCENDING), ("event_id", ASCENDING), ("position", ASCENDING)]
+        cursor = (
+            self._c("outbox")
+            .find(where)
+            .sort([("created_at", ASCENDING), ("event_id", ASCENDING), ("position", ASCENDING)])
         )
         return [_outbox(doc) async for doc in cursor]
 

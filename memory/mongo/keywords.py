@@ -52,7 +52,8 @@ def _occurrences(doc_tokens: Sequence[str], phrase: Sequence[str]) -> int:
         return sum(1 for token in doc_tokens if token == phrase[0])
     first = phrase[0]
     return sum(
-        1 for n in range(len(doc_tokens) - width + 1)
+        1
+        for n in range(len(doc_tokens) - width + 1)
         if doc_tokens[n] == first and list(doc_tokens[n : n + width]) == list(phrase)
     )
 
@@ -60,8 +61,10 @@ def _occurrences(doc_tokens: Sequence[str], phrase: Sequence[str]) -> int:
 async def _word_counts(passages: AsyncCollection[Any], agent_id: str, words: Sequence[str]) -> dict[str, int]:
     """Passages of the agent holding each word, counted up to just past the cap (index-only counts)."""
     counts = await asyncio.gather(
-        *(passages.count_documents({"agent_id": agent_id, "terms": word}, limit=MAX_ROWS_PER_WORD + 1)
-          for word in words)
+        *(
+            passages.count_documents({"agent_id": agent_id, "terms": word}, limit=MAX_ROWS_PER_WORD + 1)
+            for word in words
+        )
     )
     return dict(zip(words, counts, strict=True))
 
@@ -72,10 +75,12 @@ async def _statistics(passages: AsyncCollection[Any], agent_id: str) -> tuple[in
 
     async def mean_length() -> float:
         # $sum and a count, not $avg: FerretDB has no $avg accumulator.
-        cursor = await passages.aggregate([
-            {"$match": {"agent_id": agent_id, "words": {"$exists": True}}},
-            {"$group": {"_id": None, "n": {"$sum": 1}, "words": {"$sum": "$words"}}},
-        ])
+        cursor = await passages.aggregate(
+            [
+                {"$match": {"agent_id": agent_id, "words": {"$exists": True}}},
+                {"$group": {"_id": None, "n": {"$sum": 1}, "words": {"$sum": "$words"}}},
+            ]
+        )
         async for row in cursor:
             return float(row["words"]) / max(int(row["n"]), 1)
         return 0.0

@@ -67,13 +67,26 @@ def _utc(value: Any) -> datetime | None:
 
 def _schedule(doc: Doc) -> Schedule:
     return Schedule(
-        id=doc["_id"], agent_key=doc["agent_key"], platform=doc["platform"], user_id=doc["user_id"],
-        kind=doc["kind"], timezone=doc["timezone"], time_of_day=doc.get("time_of_day"), weekday=doc.get("weekday"),
-        every_hours=doc.get("every_hours"), run_at=_utc(doc.get("run_at")), quiet_start=doc.get("quiet_start"),
-        quiet_end=doc.get("quiet_end"), note=doc.get("note", ""), reply_to=json.loads(doc.get("reply_to") or "{}"),
-        paused=bool(doc.get("paused")), next_fire_at=_utc(doc.get("next_fire_at")),
-        unanswered=int(doc.get("unanswered") or 0), last_fired_at=_utc(doc.get("last_fired_at")),
-        created_at=_utc(doc.get("created_at")) or utc_now(), claimed_by=doc.get("claimed_by"),
+        id=doc["_id"],
+        agent_key=doc["agent_key"],
+        platform=doc["platform"],
+        user_id=doc["user_id"],
+        kind=doc["kind"],
+        timezone=doc["timezone"],
+        time_of_day=doc.get("time_of_day"),
+        weekday=doc.get("weekday"),
+        every_hours=doc.get("every_hours"),
+        run_at=_utc(doc.get("run_at")),
+        quiet_start=doc.get("quiet_start"),
+        quiet_end=doc.get("quiet_end"),
+        note=doc.get("note", ""),
+        reply_to=json.loads(doc.get("reply_to") or "{}"),
+        paused=bool(doc.get("paused")),
+        next_fire_at=_utc(doc.get("next_fire_at")),
+        unanswered=int(doc.get("unanswered") or 0),
+        last_fired_at=_utc(doc.get("last_fired_at")),
+        created_at=_utc(doc.get("created_at")) or utc_now(),
+        claimed_by=doc.get("claimed_by"),
     )
 
 
@@ -99,12 +112,20 @@ class MongoScheduleStore(ScheduleStore):
     @guarded
     async def add(self, schedule: Schedule) -> Schedule:
         doc: Doc = {
-            "agent_key": schedule.agent_key, "platform": schedule.platform, "user_id": schedule.user_id,
-            "kind": schedule.kind, **{name: getattr(schedule, name) for name in _USER_FIELDS},
-            "run_at": _date(schedule.run_at), "reply_to": json.dumps(schedule.reply_to), "paused": schedule.paused,
-            "next_fire_at": _date(schedule.next_fire_at), "unanswered": schedule.unanswered,
-            "last_fired_at": _date(schedule.last_fired_at), "created_at": _date(schedule.created_at),
-            "claimed_by": schedule.claimed_by, "order": self._next_order(),
+            "agent_key": schedule.agent_key,
+            "platform": schedule.platform,
+            "user_id": schedule.user_id,
+            "kind": schedule.kind,
+            **{name: getattr(schedule, name) for name in _USER_FIELDS},
+            "run_at": _date(schedule.run_at),
+            "reply_to": json.dumps(schedule.reply_to),
+            "paused": schedule.paused,
+            "next_fire_at": _date(schedule.next_fire_at),
+            "unanswered": schedule.unanswered,
+            "last_fired_at": _date(schedule.last_fired_at),
+            "created_at": _date(schedule.created_at),
+            "claimed_by": schedule.claimed_by,
+            "order": self._next_order(),
         }
         for _ in range(8):
             candidate = schedule.id or new_schedule_id()
@@ -121,8 +142,12 @@ class MongoScheduleStore(ScheduleStore):
     @guarded
     async def update(self, schedule: Schedule) -> bool:
         fields: Doc = {name: getattr(schedule, name) for name in _USER_FIELDS}
-        fields.update(run_at=_date(schedule.run_at), reply_to=json.dumps(schedule.reply_to), paused=schedule.paused,
-                      next_fire_at=_date(schedule.next_fire_at))
+        fields.update(
+            run_at=_date(schedule.run_at),
+            reply_to=json.dumps(schedule.reply_to),
+            paused=schedule.paused,
+            next_fire_at=_date(schedule.next_fire_at),
+        )
         result = await self._c("schedules").update_one({"_id": schedule.id}, {"$set": fields})
         return bool(result.matched_count)
 
@@ -176,8 +201,9 @@ class MongoScheduleStore(ScheduleStore):
         if doc is None or doc.get("paused") or _utc(doc.get("next_fire_at")) != due:
             return False  # the cheap, common answer for the processes that lose
         try:
-            await claims.insert_one({"schedule_id": schedule_id, "due_at": due, "owner": owner,
-                                     "claimed_at": whole_seconds(utc_now())})
+            await claims.insert_one(
+                {"schedule_id": schedule_id, "due_at": due, "owner": owner, "claimed_at": whole_seconds(utc_now())}
+            )
         except DuplicateKeyError:
             await self._unstick(schedule_id, due, next_fire_at)
             return False
@@ -213,8 +239,11 @@ class MongoScheduleStore(ScheduleStore):
 
     @guarded
     async def mark_user_activity(self, agent_key: str, at: datetime) -> list[Schedule]:
-        where = {"agent_key": agent_key, "unanswered": {"$gt": 0},
-                 "$or": [{"last_fired_at": None}, {"last_fired_at": {"$lte": _date(at)}}]}
+        where = {
+            "agent_key": agent_key,
+            "unanswered": {"$gt": 0},
+            "$or": [{"last_fired_at": None}, {"last_fired_at": {"$lte": _date(at)}}],
+        }
         found = await self._find(where)
         if found:
             await self._c("schedules").update_many(
@@ -231,8 +260,13 @@ class MongoScheduleStore(ScheduleStore):
 
     @guarded
     async def save_prefs(self, prefs: CheckinPrefs) -> None:
-        doc = {"_id": prefs.agent_key, "timezone": prefs.timezone, "quiet_start": prefs.quiet_start,
-               "quiet_end": prefs.quiet_end, "updated_at": whole_seconds(utc_now())}
+        doc = {
+            "_id": prefs.agent_key,
+            "timezone": prefs.timezone,
+            "quiet_start": prefs.quiet_start,
+            "quiet_end": prefs.quiet_end,
+            "updated_at": whole_seconds(utc_now()),
+        }
         prefs_docs = self._c("checkin_prefs")
         try:
             await prefs_docs.replace_one({"_id": prefs.agent_key}, doc, upsert=True)

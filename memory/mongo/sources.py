@@ -104,7 +104,8 @@ class MongoSources(MongoArchival):
         wanted = [source_id for source_id, attached in own.items() if attached]
         sources = self._c("sources").find({"$or": [{"attach_all": True}, {"_id": {"$in": wanted}}]})
         found = [
-            _source(doc) async for doc in sources
+            _source(doc)
+            async for doc in sources
             if doc["_id"] != agent_id and own.get(doc["_id"], bool(doc.get("attach_all")))
         ]
         return sorted(found, key=lambda source: source.name)

@@ -116,7 +116,13 @@ INDEXES: dict[str, list[IndexModel]] = {
 # Every index the store creates at open(), by collection.
 ALL_INDEXES: dict[str, list[IndexModel]] = {}
 for _part in (
-    INDEXES, ARCHIVAL_INDEXES, SOURCE_INDEXES, COORDINATION_INDEXES, SCHEDULE_INDEXES, JOURNAL_INDEXES, USAGE_INDEXES
+    INDEXES,
+    ARCHIVAL_INDEXES,
+    SOURCE_INDEXES,
+    COORDINATION_INDEXES,
+    SCHEDULE_INDEXES,
+    JOURNAL_INDEXES,
+    USAGE_INDEXES,
 ):
     for _collection, _indexes in _part.items():
         ALL_INDEXES.setdefault(_collection, []).extend(_indexes)
@@ -151,7 +157,11 @@ def bm25(docs: Sequence[Sequence[str]], query: Sequence[str], n_docs: int, avg_l
 def _agent(doc: Doc) -> AgentRecord:
     summary_at = doc.get("summary_updated_at")
     return AgentRecord(
-        doc["_id"], doc["key"], from_us(doc["created_at"]), doc.get("summary", ""), doc.get("queue_start_seq", 1),
+        doc["_id"],
+        doc["key"],
+        from_us(doc["created_at"]),
+        doc.get("summary", ""),
+        doc.get("queue_start_seq", 1),
         None if summary_at is None else from_us(summary_at),
     )
 
@@ -162,11 +172,16 @@ def _block(doc: Doc) -> Block:
 
 def _message(doc: Doc) -> Message:
     return Message(
-        seq=doc["seq"], role=doc["role"], content=doc.get("content"),
+        seq=doc["seq"],
+        role=doc["role"],
+        content=doc.get("content"),
         tool_calls=json.loads(doc["tool_calls"]) if doc.get("tool_calls") else None,
-        tool_call_id=doc.get("tool_call_id"), name=doc.get("name"), created_at=from_us(doc["created_at"]),
+        tool_call_id=doc.get("tool_call_id"),
+        name=doc.get("name"),
+        created_at=from_us(doc["created_at"]),
         event_id=doc.get("event_id"),
     )
+
 
 def _last_batch(newest: Doc | None) -> tuple[int, int]:
     """(last seq handed out, words stored so far) from an agent's newest message."""
@@ -235,8 +250,17 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
             # default blocks exist, so a crash in between is finished by the
             # next call; block inserts are idempotent (unique agent + label).
             now = to_us(datetime.now(UTC))
-            blocks = [{"agent_id": doc["_id"], "label": b.label, "value": b.value, "limit": b.limit,
-                       "updated_at": now, "position": n} for n, b in enumerate(default_blocks, 1)]
+            blocks = [
+                {
+                    "agent_id": doc["_id"],
+                    "label": b.label,
+                    "value": b.value,
+                    "limit": b.limit,
+                    "updated_at": now,
+                    "position": n,
+                }
+                for n, b in enumerate(default_blocks, 1)
+            ]
             if blocks:
                 try:
                     await self._c("blocks").insert_many(blocks, ordered=False)
@@ -313,9 +337,17 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
             return []
         texts = [words(m.searchable_text()) for m in messages]
         docs = [
-            {"agent_id": agent_id, "role": m.role, "content": m.content, "tool_calls": m.tool_calls_json(),
-             "tool_call_id": m.tool_call_id, "name": m.name, "created_at": to_us(m.created_at), "terms": sorted(set(t)),
-             **({"event_id": m.event_id} if m.event_id else {})}
+            {
+                "agent_id": agent_id,
+                "role": m.role,
+                "content": m.content,
+                "tool_calls": m.tool_calls_json(),
+                "tool_call_id": m.tool_call_id,
+                "name": m.name,
+                "created_at": to_us(m.created_at),
+                "terms": sorted(set(t)),
+                **({"event_id": m.event_id} if m.event_id else {}),
+            }
             for m, t in zip(messages, texts, strict=True)
         ]
         tokens = sum(map(len, texts))
@@ -341,8 +373,10 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         messages = self._c("messages")
         await self._require_agent(agent_id, session)
         last = await messages.find_one(
-            {"agent_id": agent_id}, {"seq": 1, "batch_end": 1, "tok_total": 1},
-            sort=[("seq", DESCENDING)], session=session,
+            {"agent_id": agent_id},
+            {"seq": 1, "batch_end": 1, "tok_total": 1},
+            sort=[("seq", DESCENDING)],
+            session=session,
         )
         handed_out, words_so_far = _last_batch(last)
         start, end, total = handed_out + 1, handed_out + len(docs), words_so_far + tokens
@@ -406,8 +440,10 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         hits = [(score, m) for score, m in zip(scores, found, strict=True) if score > 0]
         # The IDFs bm25() used, summed: the score of a message holding every term once.
         n = max(n_docs, len(found))
-        idf_total = sum(math.log(1.0 + (n - df + 0.5) / (df + 0.5)) for df in
-                        (sum(1 for text in texts if term in text) for term in terms))
+        idf_total = sum(
+            math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            for df in (sum(1 for text in texts if term in text) for term in terms)
+        )
         return sorted(hits, key=lambda hit: (-hit[0], hit[1].seq)), idf_total
 
     async def _hybrid_messages(
@@ -450,8 +486,13 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
             return []
         # People's and the agent's own words; tool results and system alerts
         # (role user, name system_alert) are left to keyword search.
-        where = {"agent_id": agent_id, "role": {"$in": ["user", "assistant"]}, "content": {"$nin": [None, ""]},
-                 "name": {"$ne": "system_alert"}, "embedding": {"$exists": False}}
+        where = {
+            "agent_id": agent_id,
+            "role": {"$in": ["user", "assistant"]},
+            "content": {"$nin": [None, ""]},
+            "name": {"$ne": "system_alert"},
+            "embedding": {"$exists": False},
+        }
         cursor = self._c("messages").find(where, _NO_TERMS).sort("seq", DESCENDING).limit(limit)
         return [_message(doc) async for doc in cursor]
 
@@ -466,8 +507,10 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         check_dimension(matrix, None if stored is None else len(stored["embedding"]))
         # The agent_id condition keeps one agent from writing another's messages.
         await messages.bulk_write(
-            [UpdateOne({"agent_id": agent_id, "seq": seq}, {"$set": {"embedding": matrix[n].tolist()}})
-             for n, seq in enumerate(seqs)],
+            [
+                UpdateOne({"agent_id": agent_id, "seq": seq}, {"$set": {"embedding": matrix[n].tolist()}})
+                for n, seq in enumerate(seqs)
+            ],
             ordered=False,
         )
 

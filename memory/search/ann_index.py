@@ -164,9 +164,7 @@ class AnnIndex:
         stored = self._index.get(np.asarray(keys, dtype=np.int64))
         stored = stored if isinstance(stored, tuple) else (stored,)
         return {
-            key: float(_unit(vector)[0] @ q)
-            for key, vector in zip(keys, stored, strict=True)
-            if vector is not None
+            key: float(_unit(vector)[0] @ q) for key, vector in zip(keys, stored, strict=True) if vector is not None
         }
 
     @classmethod

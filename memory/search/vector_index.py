@@ -11,9 +11,7 @@ _EPS = 1e-12
 _F32 = np.dtype("<f4")  # how embeddings are stored (BLOBs are little-endian float32)
 
 
-def embedding_matrix(
-    vectors: Sequence[Sequence[float]], stored_dim: int | None = None
-) -> npt.NDArray[np.float32]:
+def embedding_matrix(vectors: Sequence[Sequence[float]], stored_dim: int | None = None) -> npt.NDArray[np.float32]:
     """Embeddings to store, as a float32 matrix; ValueError before anything is
     written if they differ in length from each other or from `stored_dim`
     (the length of the embeddings already stored beside them, if any)."""
@@ -73,9 +71,7 @@ class VectorIndex:
             return
         batch = np.asarray(vectors, dtype=np.float32)
         if batch.ndim != 2 or batch.shape[0] != len(ids):
-            raise ValueError(
-                f"expected {len(ids)} vectors as a 2-D array, got shape {batch.shape}"
-            )
+            raise ValueError(f"expected {len(ids)} vectors as a 2-D array, got shape {batch.shape}")
         if self._dim is None:
             self._dim = int(batch.shape[1])
             self._matrix = np.empty((self._capacity, self._dim), dtype=np.float32)
@@ -108,9 +104,7 @@ class VectorIndex:
                 self._row_of[moved] = row
             self._size = last
 
-    def search(
-        self, query: npt.ArrayLike, k: int, boost: Mapping[int, float] | None = None
-    ) -> list[tuple[int, float]]:
+    def search(self, query: npt.ArrayLike, k: int, boost: Mapping[int, float] | None = None) -> list[tuple[int, float]]:
         """The k ids most similar to `query`, best first; ties go to the lower id
         so that pages cut from growing k never overlap or skip. `boost` adds a
         bonus to some ids' scores before ranking (the keyword half of a hybrid

@@ -30,15 +30,23 @@ _OUTBOX_COLS = (
 
 
 def _journal(row: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(
-        row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), row[5], row[6]
-    )
+    return JournalEntry(row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), row[5], row[6])
 
 
 def _outbox(row: Sequence[Any]) -> OutboxEntry:
     return OutboxEntry(
-        row[0], row[1], row[2], row[3], row[4], row[5], json.loads(row[6]), row[7],
-        datetime.fromtimestamp(row[8], UTC), row[9], row[10], row[11],
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        json.loads(row[6]),
+        row[7],
+        datetime.fromtimestamp(row[8], UTC),
+        row[9],
+        row[10],
+        row[11],
     )
 
 
@@ -54,8 +62,13 @@ class SQLiteJournal:
         if sweep:
             self._last_journal_sweep = now
         row = (
-            entry.event_id, entry.origin, entry.agent_key, json.dumps(entry.payload, ensure_ascii=False),
-            entry.received_at.timestamp(), entry.state, entry.attempts,
+            entry.event_id,
+            entry.origin,
+            entry.agent_key,
+            json.dumps(entry.payload, ensure_ascii=False),
+            entry.received_at.timestamp(),
+            entry.state,
+            entry.attempts,
         )
 
         def job(conn: sqlite3.Connection) -> bool:
@@ -95,9 +108,18 @@ class SQLiteJournal:
 
     async def outbox_add(self, entry: OutboxEntry) -> bool:
         row = (
-            entry.id, entry.event_id, entry.position, entry.agent_key, entry.origin, entry.user_id,
-            json.dumps(entry.reply_to), entry.text, entry.created_at.timestamp(), entry.state,
-            entry.attempts, entry.next_try_at,
+            entry.id,
+            entry.event_id,
+            entry.position,
+            entry.agent_key,
+            entry.origin,
+            entry.user_id,
+            json.dumps(entry.reply_to),
+            entry.text,
+            entry.created_at.timestamp(),
+            entry.state,
+            entry.attempts,
+            entry.next_try_at,
         )
 
         def job(conn: sqlite3.Connection) -> bool:

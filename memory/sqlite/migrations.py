@@ -29,9 +29,7 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIO
     The connection must be in autocommit mode (isolation_level=None) so that
     each migration and its bookkeeping row commit together or not at all.
     """
-    conn.execute(
-        "CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)"
-    )
+    conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     applied_now: list[str] = []
     for fn in migrations:
         name = fn.__name__
@@ -43,9 +41,7 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIO
             if done:
                 continue
             fn(conn)
-            conn.execute(
-                "INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time())
-            )
+            conn.execute("INSERT INTO _migrations (name, applied_at) VALUES (?, ?)", (name, time.time()))
         applied_now.append(name)
     return applied_now
 

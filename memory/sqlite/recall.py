@@ -44,8 +44,7 @@ CANDIDATE_POOL = 100
 # search. Must match the partial index messages_unembedded
 # (memory/sqlite/migrations.py) term for term, for the backlog query to use it.
 PENDING_WHERE = (
-    "embedding IS NULL AND role IN ('user', 'assistant') AND content <> ''"
-    " AND coalesce(name, '') <> 'system_alert'"
+    "embedding IS NULL AND role IN ('user', 'assistant') AND content <> '' AND coalesce(name, '') <> 'system_alert'"
 )
 
 
@@ -84,7 +83,8 @@ class SQLiteRecall:
             # The agent_id condition keeps one agent from writing another's
             # messages; rowcount tells which seqs were the agent's.
             return [
-                n for n, seq in enumerate(seqs)
+                n
+                for n, seq in enumerate(seqs)
                 if conn.execute(
                     "UPDATE messages SET embedding = ? WHERE agent_id = ? AND seq = ?",
                     (matrix[n].tobytes(), agent_id, seq),

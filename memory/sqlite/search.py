@@ -374,9 +374,7 @@ def embedded_signature(conn: sqlite3.Connection, agent_id: str) -> Signature:
     return Signature(count - pending[0], id_sum - pending[1], max_id)
 
 
-def read_vectors(
-    conn: sqlite3.Connection, agent_id: str, *, table: str = "passages", key: str = "id"
-) -> VectorIndex:
+def read_vectors(conn: sqlite3.Connection, agent_id: str, *, table: str = "passages", key: str = "id") -> VectorIndex:
     """The agent's embeddings in `table` (passages by id, messages by seq),
     read from the BLOBs into an exact index."""
     rows = conn.execute(

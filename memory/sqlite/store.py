@@ -96,15 +96,24 @@ def _block(row: Sequence[Any]) -> Block:
 
 def _message(row: Sequence[Any]) -> Message:
     return Message(
-        seq=row[0], role=row[1], content=row[2],
+        seq=row[0],
+        role=row[1],
+        content=row[2],
         tool_calls=json.loads(row[3]) if row[3] else None,
-        tool_call_id=row[4], name=row[5], created_at=_dt(row[6]), event_id=row[7],
+        tool_call_id=row[4],
+        name=row[5],
+        created_at=_dt(row[6]),
+        event_id=row[7],
     )
 
 
 def _passage(row: Sequence[Any]) -> Passage:
     return Passage(
-        id=row[0], text=row[1], source=row[2], position=row[3], created_at=_dt(row[4]),
+        id=row[0],
+        text=row[1],
+        source=row[2],
+        position=row[3],
+        created_at=_dt(row[4]),
         embedding=None if row[5] is None else np.frombuffer(row[5], dtype=_F32).tolist(),
     )
 
@@ -220,19 +229,14 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
             conn.close()
 
     # -- agents ------------------------------------------------------------
-    async def get_or_create_agent(
-        self, key: str, default_blocks: Sequence[Block]
-    ) -> tuple[AgentRecord, list[Block]]:
+    async def get_or_create_agent(self, key: str, default_blocks: Sequence[Block]) -> tuple[AgentRecord, list[Block]]:
         return await self._call(self._get_or_create_agent, key, list(default_blocks))
 
-    def _get_or_create_agent(
-        self, key: str, default_blocks: list[Block]
-    ) -> tuple[AgentRecord, list[Block]]:
+    def _get_or_create_agent(self, key: str, default_blocks: list[Block]) -> tuple[AgentRecord, list[Block]]:
         now = time.time()
         with self._write() as conn:
             created = conn.execute(
-                "INSERT INTO agents (id, key, created_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (key) DO NOTHING",
+                "INSERT INTO agents (id, key, created_at) VALUES (?, ?, ?) ON CONFLICT (key) DO NOTHING",
                 (uuid.uuid4().hex, key, now),
             ).rowcount
             row = conn.execute(f"SELECT {_AGENT_COLS} FROM agents WHERE key = ?", (key,)).fetchone()
@@ -240,10 +244,7 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
                 conn.executemany(
                     'INSERT INTO blocks (agent_id, label, value, "limit", updated_at, position)'
                     " VALUES (?, ?, ?, ?, ?, ?)",
-                    [
-                        (row[0], b.label, b.value, b.limit, now, n)
-                        for n, b in enumerate(default_blocks, 1)
-                    ],
+                    [(row[0], b.label, b.value, b.limit, now, n) for n, b in enumerate(default_blocks, 1)],
                 )
             blocks = [_block(r) for r in conn.execute(_BLOCKS_SQL, (row[0],))]
         return _agent(row), blocks
@@ -261,9 +262,7 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
 
     def _delete_agent(self, agent_id: str) -> None:
         with self._write() as conn:
-            had_messages = conn.execute(
-                "SELECT 1 FROM messages WHERE agent_id = ? LIMIT 1", (agent_id,)
-            ).fetchone()
+            had_messages = conn.execute("SELECT 1 FROM messages WHERE agent_id = ? LIMIT 1", (agent_id,)).fetchone()
             had_passages = conn.execute("SELECT 1 FROM passages WHERE agent_id = ? LIMIT 1", (agent_id,)).fetchone()
             # Cascades to blocks, messages (whose trigger empties the FTS rows)
             # and passages.
@@ -303,7 +302,7 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
                 'INSERT INTO blocks (agent_id, label, value, "limit", updated_at, position)'
                 " VALUES (?, ?, ?, ?, ?,"
                 " (SELECT coalesce(max(position), 0) + 1 FROM blocks WHERE agent_id = ?))"
-                ' ON CONFLICT (agent_id, label) DO UPDATE SET value = excluded.value,'
+                " ON CONFLICT (agent_id, label) DO UPDATE SET value = excluded.value,"
                 ' "limit" = excluded."limit", updated_at = excluded.updated_at',
                 (agent_id, block.label, block.value, block.limit, _ts(block.updated_at), agent_id),
             )
@@ -312,15 +311,12 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
     async def update_queue(
         self, agent_id: str, summary: str, queue_start_seq: int, summary_updated_at: datetime
     ) -> None:
-        await self._call(
-            self._update_queue, agent_id, summary, queue_start_seq, _ts(summary_updated_at)
-        )
+        await self._call(self._update_queue, agent_id, summary, queue_start_seq, _ts(summary_updated_at))
 
     def _update_queue(self, agent_id: str, summary: str, start: int, updated: float) -> None:
         with self._write() as conn:
             changed = conn.execute(
-                "UPDATE agents SET summary = ?, queue_start_seq = ?, summary_updated_at = ?"
-                " WHERE id = ?",
+                "UPDATE agents SET summary = ?, queue_start_seq = ?, summary_updated_at = ? WHERE id = ?",
                 (summary, start, updated, agent_id),
             ).rowcount
         if not changed:
@@ -342,8 +338,17 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
                 rowid = conn.execute(
                     "INSERT INTO messages (agent_id, seq, role, content, tool_calls,"
                     " tool_call_id, name, created_at, event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (agent_id, last + n, m.role, m.content, m.tool_calls_json(),
-                     m.tool_call_id, m.name, _ts(m.created_at), m.event_id),
+                    (
+                        agent_id,
+                        last + n,
+                        m.role,
+                        m.content,
+                        m.tool_calls_json(),
+                        m.tool_call_id,
+                        m.name,
+                        _ts(m.created_at),
+                        m.event_id,
+                    ),
                 ).lastrowid
                 text = m.searchable_text()
                 if text:
@@ -383,9 +388,7 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
 
     def _search_messages(self, agent_id: str, match: str, limit: int, offset: int) -> SearchPage:
         conn = self._db
-        (total,) = conn.execute(
-            "SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (match,)
-        ).fetchone()
+        (total,) = conn.execute("SELECT count(*) FROM messages_fts WHERE messages_fts MATCH ?", (match,)).fetchone()
         # Rank and page inside FTS first, then fetch the page's rows: joining
         # first lets the planner drive from messages and run one FTS query per
         # message. The agent_id column is weighted 0 so it never affects
@@ -403,20 +406,15 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
     async def messages_between(
         self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
     ) -> SearchPage:
-        return await self._call(
-            self._messages_between, agent_id, _ts(start), _ts(end), limit, offset
-        )
+        return await self._call(self._messages_between, agent_id, _ts(start), _ts(end), limit, offset)
 
-    def _messages_between(
-        self, agent_id: str, start: float, end: float, limit: int, offset: int
-    ) -> SearchPage:
+    def _messages_between(self, agent_id: str, start: float, end: float, limit: int, offset: int) -> SearchPage:
         conn = self._db
         where = "WHERE agent_id = ? AND created_at >= ? AND created_at < ?"
         args = (agent_id, start, end)
         (total,) = conn.execute(f"SELECT count(*) FROM messages {where}", args).fetchone()
         rows = conn.execute(
-            f"SELECT {_MESSAGE_COLS} FROM messages {where}"
-            " ORDER BY created_at, seq LIMIT ? OFFSET ?",
+            f"SELECT {_MESSAGE_COLS} FROM messages {where} ORDER BY created_at, seq LIMIT ? OFFSET ?",
             (*args, limit, offset),
         )
         return SearchPage(items=[_message(row) for row in rows], total=total)
@@ -433,18 +431,14 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
     def _insert_passages(self, agent_id: str, passages: list[Passage]) -> list[int]:
         embedded = [n for n, p in enumerate(passages) if p.embedding is not None]
         with self._write() as conn:
-            matrix = self._checked_vectors(
-                conn, agent_id, [passages[n].embedding or [] for n in embedded]
-            )
+            matrix = self._checked_vectors(conn, agent_id, [passages[n].embedding or [] for n in embedded])
             blobs: dict[int, bytes] = {n: matrix[i].tobytes() for i, n in enumerate(embedded)}
             sql = (
                 "INSERT INTO passages (agent_id, text, source, position, created_at, embedding)"
                 " VALUES (?, ?, ?, ?, ?, ?)"
             )
             ids: list[int] = [
-                conn.execute(
-                    sql, (agent_id, p.text, p.source, p.position, _ts(p.created_at), blobs.get(n))
-                ).lastrowid
+                conn.execute(sql, (agent_id, p.text, p.source, p.position, _ts(p.created_at), blobs.get(n))).lastrowid
                 for n, p in enumerate(passages)
             ]
         self._search.rows_inserted(len(ids))
@@ -502,8 +496,7 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
         if not hits:
             return SearchPage(items=[], total=total)
         rows = self._db.execute(
-            f"SELECT {_PASSAGE_COLS} FROM passages"
-            " WHERE id IN (SELECT value FROM json_each(?)) AND agent_id = ?",
+            f"SELECT {_PASSAGE_COLS} FROM passages WHERE id IN (SELECT value FROM json_each(?)) AND agent_id = ?",
             (json.dumps([passage_id for passage_id, _ in hits]), agent_id),
         )
         by_id = {row[0]: row for row in rows}
@@ -535,8 +528,7 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
     def _delete_passages(self, agent_id: str, ids: list[int]) -> None:
         with self._write() as conn:
             deleted = conn.execute(
-                "DELETE FROM passages WHERE agent_id = ?"
-                " AND id IN (SELECT value FROM json_each(?))",
+                "DELETE FROM passages WHERE agent_id = ? AND id IN (SELECT value FROM json_each(?))",
                 (agent_id, json.dumps(ids)),
             ).rowcount
         self._search.removed(agent_id, ids, deleted)
