@@ -141,7 +141,8 @@ def render_usage(usage: Usage) -> str:
     return "\n".join(
         [
             usage.key,
-            f"  messages let through in the last minute: {usage.messages_last_minute} (limit {_limit(usage.rate_limit)})",
+            f"  messages let through in the last minute: {usage.messages_last_minute} "
+            f"(limit {_limit(usage.rate_limit)})",
             f"  tokens today (UTC): {usage.tokens_today:,} (budget {_limit(usage.daily_budget)}; "
             f"resets at midnight UTC, in {resets})",
             f"  exempt: {exempt}",
