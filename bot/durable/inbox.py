@@ -143,6 +143,8 @@ class Inbox:
     async def due(self, origin: str) -> list[Redo]:
         """Waiting entries of `origin` whose replay is due, claimed for it (in arrival order)."""
         for event_id, change in list(self._unwritten.items()):
+            if change.state == "waiting":  # its wait starts once it is written
+                change.next_try_at = self.clock() + self.replay_after
             if change.origin == origin and await self._write(event_id, change):
                 del self._unwritten[event_id]
         answered = origin in self._answered
