@@ -163,7 +163,11 @@ class Runtime:
         # The agent's line (then the lock) is joined before any await, so events
         # keep their arrival order; if another process worked on the agent since
         # our last turn, the cached copy is stale and the agent is reloaded.
-        async with self.leases.hold(key) as turn, self._lanes.hold(key):
+        async with (
+            self.leases.hold(key) as turn,
+            self._lanes.hold(key),
+            self.inbox.quarantine.admit(event.journal_id),
+        ):
             try:
                 await self.inbox.started(event)  # from here on, a crash counts against the event
                 agent = await self._agent(key, reload=not turn.continuous)
