@@ -8,7 +8,6 @@ model type ("daily 09:00", "in 2 hours", "tomorrow 09:00").
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,8 +61,7 @@ class CheckinSettings:
     concurrency: int = 8  # ticks run at once per process (09:00 is popular; LLM rate limits)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> CheckinSettings:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> CheckinSettings:
         default = cls()
 
         def read(name: str, attribute: str, minimum: int) -> int:
