@@ -27,7 +27,7 @@ from bot.config import Settings
 from bot.reports import plural
 from cli.args import user_argument
 from cli.common import EXIT_OK, PROG, CLIError, fail, write
-from memory.store import SourceRecord
+from memory.store import SOURCE_KEY_PREFIX, SourceRecord
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -287,9 +287,16 @@ async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
     try:
         store = runtime.store
         keys = {agent.id: agent.key for agent in await store.list_agents()}
+        people = {agent_id: key for agent_id, key in keys.items() if not key.startswith(SOURCE_KEY_PREFIX)}
         rows = []
         for source in await store.list_sources():
             attached = [keys.get(agent_id, agent_id) for agent_id in await store.source_attachments(source.id)]
+            # Attached to all, minus those detached one by one (`detach NAME --user`).
+            excluded = [
+                key
+                for agent_id, key in people.items()
+                if source.attach_all and source.id not in {s.id for s in await store.attached_sources(agent_id)}
+            ]
             rows.append(
                 {
                     "name": source.name,
@@ -297,6 +304,7 @@ async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
                     "files": len(await store.list_documents(source.id)),
                     "attach_all": source.attach_all,
                     "attached_to": sorted(attached),
+                    "detached": sorted(excluded),
                     "created_at": source.created_at.isoformat(),
                 }
             )
@@ -314,7 +322,7 @@ async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
 def _render_source(row: dict[str, Any]) -> str:
     who: Sequence[str] = row["attached_to"]
     if row["attach_all"]:
-        attached = "every user"
+        attached = "every user" + (f" except {', '.join(row['detached'])}" if row["detached"] else "")
     elif who:
         attached = ", ".join(who)
     else:
