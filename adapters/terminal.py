@@ -27,7 +27,7 @@ PROMPT = "you> "
 Handle = Callable[[UserMessage], Awaitable[list[Reply]]]
 
 
-async def read_lines(stream: TextIO) -> AsyncGenerator[str, None]:
+async def read_lines(stream: TextIO) -> AsyncGenerator[str]:
     """Lines of `stream` (without their line ending) without blocking the event loop.
 
     A daemon thread does the blocking reads, so a pending read never keeps the
