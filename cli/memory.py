@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from bot.config import Settings
 from bot.reports import plural, render_description
@@ -17,7 +18,11 @@ from cli.args import User
 from cli.common import EXIT_ERROR, EXIT_OK, CLIError, dumps, isatty, iso, open_runtime, read_line, unknown, write
 from memory.types import Message, Passage
 
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
 log = logging.getLogger("memgpt_bot.cli")
+T = TypeVar("T")
 
 
 def _positive(text: str) -> int:
@@ -73,15 +78,21 @@ def add_memory_commands(
 
 
 # -- show ----------------------------------------------------------------------
-async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
-    user: User = args.user
+async def held_on(settings: Settings, user: User, read: Callable[[Runtime], Awaitable[T | None]]) -> T:
+    """What `read` finds on a user, or the one-line "no memory held" error."""
     runtime = await open_runtime(settings)
     try:
-        description = await runtime.describe(user.key)
+        found = await read(runtime)
     finally:
         await runtime.close()
-    if description is None:
+    if found is None:
         raise unknown(user)
+    return found
+
+
+async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    user: User = args.user
+    description = await held_on(settings, user, lambda runtime: runtime.describe(user.key))
     write(dumps(description, indent=2) if args.json else render_description(description))
     return EXIT_OK
 
@@ -182,13 +193,7 @@ def render_search(found: dict[str, Any]) -> str:
 # -- export / forget -------------------------------------------------------------
 async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     user: User = args.user
-    runtime = await open_runtime(settings)
-    try:
-        data = await runtime.export(user.key)
-    finally:
-        await runtime.close()
-    if data is None:
-        raise unknown(user)
+    data = await held_on(settings, user, lambda runtime: runtime.export(user.key))
     write(dumps(data, indent=2))
     return EXIT_OK
 
