@@ -70,6 +70,7 @@ from adapters.discord_support import (
     intents,
     nonce_of,
     outcome_of,
+    run_client,
     snowflake_of,
 )
 from adapters.splitting import split_message
@@ -89,6 +90,9 @@ class DiscordAdapter:
     def __init__(self, bot: BotPort, config: DiscordConfig, *, forget_timeout: float = FORGET_TIMEOUT) -> None:
         self.bot = bot
         self.config = config
+        self._closing = False
+        if config.api_url:  # discord.py's routes are class-wide: one Discord per process
+            discord.http.Route.BASE = config.api_url
         self.client = self._build_client()
         self.tree: app_commands.CommandTree[discord.Client] = app_commands.CommandTree(self.client)
         add_commands(self.tree, bot, forget_timeout=forget_timeout)
@@ -124,12 +128,13 @@ class DiscordAdapter:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
-        """Log in and connect; returns once the client is closed. Raises discord.LoginFailure
-        for a bad token and discord.PrivilegedIntentsRequired when the portal switches are off."""
-        async with self.client:
-            await self.client.start(self.config.token)
+        """Log in and connect (retrying while Discord is unreachable); returns once the client
+        is closed. Raises discord.LoginFailure for a bad token and discord.PrivilegedIntentsRequired
+        when the portal switches are off."""
+        await run_client(self.client, self.config.token, lambda: self._closing)
 
     async def close(self) -> None:
+        self._closing = True
         await self.client.close()
 
     async def sync_commands(self) -> None:

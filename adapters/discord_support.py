@@ -3,8 +3,10 @@ client's intents, reply addresses, and what a failed send means (bot/durable/jou
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Mapping
+import logging
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +15,8 @@ import discord
 
 from bot.config import ConfigError
 from bot.events import Delivery
+
+log = logging.getLogger("adapters.discord_adapter")
 
 DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 # What a REST call may raise besides a bug: Discord's answer, its rate limiter, the network.
@@ -29,6 +33,9 @@ class DiscordConfig:
     shard_ids: tuple[int, ...] | None = None  # the shards this process runs (several processes)
     command_guild_id: int | None = None  # sync slash commands to one server only (instant)
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    # The base of Discord's REST API (DISCORD_API_URL): a REST proxy in front of the
+    # rate limits, or a local stand-in; discord.py asks it for the gateway address.
+    api_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DiscordConfig | None:
@@ -54,7 +61,64 @@ class DiscordConfig:
             shard_ids=shard_ids,
             command_guild_id=_positive(guild, "DISCORD_COMMAND_GUILD_ID") if guild else None,
             max_upload_bytes=_positive(upload, "DISCORD_MAX_UPLOAD_BYTES") if upload else DEFAULT_MAX_UPLOAD_BYTES,
+            api_url=_api_url(env.get("DISCORD_API_URL", "")),
         )
+
+
+def _api_url(value: str) -> str | None:
+    value = value.strip().rstrip("/")
+    if value and not value.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"DISCORD_API_URL={value!r}: must be an http:// or https:// URL, e.g. https://discord.com/api/v10"
+        )
+    return value or None
+
+
+# -- connecting, again and again while Discord cannot be reached ---------------------
+CONNECT_RETRY_FIRST = 2.0  # seconds; doubling
+CONNECT_RETRY_MAX = 300.0
+# Failures that pass: the network, Discord's 5xx, a gateway that does not answer.
+# A bad token (LoginFailure) or missing intents are not retried: they need a person.
+PASSING_CONNECT_ERRORS = (
+    OSError,
+    aiohttp.ClientError,
+    TimeoutError,
+    discord.GatewayNotFound,
+    discord.DiscordServerError,
+    discord.ConnectionClosed,
+)
+
+
+async def run_client(
+    client: discord.Client, token: str, closing: Callable[[], bool], first: float = CONNECT_RETRY_FIRST
+) -> None:
+    """Log in and run `client` until it is closed. While Discord cannot be
+    reached at login, retry with backoff (2 s, doubling, up to 5 min), saying
+    so each time, so that an outage at start does not stop the bot (other
+    platforms keep running meanwhile); once logged in, discord.py's own
+    reconnect loop takes over."""
+    delay = first
+    async with client:
+        while True:
+            try:
+                await client.login(token)
+                break
+            except PASSING_CONNECT_ERRORS as error:
+                # A fresh session and connector for the next try (closing one closes both).
+                await client.http.close()
+                client.http.connector = discord.utils.MISSING
+                if closing():
+                    return
+                log.warning("discord: cannot reach Discord (%s); retrying in %.0f s", _reason(error), delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, CONNECT_RETRY_MAX)
+                if closing():
+                    return
+        await client.connect(reconnect=True)
+
+
+def _reason(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
 
 
 def _positive(value: str, name: str) -> int:

@@ -95,9 +95,9 @@ class Runtime:
         self._lanes = Lanes()
         # Several bot processes on one database: one of them works on an agent
         # at a time (bot/durable/leases.py); a no-op for a single process.
-        self.leases = leases or leases_for(store)
+        self.leases = leases or leases_for(store, settings.leases)
         # Check-ins: the schedules live beside the memory, in the same store.
-        self.checkin_settings = checkin_settings or CheckinSettings.from_env()
+        self.checkin_settings = checkin_settings or settings.checkins
         self.schedules = schedule_store_for(store)
         # Registered before any agent loads: each agent counts the schemas once.
         register_checkin_functions(
@@ -137,6 +137,11 @@ class Runtime:
             max_retries=settings.llm_max_retries,
         )
         return cls(settings, store, llm, embedder or Embedder(settings.embedding_model))
+
+    @property
+    def agents_in_memory(self) -> int:
+        """Agents loaded in this process (a gauge in bot/metrics.py)."""
+        return len(self._agents)
 
     # -- the adapters' API -------------------------------------------------
     async def handle(self, event: Event) -> list[Reply]:
