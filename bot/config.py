@@ -116,6 +116,9 @@ class Settings:
     llm_timeout: float = 60.0
     llm_max_retries: int = 3
     embedding_model: str = ""  # empty: the bundled all-MiniLM-L6-v2
+    # Load the embedding model in the background at start (run, and chat at a
+    # terminal), so the first search rarely waits for it.
+    warm_up: bool = True
     # Empty: the embedded SQLite store under data_dir. May hold a password: not in the repr.
     mongodb_uri: str = field(default="", repr=False)
     mongodb_db: str = "memgpt"
@@ -301,6 +304,15 @@ def choice(*options: str) -> Callable[[str], str]:
     return read
 
 
+def switch(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be on or off (also true/false, yes/no, 1/0)")
+
+
 def directory(raw: str) -> Path:
     return Path(raw).expanduser()
 
@@ -368,6 +380,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_LLM_TIMEOUT", "llm_timeout", number(1, 3_600)),
     Spec("MEMGPT_LLM_MAX_RETRIES", "llm_max_retries", whole(0, 20)),
     Spec("MEMGPT_EMBEDDING_MODEL", "embedding_model", text),
+    Spec("MEMGPT_WARM_UP", "warm_up", switch),
     Spec("MONGODB_URI", "mongodb_uri", text),
     Spec("MONGODB_DB", "mongodb_db", text),
     Spec("MEMGPT_STORE_WAIT", "store_wait", number(0, zero="do not wait")),

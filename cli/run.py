@@ -29,7 +29,7 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     def announce(line: str) -> None:
         print(f"memgpt-bot: {line}", file=sys.stderr, flush=True)
 
-    runtime = await open_runtime(settings, talks_to_llm=True, warm_up=True)
+    runtime = await open_runtime(settings, talks_to_llm=True, warm_up=settings.warm_up)
     try:
         await serve(runtime, announce)
     finally:

@@ -295,6 +295,8 @@ async def run(
         # The conversation is a burst far above any sane per-user rate: no limits here.
         "MEMGPT_RATE_LIMIT_PER_MINUTE": "0",
         "MEMGPT_DAILY_TOKEN_BUDGET": "0",
+        # Nothing here searches by meaning: a hundred starts need not load the model.
+        "MEMGPT_WARM_UP": "off",
     }
     for name in ("DISCORD_TOKEN", "SLACK_APP_TOKEN", "MONGODB_URI"):
         env.pop(name, None)

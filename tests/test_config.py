@@ -46,6 +46,7 @@ def test_redacted_settings_hide_keys_and_the_mongodb_password(tmp_path: Path) ->
         ("MEMGPT_METRICS_PORT", "70000", "from 1 to 65535, or 0 (off)"),
         ("MEMGPT_LEASES", "sometimes", "auto, on or off"),
         ("MEMGPT_MAX_REMINDERS", "0", "at least 1"),
+        ("MEMGPT_WARM_UP", "later", "must be on or off"),
     ],
 )
 def test_a_setting_that_cannot_work_is_refused_at_start_naming_it(name: str, value: str, allowed: str) -> None:
@@ -61,11 +62,12 @@ def test_every_setting_is_read_once_into_one_settings_object(tmp_path: Path) -> 
         "MEMGPT_LEASES": "on",
         "MEMGPT_MAX_REMINDERS": "3",
         "MEMGPT_LOG_LEVEL": "debug",
+        "MEMGPT_WARM_UP": "off",
         "DISCORD_TOKEN": "discord-token-value",
     }
     settings = Settings.from_mapping(env)
     assert settings.context_window == 131_072 and settings.daily_token_budget == 50 * 131_072
-    assert settings.response_reserve == 1_024 and settings.log_level == "DEBUG"
+    assert settings.response_reserve == 1_024 and settings.log_level == "DEBUG" and not settings.warm_up
     assert settings.leases.mode == "on" and settings.checkins.max_reminders == 3
     # The adapters read their settings from here, never from os.environ.
     assert settings.environment["DISCORD_TOKEN"] == "discord-token-value"
