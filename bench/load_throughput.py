@@ -94,7 +94,7 @@ def rss_mib() -> float:
 
 
 # -- the child: one file, one process ------------------------------------------
-async def child(file: Path, sample_file: Path, torch_threads: int) -> dict[str, float]:
+async def child(file: Path, texts: list[str], torch_threads: int) -> dict[str, float]:
     from memory.archival import ArchivalMemory
     from memory.embeddings import Embedder
     from memory.ingest.loader import load_paths
@@ -104,7 +104,6 @@ async def child(file: Path, sample_file: Path, torch_threads: int) -> dict[str, 
         import torch
 
         torch.set_num_threads(torch_threads)
-    texts: list[str] = json.loads(sample_file.read_text())
     counter = TokenCounter(load_encoder(COUNTER_MODEL))
     embedder = Embedder()
     await embedder.warm_up()
@@ -121,8 +120,9 @@ async def child(file: Path, sample_file: Path, torch_threads: int) -> dict[str, 
     await store.open()
     agent, _ = await store.get_or_create_agent("bench:loader", [])
     wall, cpu = time.perf_counter(), time.process_time()
+    archival = ArchivalMemory(store, embedder)
     report = await load_paths(
-        ArchivalMemory(store, embedder), agent.id, [file], counter=counter, max_tokens=DEFAULT_MAX_TOKENS, progress=False
+        archival, agent.id, [file], counter=counter, max_tokens=DEFAULT_MAX_TOKENS, progress=False
     )
     seconds, cpu_seconds = time.perf_counter() - wall, time.process_time() - cpu
     await store.close()
@@ -162,7 +162,8 @@ def main() -> None:
     parser.add_argument("--sample-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(asyncio.run(child(args.child, args.sample_file, args.torch_threads))))
+        texts = json.loads(args.sample_file.read_text())
+        print(json.dumps(asyncio.run(child(args.child, texts, args.torch_threads))))
         return
 
     print(machine())
