@@ -60,8 +60,8 @@ from typing import Any
 import discord
 from discord import app_commands
 
-from adapters.discord_commands import FORGET_TIMEOUT, MESSAGE_LIMIT, PLATFORM, add_commands
-from adapters.discord_support import (
+from adapters.discord.commands import FORGET_TIMEOUT, MESSAGE_LIMIT, PLATFORM, add_commands
+from adapters.discord.config import (
     CALL_ERRORS,
     DEFAULT_MAX_UPLOAD_BYTES,
     DiscordConfig,

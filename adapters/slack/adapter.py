@@ -48,9 +48,8 @@ from slack_sdk.http_retry.builtin_async_handlers import (
 )
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.slack_commands import FORGET_CANCEL, FORGET_CONFIRM, add_commands
-from adapters.slack_format import markdown_to_mrkdwn, slack_to_plain
-from adapters.slack_support import (
+from adapters.slack.commands import FORGET_CANCEL, FORGET_CONFIRM, add_commands
+from adapters.slack.config import (
     CALL_ERRORS,
     LRU,
     PLATFORM,
@@ -64,6 +63,7 @@ from adapters.slack_support import (
     name_of,
     time_of,
 )
+from adapters.slack.format import markdown_to_mrkdwn, slack_to_plain
 from adapters.splitting import split_message
 from bot.durable.lanes import Lanes
 from bot.events import Delivery, Event, FileUploaded, Redo, Reply, UserJoined, UserMessage, agent_key

@@ -16,8 +16,8 @@ from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 
-from adapters.slack_format import escape, markdown_to_mrkdwn
-from adapters.slack_support import CALL_ERRORS, PLATFORM, REPLY_LIMIT, error_code
+from adapters.slack.config import CALL_ERRORS, PLATFORM, REPLY_LIMIT, error_code
+from adapters.slack.format import escape, markdown_to_mrkdwn
 from adapters.splitting import split_message
 from bot.ports import BotPort
 
