@@ -29,7 +29,7 @@ from discord.ext.test import backend
 from discord.http import Route
 from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
-from adapters.discord.adapter import DiscordAdapter, DiscordConfig, dm_address
+from adapters.discord import DiscordAdapter, DiscordConfig, dm_address
 from adapters.discord.commands import (
     FORGET_CANCELLED,
     FORGET_DONE,

@@ -25,7 +25,7 @@ import discord.ext.test as dpytest
 import pytest
 from discord.ext.test import backend
 
-from adapters.discord.adapter import DiscordAdapter, nonce_of
+from adapters.discord import DiscordAdapter, nonce_of
 from bot.durable.redelivery import Redelivery
 from bot.events import Event, UserMessage
 from bot.events import Reply as BotReply

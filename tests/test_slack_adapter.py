@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 
-from adapters.slack.adapter import (
+from adapters.slack import (
     APOLOGY,
     FORGET_CANCEL,
     FORGET_CONFIRM,
@@ -418,7 +418,7 @@ async def test_failed_sends_are_logged_and_the_bot_carries_on(
 ) -> None:
     llm_server.set_handler(echo_number)
     bot.slack.fail("chat.postMessage", "channel_not_found")
-    with caplog.at_level(logging.ERROR, logger="adapters.slack.adapter"):
+    with caplog.at_level(logging.ERROR, logger="adapters.slack"):
         await bot.event(dm("number 1"))
         bot_calls = await bot.slack.wait_for("chat.postMessage")
         await bot.adapter.drain()
