@@ -316,7 +316,7 @@ async def test_a_person_who_closed_their_dms_gets_the_reply_dropped_not_retried(
         message = await dpytest.message("hello", channel=await alice.create_dm(), member=alice)
     assert sent() == []
     assert await outbox_states(runtime, str(message.id)) == ["dropped"]
-    [record] = [r for r in caplog.records if r.name == "adapters.discord.adapter" and r.levelno >= logging.WARNING]
+    [record] = [r for r in caplog.records if r.name == "adapters.discord.send" and r.levelno >= logging.WARNING]
     line = record.getMessage()
     assert str(alice.id) in line and "50007" in line and "dropped" in line
     assert "A secret answer" not in caplog.text  # who and why, never what
@@ -345,7 +345,7 @@ async def test_a_message_deleted_before_the_restart_is_not_redone(
     backend.delete_message(message)
 
     runtime2, adapter = await restart(discord_bot, make_runtime)
-    with caplog.at_level(logging.WARNING, logger="adapters.discord.adapter"):
+    with caplog.at_level(logging.WARNING, logger="adapters.discord"):
         assert await adapter.recover() == 1
     assert f"not redoing message {message.id}" in caplog.text
     assert sent() == [] and discord_bot.llm.requests == []

@@ -1,23 +1,16 @@
-"""The Discord adapter's small parts: configuration from the environment, the
-client's intents, reply addresses, and what a failed send means (bot/durable/journal.py)."""
+"""The Discord adapter's settings, read from the environment, and the
+platform's constants that every part of the adapter shares."""
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
-import discord
 
 from bot.config import ConfigError
-from bot.events import Delivery
 
+PLATFORM = "discord"
+MESSAGE_LIMIT = 2_000
 DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
-# What a REST call may raise besides a bug: Discord's answer, its rate limiter, the network.
-CALL_ERRORS = (discord.HTTPException, discord.RateLimited, aiohttp.ClientError, OSError)
-CANNOT_MESSAGE_USER = 50007  # DMs closed, the bot blocked, or no server shared any more
 
 
 @dataclass(slots=True)
@@ -69,56 +62,3 @@ def _ids(value: str, name: str, *, allow_zero: bool = False) -> list[int]:
     if bad:
         raise ConfigError(f"{name} takes comma-separated numeric ids (Developer Mode → Copy ID), not {bad[0]!r}")
     return [int(part) for part in parts]
-
-
-def dm_address(user_id: int, *, fallback_channel_id: int | None = None) -> dict[str, Any]:
-    """A `reply_to` that sends to the user's DMs (for replies not answering a message, such as
-    check-ins); `fallback_channel_id`, if set, is used, with a mention, when their DMs are closed."""
-    return {"channel_id": None, "guild": False, "user_id": user_id, "fallback_channel_id": fallback_channel_id}
-
-
-def intents() -> discord.Intents:
-    """Only what the adapter uses. message_content and members are privileged: they must
-    also be switched on in the Developer Portal (Bot → Privileged Gateway Intents)."""
-    wanted = discord.Intents.none()
-    wanted.guilds = True  # channel and server names, the bot's own role
-    wanted.guild_messages = True
-    wanted.dm_messages = True
-    wanted.message_content = True
-    wanted.members = True  # on_member_join
-    return wanted
-
-
-def nonce_of(outbox_id: str, part: int) -> str:
-    """The nonce of one part of a reply: the same on every attempt, unique per part, and within
-    Discord's 25 characters."""
-    return hashlib.sha256(f"{outbox_id}#{part}".encode()).hexdigest()[:25]
-
-
-def outcome_of(error: BaseException) -> Delivery:
-    """What a failed send means for the reply. Discord's own 5xx and 429 answers are retried
-    by discord.py before they get here; what is left is worth another try later."""
-    if isinstance(error, discord.HTTPException):
-        return Delivery.RETRY if error.status == 429 or error.status >= 500 else Delivery.UNDELIVERABLE
-    if isinstance(error, discord.RateLimited | aiohttp.ClientError | OSError):
-        return Delivery.RETRY
-    return Delivery.UNDELIVERABLE
-
-
-def describe_error(error: BaseException) -> str:
-    """Why a call failed, for a log line or the outbox: never the text that was sent."""
-    if isinstance(error, discord.HTTPException):
-        if error.code == CANNOT_MESSAGE_USER:
-            return (
-                f"{error.status} (code {error.code}): they take no messages from the bot "
-                "(DMs closed, the bot blocked, or no server shared)"
-            )
-        code = f" (code {error.code})" if error.code else ""
-        return f"{error.status}{code}: {error.text or type(error).__name__}"
-    return f"{type(error).__name__}: {error}"
-
-
-def snowflake_of(event_id: str) -> int | None:
-    """The message id an event id starts with ("<message>" or "<message>:<attachment>"), if any."""
-    head = event_id.split(":", 1)[0]
-    return int(head) if head.isdigit() and len(head) <= 20 else None
