@@ -61,6 +61,7 @@ class DiscordAdapter:
     def __init__(self, bot: BotPort, config: DiscordConfig, *, forget_timeout: float = FORGET_TIMEOUT) -> None:
         self.bot = bot
         self.config = config
+        self._closing = False
         self.client = build_client(config)
         self.tree: app_commands.CommandTree[discord.Client] = app_commands.CommandTree(self.client)
         add_commands(self.tree, bot, forget_timeout=forget_timeout)
@@ -79,10 +80,13 @@ class DiscordAdapter:
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
-        """Log in and connect; returns once the client is closed (adapters/discord/client.py)."""
-        await run_client(self.client, self.config.token)
+        """Log in and connect (retrying while Discord is unreachable); returns once the client
+        is closed. Raises discord.LoginFailure for a bad token and discord.PrivilegedIntentsRequired
+        when the portal switches are off (adapters/discord/client.py)."""
+        await run_client(self.client, self.config.token, lambda: self._closing)
 
     async def close(self) -> None:
+        self._closing = True
         await self.client.close()
 
     async def sync_commands(self) -> None:

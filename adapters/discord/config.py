@@ -22,6 +22,9 @@ class DiscordConfig:
     shard_ids: tuple[int, ...] | None = None  # the shards this process runs (several processes)
     command_guild_id: int | None = None  # sync slash commands to one server only (instant)
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    # The base of Discord's REST API (DISCORD_API_URL): a REST proxy in front of the
+    # rate limits, or a local stand-in; discord.py asks it for the gateway address.
+    api_url: str | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DiscordConfig | None:
@@ -47,7 +50,17 @@ class DiscordConfig:
             shard_ids=shard_ids,
             command_guild_id=_positive(guild, "DISCORD_COMMAND_GUILD_ID") if guild else None,
             max_upload_bytes=_positive(upload, "DISCORD_MAX_UPLOAD_BYTES") if upload else DEFAULT_MAX_UPLOAD_BYTES,
+            api_url=_api_url(env.get("DISCORD_API_URL", "")),
         )
+
+
+def _api_url(value: str) -> str | None:
+    value = value.strip().rstrip("/")
+    if value and not value.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"DISCORD_API_URL={value!r}: must be an http:// or https:// URL, e.g. https://discord.com/api/v10"
+        )
+    return value or None
 
 
 def _positive(value: str, name: str) -> int:
