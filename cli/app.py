@@ -63,7 +63,7 @@ class NoAdapterError(Exception):
 
 
 def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.discord_adapter import DiscordAdapter, DiscordConfig
+    from adapters.discord import DiscordAdapter, DiscordConfig
 
     config = DiscordConfig.from_env(env)
     if config is None:
@@ -73,7 +73,7 @@ def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
 
 
 def _slack(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.slack_adapter import SlackAdapter, SlackConfig
+    from adapters.slack import SlackAdapter, SlackConfig
 
     try:
         config = SlackConfig.from_env(env)

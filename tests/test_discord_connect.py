@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import discord
 import pytest
 
-from adapters.discord_adapter import DiscordAdapter
-from adapters.discord_support import DiscordConfig, intents, run_client
+from adapters.discord import DiscordAdapter, DiscordConfig, intents
+from adapters.discord.client import run_client
 from bot.config import ConfigError
 
 
@@ -45,7 +45,7 @@ async def test_an_unreachable_discord_is_retried_with_backoff_until_closed(
     discord.http.Route.BASE = f"http://127.0.0.1:{closed_port}/api/v10"
     client = discord.Client(intents=intents())
     closing = False
-    with caplog.at_level(logging.WARNING, logger="adapters.discord_adapter"):
+    with caplog.at_level(logging.WARNING, logger="adapters.discord"):
         task = asyncio.create_task(run_client(client, "token", lambda: closing, first=0.05))
         for _ in range(200):
             if len(caplog.records) >= 3 or task.done():

@@ -98,8 +98,8 @@ def test_settings_show_no_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 def test_platform_configs_show_no_secret() -> None:
-    from adapters.discord_adapter import DiscordConfig
-    from adapters.slack_adapter import SlackConfig
+    from adapters.discord import DiscordConfig
+    from adapters.slack import SlackConfig
     from cli.app import plan_adapters
 
     discord_config = DiscordConfig.from_env(SECRET_ENV)
@@ -190,7 +190,7 @@ def slack_event(text: str, **extra: Any) -> dict[str, Any]:
 async def test_slack_credential_failures_and_traffic_log_no_secret(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from adapters.slack_adapter import SlackAdapter, SlackConfig
+    from adapters.slack import SlackAdapter, SlackConfig
 
     llm_server.set_handler(lambda request: reply_tool_calls(tool_call("send_message", {"message": "ok"})))
     runtime = await make_runtime()
@@ -291,7 +291,7 @@ async def fake_discord_api(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[lis
 async def test_a_refused_discord_token_is_not_shown(
     make_runtime: RuntimeFactory, fake_discord_api: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from adapters.discord_adapter import DiscordAdapter, DiscordConfig
+    from adapters.discord import DiscordAdapter, DiscordConfig
     from cli.app import AdapterPlan, NoAdapterError, run_adapters
 
     config = DiscordConfig.from_env({"DISCORD_TOKEN": catalog.WRONG_DISCORD_TOKEN})
