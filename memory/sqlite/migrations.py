@@ -1,35 +1,67 @@
-"""SQLite schema versioning: an ordered list of small named migration functions.
+"""SQLite schema versioning: an ordered list of small numbered migration
+functions, as simonw/llm keeps its own (llm/migrations.py).
 
 Each migration runs once, in list order, inside its own write transaction, and
 its name is recorded in the `_migrations` table of the same database. To change
-the schema, append a new function decorated with `@migration`; never edit or
-reorder one that has shipped, because existing databases have already run it.
+the schema, append a new function named `mNNN_what_it_does` (the next number)
+and decorated with `@migration`; never edit, rename or reorder one that has
+shipped, because existing databases have already run it. (The names were once
+unnumbered: RENAMED maps those, so a database made then never runs one again.)
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 Migration = Callable[[sqlite3.Connection], None]
 
 MIGRATIONS: list[Migration] = []
 
+# Names recorded by databases made before migrations were numbered -> their number now.
+RENAMED: Mapping[str, str] = {
+    "m_checkin_schedules": "m002_checkin_schedules",
+    "m_shared_collections": "m003_shared_collections",
+    "m_passages_fts": "m004_passages_fts",
+    "m_process_coordination": "m005_process_coordination",
+    "m_message_embeddings": "m006_message_embeddings",
+    "m_event_journal": "m007_event_journal",
+    "m_usage_limits": "m008_usage_limits",
+    "m_drop_delivered_events": "m009_drop_delivered_events",
+}
+
+_NUMBERED = re.compile(r"m(\d{3})_\w+")
+
 
 def migration(fn: Migration) -> Migration:
-    """Register `fn` as the next migration of the store schema."""
+    """Register `fn` as the next migration of the store schema. Its name must
+    carry the next number: a misnumbered one fails at import, not in the field."""
+    expected = len(MIGRATIONS) + 1
+    match = _NUMBERED.fullmatch(fn.__name__)
+    if match is None or int(match.group(1)) != expected:
+        raise ValueError(f"migration {fn.__name__} must be named m{expected:03d}_<what it does>")
     MIGRATIONS.append(fn)
     return fn
 
 
-def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> list[str]:
+def migrate(
+    conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS, renamed: Mapping[str, str] = RENAMED
+) -> list[str]:
     """Apply every migration not yet recorded; returns the names applied now.
+    Recorded names found in `renamed` are first rewritten to their new names.
 
     The connection must be in autocommit mode (isolation_level=None) so that
     each migration and its bookkeeping row commit together or not at all.
     """
     conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
+    if renamed:
+        conn.execute("BEGIN IMMEDIATE")
+        with conn:
+            conn.executemany(
+                "UPDATE _migrations SET name = ? WHERE name = ?", [(new, old) for old, new in renamed.items()]
+            )
     applied_now: list[str] = []
     for fn in migrations:
         name = fn.__name__
@@ -116,7 +148,7 @@ def m001_initial(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_checkin_schedules(conn: sqlite3.Connection) -> None:
+def m002_checkin_schedules(conn: sqlite3.Connection) -> None:
     # Times are INTEGER unix seconds (not REAL like the tables above): claim()
     # compares next_fire_at for equality, which must be exact.
     _run(
@@ -157,7 +189,7 @@ def m_checkin_schedules(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_shared_collections(conn: sqlite3.Connection) -> None:
+def m003_shared_collections(conn: sqlite3.Connection) -> None:
     _run(
         conn,
         # A collection's passages live under its own agent record (key
@@ -200,7 +232,7 @@ def m_shared_collections(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_passages_fts(conn: sqlite3.Connection) -> None:
+def m004_passages_fts(conn: sqlite3.Connection) -> None:
     _run(
         conn,
         # Keyword half of hybrid archival search. External content: the text is
@@ -231,7 +263,7 @@ def m_passages_fts(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_process_coordination(conn: sqlite3.Connection) -> None:
+def m005_process_coordination(conn: sqlite3.Connection) -> None:
     # Several bot processes on one database file (see bot/durable/leases.py).
     _run(
         conn,
@@ -265,7 +297,7 @@ def m_process_coordination(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_message_embeddings(conn: sqlite3.Connection) -> None:
+def m006_message_embeddings(conn: sqlite3.Connection) -> None:
     # Recall messages are embedded lazily, the first time their agent searches
     # recall (memory/recall.py). ADD COLUMN only writes the schema: existing
     # rows read the column as NULL, so a large history migrates instantly.
@@ -281,7 +313,7 @@ def m_message_embeddings(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_event_journal(conn: sqlite3.Connection) -> None:
+def m007_event_journal(conn: sqlite3.Connection) -> None:
     # Crash safety (bot/durable/journal.py): inbound events recorded before they are
     # acknowledged, replies recorded before they are sent.
     _run(
@@ -325,7 +357,7 @@ def m_event_journal(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_usage_limits(conn: sqlite3.Connection) -> None:
+def m008_usage_limits(conn: sqlite3.Connection) -> None:
     # Per-user message rate and daily token budget (bot/limits.py): one row per
     # hit, counted or summed over a window, swept once older than a day or two.
     _run(
@@ -350,7 +382,7 @@ def m_usage_limits(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_drop_delivered_events(conn: sqlite3.Connection) -> None:
+def m009_drop_delivered_events(conn: sqlite3.Connection) -> None:
     # Repeat deliveries are recognised by the event journal's key now
     # (Store.journal_receive): the table of delivered event ids is not used.
     _run(conn, "DROP TABLE delivered_events")
