@@ -5,8 +5,11 @@ Each migration runs once, in list order, inside its own write transaction, and
 its name is recorded in the `_migrations` table of the same database. To change
 the schema, append a new function named `mNNN_what_it_does` (the next number)
 and decorated with `@migration`; never edit, rename or reorder one that has
-shipped, because existing databases have already run it. (The names were once
-unnumbered: RENAMED maps those, so a database made then never runs one again.)
+shipped, because existing databases have already run it.
+
+The first migrations shipped unnumbered (`m_checkin_schedules`...): they are
+still recorded under those names (RECORDED_AS), so a database made by any
+release, older or newer, runs none of them twice.
 """
 
 from __future__ import annotations
@@ -20,16 +23,16 @@ Migration = Callable[[sqlite3.Connection], None]
 
 MIGRATIONS: list[Migration] = []
 
-# Names recorded by databases made before migrations were numbered -> their number now.
-RENAMED: Mapping[str, str] = {
-    "m_checkin_schedules": "m002_checkin_schedules",
-    "m_shared_collections": "m003_shared_collections",
-    "m_passages_fts": "m004_passages_fts",
-    "m_process_coordination": "m005_process_coordination",
-    "m_message_embeddings": "m006_message_embeddings",
-    "m_event_journal": "m007_event_journal",
-    "m_usage_limits": "m008_usage_limits",
-    "m_drop_delivered_events": "m009_drop_delivered_events",
+# Function name -> the name the migration was shipped and is recorded under.
+RECORDED_AS: Mapping[str, str] = {
+    "m002_checkin_schedules": "m_checkin_schedules",
+    "m003_shared_collections": "m_shared_collections",
+    "m004_passages_fts": "m_passages_fts",
+    "m005_process_coordination": "m_process_coordination",
+    "m006_message_embeddings": "m_message_embeddings",
+    "m007_event_journal": "m_event_journal",
+    "m008_usage_limits": "m_usage_limits",
+    "m009_drop_delivered_events": "m_drop_delivered_events",
 }
 
 _NUMBERED = re.compile(r"m(\d{3})_\w+")
@@ -46,25 +49,21 @@ def migration(fn: Migration) -> Migration:
     return fn
 
 
-def migrate(
-    conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS, renamed: Mapping[str, str] = RENAMED
-) -> list[str]:
+def recorded_name(fn: Migration) -> str:
+    """The name `fn` is recorded under in `_migrations`."""
+    return RECORDED_AS.get(fn.__name__, fn.__name__)
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> list[str]:
     """Apply every migration not yet recorded; returns the names applied now.
-    Recorded names found in `renamed` are first rewritten to their new names.
 
     The connection must be in autocommit mode (isolation_level=None) so that
     each migration and its bookkeeping row commit together or not at all.
     """
     conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
-    if renamed:
-        conn.execute("BEGIN IMMEDIATE")
-        with conn:
-            conn.executemany(
-                "UPDATE _migrations SET name = ? WHERE name = ?", [(new, old) for old, new in renamed.items()]
-            )
     applied_now: list[str] = []
     for fn in migrations:
-        name = fn.__name__
+        name = recorded_name(fn)
         # BEGIN IMMEDIATE takes the write lock before the check, so two
         # processes opening the same new file cannot both run a migration.
         conn.execute("BEGIN IMMEDIATE")
