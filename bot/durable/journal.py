@@ -43,7 +43,8 @@ from typing import Any
 
 from bot.events import Delivery, Event, Reply, agent_key
 from bot.sanitize import fix_surrogates_in
-from memory.store import JournalEntry, OutboxEntry, Store, StoreError
+from memory.roles import JournalStore
+from memory.store import JournalEntry, OutboxEntry, StoreError
 from memory.types import utc_now
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,7 @@ class _Deferred:
 
 class Journal:
     def __init__(
-        self, store: Store, clock: Callable[[], float] = time.time, replay_after: float = REPLAY_AFTER
+        self, store: JournalStore, clock: Callable[[], float] = time.time, replay_after: float = REPLAY_AFTER
     ) -> None:
         self.store = store
         self.clock = clock

@@ -39,9 +39,9 @@ from memory.archival import ArchivalMemory
 from memory.embeddings import MAX_BATCH
 from memory.ingest.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS, chunk_document, chunk_text
 from memory.ingest.documents import Document, DocumentError, document_kind, extract_document
-from memory.store import DocumentRecord, Store
+from memory.roles import DocumentStore
 from memory.tokens import TokenCounter, load_encoder
-from memory.types import Passage, utc_now
+from memory.types import DocumentRecord, Passage, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class _ProducerFailed:
 class _Loader:
     def __init__(
         self,
-        store: Store,
+        store: DocumentStore,
         embedder: BatchEmbedder,
         agent_id: str,
         chunking: _Chunking,
@@ -398,8 +398,12 @@ def _progress_bar(progress: bool | None, label: str) -> Any:
 
 
 # -- entry points ---------------------------------------------------------------
-def _target(target: ArchivalMemory | Store, embedder: BatchEmbedder | None) -> tuple[Store, BatchEmbedder]:
+def _target(
+    target: ArchivalMemory | DocumentStore, embedder: BatchEmbedder | None
+) -> tuple[DocumentStore, BatchEmbedder]:
     if isinstance(target, ArchivalMemory):
+        if not isinstance(target.store, DocumentStore):
+            raise TypeError(f"{type(target.store).__name__} cannot keep loaded documents")
         return target.store, embedder or target.embedder
     if embedder is None:
         raise TypeError("load_paths(store, ...) needs embedder=")
@@ -407,7 +411,7 @@ def _target(target: ArchivalMemory | Store, embedder: BatchEmbedder | None) -> t
 
 
 async def load_paths(
-    target: ArchivalMemory | Store,
+    target: ArchivalMemory | DocumentStore,
     agent_id: str,
     paths: Iterable[str | os.PathLike[str]],
     *,
@@ -444,7 +448,7 @@ async def load_paths(
 
 
 async def load_document(
-    target: ArchivalMemory | Store,
+    target: ArchivalMemory | DocumentStore,
     agent_id: str,
     name: str,
     data: bytes = b"",

@@ -77,7 +77,7 @@ from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_u
 from memory.mongo.capabilities import detect, guarded, scrub
 from memory.mongo.coordination import COORDINATION_INDEXES, MongoCoordination
 from memory.mongo.journal import JOURNAL_INDEXES, MongoJournal
-from memory.mongo.schedules import SCHEDULE_INDEXES
+from memory.mongo.schedules import SCHEDULE_INDEXES, MongoScheduleStore
 from memory.mongo.sources import SOURCE_INDEXES, MongoSources
 from memory.mongo.usage import USAGE_INDEXES, MongoUsage
 from memory.search.hybrid import STOPWORDS, coverage, fuse
@@ -202,6 +202,11 @@ async def _ensure_indexes(db: AsyncDatabase[Doc]) -> None:
 
 
 class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Store):
+    @functools.cached_property
+    def schedules(self) -> MongoScheduleStore:
+        """Check-in schedules, in this store's database."""
+        return MongoScheduleStore(self)
+
     # -- life cycle --------------------------------------------------------
     async def open(self) -> None:
         if self._client is not None:
@@ -290,6 +295,9 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
             {"_id": agent_id}, {"$set": {"deleting": True, "key": f"#deleted:{agent_id}"}}
         )
         await self._purge(agent_id)
+
+    async def flush_deleted(self) -> None:
+        return None  # a server-backed store has no files of its own to clean
 
     async def _purge(self, agent_id: str) -> None:
         for name in ("messages", "passages", "blocks"):

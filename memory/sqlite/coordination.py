@@ -18,11 +18,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from abc import abstractmethod
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-T = TypeVar("T")
+from memory.sqlite.base import SQLiteDatabase
 
 # Finished tickets are cleared away when one numbered a multiple of this leaves
 # (a few writes fewer per event; at most this many wait per agent).
@@ -37,10 +35,7 @@ def position(ahead: Sequence[tuple[int, str]], seq: int, owner: str, live_owners
     return sum(1 for _, other in ahead[1:] if other in live_owners)
 
 
-class SQLiteCoordination:
-    @abstractmethod
-    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
-
+class SQLiteCoordination(SQLiteDatabase):
     async def _store_clock(self) -> float:
         """The store's clock: this machine's, shared by every process on the file."""
         return time.time()

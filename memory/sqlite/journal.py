@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
+from memory.sqlite.base import SQLiteDatabase
 from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
-
-T = TypeVar("T")
 
 _SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
 _JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts"
@@ -50,11 +48,8 @@ def _outbox(row: Sequence[Any]) -> OutboxEntry:
     )
 
 
-class SQLiteJournal:
+class SQLiteJournal(SQLiteDatabase):
     _last_journal_sweep = 0.0
-
-    @abstractmethod
-    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
 
     async def journal_receive(self, entry: JournalEntry) -> bool:
         now = time.time()

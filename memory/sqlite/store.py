@@ -16,6 +16,7 @@ see memory/sqlite/search.py.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import os
@@ -40,6 +41,7 @@ from memory.sqlite.coordination import SQLiteCoordination
 from memory.sqlite.journal import SQLiteJournal
 from memory.sqlite.migrations import MIGRATIONS, migrate
 from memory.sqlite.recall import MessageSearch, SQLiteRecall
+from memory.sqlite.schedules import SQLiteScheduleStore
 from memory.sqlite.search import PassageSearch
 from memory.sqlite.usage import SQLiteUsage
 from memory.store import DocumentRecord, SourceRecord, Store, StoreError, source_key
@@ -139,6 +141,11 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
         self._conn: sqlite3.Connection | None = None
         self._search = PassageSearch(self.path, max_cached=max_cached_indexes, ann_threshold=ann_threshold)
         self._recall = MessageSearch(max_cached=max_cached_indexes)
+
+    @functools.cached_property
+    def schedules(self) -> SQLiteScheduleStore:
+        """Check-in schedules, in this file, on this store's connection."""
+        return SQLiteScheduleStore(self)
 
     # -- plumbing ----------------------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
