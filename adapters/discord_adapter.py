@@ -142,8 +142,11 @@ class DiscordAdapter:
         }
         if not self.config.sharded:
             return discord.Client(**options)
-        shard_ids = list(self.config.shard_ids) if self.config.shard_ids is not None else None
-        return discord.AutoShardedClient(shard_count=self.config.shard_count, shard_ids=shard_ids, **options)
+        if self.config.shard_ids is None:
+            return discord.AutoShardedClient(shard_count=self.config.shard_count, **options)
+        return discord.AutoShardedClient(
+            shard_count=self.config.shard_count, shard_ids=list(self.config.shard_ids), **options
+        )
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -449,8 +452,11 @@ class DiscordAdapter:
         """The recorded message as it is now; None if it was deleted or can no longer be read.
         Other failures (network, 5xx) are raised: the event is kept for the next start."""
         channel_id = int(payload["channel_id"])
-        channel = self.client.get_channel(channel_id)
-        if not isinstance(channel, discord.abc.Messageable):  # a DM channel is not cached after a restart
+        cached = self.client.get_channel(channel_id)
+        channel: discord.abc.Messageable
+        if isinstance(cached, discord.abc.Messageable):
+            channel = cached
+        else:  # a DM channel is not cached after a restart
             guild_id = payload.get("guild_id")
             channel = self.client.get_partial_messageable(channel_id, guild_id=int(guild_id) if guild_id else None)
         try:

@@ -300,12 +300,12 @@ class SlackAdapter:
         try:
             opened = await self.client.apps_connections_open(app_token=self.config.app_token)
         except SlackApiError as error:
-            await handler.close_async()
+            await handler.close_async()  # type: ignore[no-untyped-call]  # slack-sdk leaves it unannotated
             raise SlackSetupError(
                 f"Slack rejected SLACK_APP_TOKEN (apps.connections.open: {error_code(error)})"
             ) from None
         handler.client.wss_uri = opened["url"]
-        await handler.connect_async()
+        await handler.connect_async()  # type: ignore[no-untyped-call]  # slack-sdk leaves it unannotated
         self._socket = handler
         log.info("slack: connected in Socket Mode")
 
@@ -336,7 +336,7 @@ class SlackAdapter:
         self._closing = True
         try:
             if self._socket is not None:
-                await self._socket.close_async()
+                await self._socket.close_async()  # type: ignore[no-untyped-call]  # slack-sdk leaves it unannotated
             if self._runner is not None:
                 await self._runner.cleanup()
             with contextlib.suppress(TimeoutError):

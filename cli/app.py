@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
@@ -148,7 +148,7 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         runtime.scheduler = scheduler
         announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
         await scheduler.start()
-        log.info("check-ins: %d schedules armed", len(scheduler.armed))
+        log.info("check-ins: %d schedules armed", len(scheduler.armed()))
 
     try:
         await run_adapters(plans, announce, on_started=start_scheduler)
@@ -162,7 +162,7 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
 async def run_adapters(
     plans: list[AdapterPlan],
     announce: Callable[[str], Any],
-    on_started: Callable[[], Awaitable[None]] | None = None,
+    on_started: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """Start every planned adapter and run until a signal or until all stop."""
     for plan in plans:

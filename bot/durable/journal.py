@@ -35,9 +35,10 @@ a restart every pending entry is replayed anyway.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,7 @@ FORGET_DEFERRED_AFTER = 3_600.0  # seconds: a deferred event no adapter ever fin
 
 
 def retry_delay(attempts: int) -> float:
-    return min(FIRST_RETRY_DELAY * 2 ** max(attempts - 1, 0), MAX_RETRY_DELAY)
+    return float(min(FIRST_RETRY_DELAY * 2 ** max(attempts - 1, 0), MAX_RETRY_DELAY))
 
 
 def reply_of(entry: OutboxEntry) -> Reply:
@@ -298,7 +299,7 @@ class Journal:
 
 
 Sender = Callable[[list[Reply]], Awaitable[None]]
-Replayer = Callable[[], Awaitable[int]]  # an adapter's `recover`: replays what `pending` returns
+Replayer = Callable[[], Coroutine[Any, Any, int]]  # an adapter's `recover`: replays what `pending` returns
 
 
 class OutboxRetrier:
@@ -341,7 +342,7 @@ class OutboxRetrier:
             running = self._replays.get(origin)
             if (running is None or running.done()) and self.journal.replay_due(origin):
                 task = self._replays[origin] = asyncio.create_task(replay(), name=f"replay-{origin}")
-                task.add_done_callback(lambda done, origin=origin: self._replayed(origin, done))
+                task.add_done_callback(functools.partial(self._replayed, origin))
 
     @staticmethod
     def _replayed(origin: str, task: asyncio.Task[int]) -> None:
