@@ -20,7 +20,7 @@ import sqlite3
 import time
 from collections.abc import Sequence
 
-from memory.sqlite.base import SQLiteDatabase
+from memory.sqlite.base import SQLiteBase
 
 # Finished tickets are cleared away when one numbered a multiple of this leaves
 # (a few writes fewer per event; at most this many wait per agent).
@@ -35,7 +35,7 @@ def position(ahead: Sequence[tuple[int, str]], seq: int, owner: str, live_owners
     return sum(1 for _, other in ahead[1:] if other in live_owners)
 
 
-class SQLiteCoordination(SQLiteDatabase):
+class SQLiteCoordination(SQLiteBase):
     async def _store_clock(self) -> float:
         """The store's clock: this machine's, shared by every process on the file."""
         return time.time()

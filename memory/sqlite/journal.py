@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from memory.sqlite.base import SQLiteDatabase
+from memory.sqlite.base import SQLiteBase
 from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
 
 _SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
@@ -48,7 +48,7 @@ def _outbox(row: Sequence[Any]) -> OutboxEntry:
     )
 
 
-class SQLiteJournal(SQLiteDatabase):
+class SQLiteJournal(SQLiteBase):
     _last_journal_sweep = 0.0
 
     async def journal_receive(self, entry: JournalEntry) -> bool:

@@ -29,7 +29,7 @@ import numpy.typing as npt
 
 from memory.search.hybrid import coverage, fuse, keyword_query
 from memory.search.vector_index import VectorIndex, check_dimension, embedding_matrix
-from memory.sqlite.base import SQLiteDatabase
+from memory.sqlite.base import SQLiteBase
 from memory.sqlite.search import CachedRowCount, read_vectors, weigh_expressions
 from memory.types import Message, SearchPage
 
@@ -47,7 +47,7 @@ PENDING_WHERE = (
 )
 
 
-class SQLiteRecall(SQLiteDatabase):
+class SQLiteRecall(SQLiteBase):
     """SQLiteStore's lazily embedded recall: the backlog, storing vectors and
     the hybrid search (a mixin of SQLiteStore, on its worker thread)."""
 

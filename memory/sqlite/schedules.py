@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from memory.schedules import CheckinPrefs, Schedule, ScheduleStore, new_schedule_id, whole_seconds
-from memory.sqlite.base import SQLiteDatabase
+from memory.sqlite.base import SQLiteBase
 from memory.types import utc_now
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -68,7 +68,7 @@ class SQLiteScheduleStore(ScheduleStore):
     writes are serialized with memory writes in this process, and BEGIN
     IMMEDIATE orders them against other processes on the same file."""
 
-    def __init__(self, store: SQLiteDatabase) -> None:
+    def __init__(self, store: SQLiteBase) -> None:
         self._store = store
 
     async def _read(self, sql: str, *args: Any) -> list[Schedule]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import sqlite3
 from datetime import UTC, datetime, timedelta
 
-from memory.sqlite.base import SQLiteDatabase
+from memory.sqlite.base import SQLiteBase
 from memory.store import UsageTally
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -45,7 +45,7 @@ def tally(count: int, amount: int, oldest: int | None, newest: int | None) -> Us
     )
 
 
-class SQLiteUsage(SQLiteDatabase):
+class SQLiteUsage(SQLiteBase):
     async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
         def job(conn: sqlite3.Connection) -> None:
             conn.execute(
