@@ -20,7 +20,7 @@ message gets through again), once per UTC day over the budget. Uploaded files
 are not read while over a limit (reading costs CPU; the notice asks to send
 them again). A check-in tick for a user over budget is skipped with a log line.
 
-Counters are rows/documents per hit (memory/store.py says why); hits older
+Counters are rows/documents per hit (UsageStore in memory/roles.py says why); hits older
 than two days are swept now and then.
 """
 

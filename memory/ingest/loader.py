@@ -1,5 +1,5 @@
 """Load files and folders into archival storage: an agent's own, or a shared
-collection's (a collection is an agent record too, see memory/store.py).
+collection's (a collection is an agent record too, see SourceStore in memory/roles.py).
 
 The work is a pipeline, so the embedding model, the slowest part, never waits:
 files are read, extracted, chunked and hashed in a worker thread, a file ahead

@@ -1,6 +1,5 @@
 """SQLiteStore's share of coordinating several bot processes on one database
-file: the `# -- coordination between bot processes` part of the Store
-interface (memory/store.py), as a mixin of SQLiteStore.
+file: the LeaseStore role (memory/roles.py), as a mixin of SQLiteStore.
 
 Every write is one transaction (BEGIN IMMEDIATE, through `run_in_db`), so
 SQLite's own lock makes each read-then-write atomic across processes: a

@@ -1,5 +1,5 @@
-"""SQLiteStore's event journal and reply outbox: the `# -- crash safety` part
-of the Store interface (memory/store.py), as a mixin of SQLiteStore.
+"""SQLiteStore's event journal and reply outbox: the JournalStore role
+(memory/roles.py), as a mixin of SQLiteStore.
 
 Each call is one transaction on the store's worker thread, so a journal entry,
 an outbox reply or a state change is either wholly written or not at all.

@@ -1,5 +1,5 @@
-"""SQLiteStore's share of usage limits: the `# -- usage limits` part of the
-Store interface (memory/store.py), as a mixin of SQLiteStore.
+"""SQLiteStore's share of usage limits: the UsageStore role (memory/roles.py),
+as a mixin of SQLiteStore.
 
 One row per hit (a message let through, the tokens of one event's LLM calls,
 a notice sent), counted or summed over a time window. The MongoDB twin
