@@ -12,14 +12,15 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bot.durable.journal import OutboxRetrier
-from bot.events import Reply
+from bot.durable.redelivery import Redelivery
+from bot.events import Redo, Reply
 from bot.ports import BotPort
 from memory.store import StoreError
 from memory.types import utc_now
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
+    from cli.health import HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +40,12 @@ class Adapter(Protocol):
         ...
 
     async def recover(self) -> int:
-        """Replay the events a crash left unfinished (bot/durable/journal.py) and wait
+        """Replay the events a crash left unfinished (bot/durable/) and wait
         for them; how many. Called once ready, before check-ins start."""
+        ...
+
+    async def replay(self, redos: list[Redo]) -> int:
+        """Handle recorded events again, in order (events that waited for storage)."""
         ...
 
     async def close(self) -> None: ...
@@ -58,7 +63,7 @@ class NoAdapterError(Exception):
 
 
 def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.discord_adapter import DiscordAdapter, DiscordConfig
+    from adapters.discord import DiscordAdapter, DiscordConfig
 
     config = DiscordConfig.from_env(env)
     if config is None:
@@ -68,7 +73,7 @@ def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
 
 
 def _slack(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.slack_adapter import SlackAdapter, SlackConfig
+    from adapters.slack import SlackAdapter, SlackConfig
 
     try:
         config = SlackConfig.from_env(env)
@@ -103,9 +108,11 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     """Run the configured adapters on `runtime`, with the check-in scheduler
     delivering through them, until a signal or until every adapter stops."""
     from bot.checkins.scheduler import CheckinScheduler
+    from cli.health import MeteredBot
 
-    plans = plan_adapters(runtime, env)
+    plans = plan_adapters(MeteredBot(runtime), runtime.settings.environment if env is None else env)
     adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
+    health = await _start_health(runtime, adapters, announce)
 
     async def deliver(replies: list[Reply]) -> None:
         for platform, group in groupby(replies, key=lambda reply: reply.platform):
@@ -116,12 +123,13 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
             await adapter.deliver(list(group))
 
     scheduler = CheckinScheduler(runtime, runtime.schedules, deliver, utc_now, runtime.checkin_settings)
-    # The retrier also replays, through each adapter's recover path, the
-    # events that gave up waiting for storage (bot/durable/store_wait.py).
-    retrier = OutboxRetrier(
-        runtime.journal,
+    # Sends the outbox's due replies and replays, through each adapter, the
+    # events that wait for storage (bot/durable/redelivery.py).
+    redelivery = Redelivery(
+        runtime.inbox,
+        runtime.outbox,
         {name: adapter.deliver for name, adapter in adapters.items()},
-        replayers={name: adapter.recover for name, adapter in adapters.items()},
+        replayers={name: adapter.replay for name, adapter in adapters.items()},
     )
     # While an event waits for storage, the person gets one notice through here.
     runtime.store_wait.notify = deliver
@@ -134,17 +142,18 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
             except TimeoutError:
                 log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
         # Crash recovery first: the events the last run left unfinished, in
-        # order, then the replies it left unconfirmed (the retrier's first round).
+        # order, then the replies it left unconfirmed (redelivery's first round).
         for name, adapter in adapters.items():
             try:
                 replayed = await adapter.recover()
             except StoreError as error:
-                # Storage is down at start: the retrier replays them once it can read the journal.
+                # Storage is down at start: redelivery replays them once it can read the journal.
                 announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
+                redelivery.recover_later(name)
                 continue
             if replayed:
                 announce(f"{name}: replayed {replayed} events left unfinished by the last run")
-        retrier.start()
+        redelivery.start()
         runtime.scheduler = scheduler
         announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
         await scheduler.start()
@@ -156,7 +165,30 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         runtime.scheduler = None
         runtime.store_wait.notify = None
         await scheduler.stop()
-        await retrier.stop()
+        await redelivery.stop()
+        if health is not None:
+            await health.close()
+
+
+async def _start_health(
+    runtime: Runtime, adapters: Mapping[str, Adapter], announce: Callable[[str], Any]
+) -> HealthServer | None:
+    """The /healthz and /metrics server, when MEMGPT_METRICS_PORT is set (cli/health.py)."""
+    from cli.health import HealthServer
+
+    settings = runtime.settings
+    if not settings.metrics_port:
+        return None
+    server = HealthServer(runtime, adapters, settings.metrics_host, settings.metrics_port)
+    try:
+        await server.start()
+    except OSError as error:
+        raise NoAdapterError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
+            f"(MEMGPT_METRICS_PORT): {error.strerror or error}"
+        ) from None
+    announce(f"health and metrics: http://{settings.metrics_host}:{server.port}/healthz and /metrics")
+    return server
 
 
 async def run_adapters(

@@ -142,8 +142,11 @@ class JournalEntry:
     agent_key: str
     payload: dict[str, Any]
     received_at: datetime
-    state: str = "pending"  # pending | done
-    attempts: int = 0
+    # pending: received, not started | running: work on it started | waiting:
+    # storage failed it, replayed at next_try_at | done
+    state: str = "pending"
+    attempts: int = 0  # restarts that found it running
+    next_try_at: float = 0.0  # seconds since the epoch, while waiting
 
 
 @dataclass(slots=True)

@@ -23,8 +23,10 @@ MAX_LINES = 500
 # Known breaches in the other engineers' lanes (issue 11 is reshaping cli/ and
 # adapters/ at the same time); the lead coordinates. Each entry must still be
 # real: once fixed, the test says to delete it, and from then on holds the line.
-KNOWN_CIRCLES = [["cli.main", "cli.run"]]
-KNOWN_LONG = {"adapters.discord_adapter", "adapters.slack_adapter", "cli.main"}
+# bot/config.py reads CheckinSettings and LeaseSettings lazily, inside
+# functions, and both modules import ConfigError from it (ops' lane).
+KNOWN_CIRCLES = [["bot.checkins.rules", "bot.config", "bot.durable.leases"]]
+KNOWN_LONG: set[str] = set()
 
 # layer -> the layers it must not import
 FORBIDDEN = {
