@@ -1,5 +1,5 @@
 """Load files and folders into archival storage: an agent's own, or a shared
-collection's (a collection is an agent record too, see memory/store.py).
+collection's (a collection is an agent record too, see SourceStore in memory/roles.py).
 
 Files are streamed, so memory does not grow with file size: a file is read
 twice in blocks, once to hash it (sha256, to skip files loaded before) and once
@@ -55,9 +55,9 @@ from memory.ingest.documents import (
     scan_file,
     stream_sections,
 )
-from memory.store import DocumentRecord, Store
+from memory.roles import DocumentStore
 from memory.tokens import TokenCounter, load_encoder
-from memory.types import Passage, utc_now
+from memory.types import DocumentRecord, Passage, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,7 @@ class _Window:
 class _Loader:
     def __init__(
         self,
-        store: Store,
+        store: DocumentStore,
         embedder: BatchEmbedder,
         agent_id: str,
         chunking: _Chunking,
@@ -496,8 +496,12 @@ def _progress_bar(progress: bool | None, label: str) -> Any:
 
 
 # -- entry points ---------------------------------------------------------------
-def _target(target: ArchivalMemory | Store, embedder: BatchEmbedder | None) -> tuple[Store, BatchEmbedder]:
+def _target(
+    target: ArchivalMemory | DocumentStore, embedder: BatchEmbedder | None
+) -> tuple[DocumentStore, BatchEmbedder]:
     if isinstance(target, ArchivalMemory):
+        if not isinstance(target.store, DocumentStore):
+            raise TypeError(f"{type(target.store).__name__} cannot keep loaded documents")
         return target.store, embedder or target.embedder
     if embedder is None:
         raise TypeError("load_paths(store, ...) needs embedder=")
@@ -505,7 +509,7 @@ def _target(target: ArchivalMemory | Store, embedder: BatchEmbedder | None) -> t
 
 
 async def load_paths(
-    target: ArchivalMemory | Store,
+    target: ArchivalMemory | DocumentStore,
     agent_id: str,
     paths: Iterable[str | os.PathLike[str]],
     *,
@@ -542,7 +546,7 @@ async def load_paths(
 
 
 async def load_document(
-    target: ArchivalMemory | Store,
+    target: ArchivalMemory | DocumentStore,
     agent_id: str,
     name: str,
     data: bytes = b"",
