@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlsplit
 
 from tqdm import tqdm
 
-from memory.ingest.loader import passage_hash
+from memory.ingest.reading import passage_hash
 from memory.mongo.capabilities import redact_uri
 from memory.schedules import Schedule
 from memory.store import SOURCE_KEY_PREFIX, Store, StoreError

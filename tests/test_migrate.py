@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
-from memory.ingest.loader import passage_hash
+from memory.ingest.reading import passage_hash
 from memory.mongo.store import MongoStore
 from memory.schedules import CheckinPrefs, Schedule
 from memory.sqlite.store import SQLiteStore

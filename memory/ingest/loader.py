@@ -29,35 +29,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import io
 import logging
 import os
 import sys
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Generator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
-from typing import Any, BinaryIO, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from memory.archival import ArchivalMemory
 from memory.embeddings import MAX_BATCH
-from memory.ingest.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS, Chunk, iter_chunks
+from memory.ingest.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS
 from memory.ingest.documents import (
     DocumentError,
     ScannedFile,
-    document_kind,
-    iter_markdown_sections,
-    scan_file,
-    stream_sections,
+)
+from memory.ingest.reading import (
+    Batch,
+    Chunking,
+    FileProgress,
+    FileResult,
+    Input,
+    Piece,
+    Status,
+    collect_files,
+    read_batch,
+    read_chunks,
+    scan_file_of,
 )
 from memory.roles import DocumentStore
 from memory.tokens import TokenCounter, load_encoder
-from memory.types import DocumentRecord, Passage, utc_now
+from memory.types import DocumentRecord, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -71,24 +76,9 @@ WINDOWS_AHEAD = 2
 # loader takes the last one's vectors, and a chat query waits behind at most two.
 EMBEDS_IN_FLIGHT = 2
 
-Status = Literal["loaded", "unchanged", "failed"]
-
 
 class BatchEmbedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-@dataclass(slots=True)
-class FileResult:
-    name: str
-    status: Status
-    passages_added: int = 0
-    passages_existing: int = 0  # already stored (this file loaded before, or the same text elsewhere)
-    reason: str = ""
-
-    @property
-    def passages(self) -> int:
-        return self.passages_added + self.passages_existing
 
 
 @dataclass(slots=True)
@@ -122,130 +112,6 @@ class LoadReport:
         return self.passages_added / self.seconds if self.seconds > 0 else 0.0
 
 
-def passage_hash(text: str) -> str:
-    """Content key of a passage: whitespace differences do not make it new."""
-    return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()
-
-
-# -- what to load --------------------------------------------------------------
-@dataclass(slots=True)
-class _Input:
-    name: str
-    path: Path | None = None
-    data: bytes | None = None
-    content_type: str = ""
-    text: str | None = None  # already extracted (a chat adapter may have it)
-
-
-def collect_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[_Input], list[FileResult], list[str]]:
-    """Files to load (folders walked recursively, hidden files and folders left
-    out), paths that do not exist (as failures), and unsupported files found in
-    folders (skipped: a folder of mixed files is normal). A file named
-    explicitly is always tried, so its failure is reported."""
-    inputs: list[_Input] = []
-    missing: list[FileResult] = []
-    skipped: list[str] = []
-    for raw in paths:
-        path = Path(raw).expanduser()
-        if path.is_file():
-            inputs.append(_Input(path.name, path))
-        elif path.is_dir():
-            root_name = path.resolve().name or str(path)
-            # Symlinked folders are not followed: they can loop.
-            for folder, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for filename in sorted(files):
-                    if filename.startswith("."):
-                        continue
-                    full = Path(folder) / filename
-                    name = f"{root_name}/{full.relative_to(path).as_posix()}"
-                    if document_kind(filename) is None:
-                        skipped.append(name)
-                    else:
-                        inputs.append(_Input(name, full))
-        else:
-            missing.append(FileResult(str(raw), "failed", reason="no such file or folder"))
-    return inputs, missing, skipped
-
-
-# -- reading one file (in worker threads) -------------------------------------
-@dataclass(slots=True)
-class _Chunking:
-    counter: TokenCounter
-    max_tokens: int
-    overlap_tokens: int
-
-
-def _open(item: _Input) -> BinaryIO:
-    if item.data is not None:
-        return io.BytesIO(item.data)
-    if item.path is None:
-        raise ValueError(f"{item.name}: neither a path nor data")
-    return item.path.open("rb")
-
-
-def _scan(item: _Input) -> ScannedFile:
-    """The file's content key and encoding (OSError, DocumentError)."""
-    if item.text:
-        return ScannedFile(hashlib.sha256(item.text.encode("utf-8")).hexdigest(), "markdown")
-    with _open(item) as stream:
-        return scan_file(item.name, stream, item.content_type)
-
-
-def _chunks(item: _Input, scanned: ScannedFile, chunking: _Chunking) -> Generator[Chunk, None, None]:
-    """The file's passages, read and packed as they are asked for."""
-    if item.text:
-        lines = (line.rstrip("\n") for line in io.StringIO(item.text.replace("\r\n", "\n").replace("\r", "\n")))
-        yield from iter_chunks(iter_markdown_sections(lines), *_chunking_args(chunking))
-        return
-    with _open(item) as stream:
-        yield from iter_chunks(stream_sections(stream, scanned), *_chunking_args(chunking))
-
-
-def _chunking_args(chunking: _Chunking) -> tuple[TokenCounter, int, int]:
-    return chunking.counter, chunking.max_tokens, chunking.overlap_tokens
-
-
-@dataclass(slots=True)
-class _File:
-    """A file being loaded: its counts, kept while its passages stream through."""
-
-    index: int
-    name: str
-    sha256: str
-    passages: int = 0  # chunked so far
-    added: int = 0
-    existing: int = 0
-
-
-@dataclass(slots=True)
-class _Piece:
-    """One passage on its way to the store."""
-
-    file: _File
-    passage: Passage
-    hash: str
-
-
-@dataclass(slots=True)
-class _Batch:
-    """Fresh passages of one read, and the files completely read by then."""
-
-    pieces: list[_Piece] = field(default_factory=list)
-    finished: list[_File] = field(default_factory=list)
-
-
-def _read_batch(chunks: Iterator[Chunk], file: _File, size: int, loaded_at: datetime) -> tuple[list[_Piece], bool]:
-    """Up to `size` passages of the file (in a worker thread), and whether it ended."""
-    pieces: list[_Piece] = []
-    for chunk in chunks:
-        passage = Passage(text=chunk.text, source=file.name, position=chunk.position or None, created_at=loaded_at)
-        pieces.append(_Piece(file, passage, passage_hash(chunk.text)))
-        if len(pieces) >= size:
-            return pieces, False
-    return pieces, True
-
-
 # -- the pipeline ---------------------------------------------------------------
 class _ProducerFailed:
     def __init__(self, error: BaseException) -> None:
@@ -256,8 +122,8 @@ class _ProducerFailed:
 class _Window:
     """Passages embedded and written together, and the files complete with them."""
 
-    pieces: list[_Piece]
-    finished: list[_File]
+    pieces: list[Piece]
+    finished: list[FileProgress]
     unembedded: int = 0  # model batches not back yet
 
 
@@ -267,7 +133,7 @@ class _Loader:
         store: DocumentStore,
         embedder: BatchEmbedder,
         agent_id: str,
-        chunking: _Chunking,
+        chunking: Chunking,
         *,
         write_batch: int,
         embed_batch: int,
@@ -284,13 +150,13 @@ class _Loader:
         self.results: dict[int, FileResult] = {}
         self._bar = _progress_bar(progress, label)
         # Batches read ahead of the model: the bound on what a load holds.
-        self._queue: asyncio.Queue[_Batch | _ProducerFailed | None] = asyncio.Queue(maxsize=WINDOWS_AHEAD)
+        self._queue: asyncio.Queue[Batch | _ProducerFailed | None] = asyncio.Queue(maxsize=WINDOWS_AHEAD)
         self._writing: asyncio.Task[None] | None = None
         # For tests: the most passages held at once between reading and the store.
         self.held = 0
         self.most_held = 0
 
-    async def run(self, inputs: list[_Input]) -> list[FileResult]:
+    async def run(self, inputs: list[Input]) -> list[FileResult]:
         loaded = {record.sha256: record for record in await self.store.list_documents(self.agent_id)}
         producer = asyncio.create_task(self._produce(inputs, loaded), name="loader-read")
         try:
@@ -302,9 +168,9 @@ class _Loader:
         return [self.results[n] for n in sorted(self.results)]
 
     # -- reading ahead --------------------------------------------------------
-    async def _produce(self, inputs: list[_Input], loaded: dict[str, DocumentRecord]) -> None:
+    async def _produce(self, inputs: list[Input], loaded: dict[str, DocumentRecord]) -> None:
         try:
-            seen: dict[str, DocumentRecord | _File] = dict(loaded)
+            seen: dict[str, DocumentRecord | FileProgress] = dict(loaded)
             for index, item in enumerate(inputs):
                 started = await self._start_file(index, item, seen)
                 if started is not None:
@@ -315,10 +181,10 @@ class _Loader:
         await self._queue.put(None)
 
     async def _start_file(
-        self, index: int, item: _Input, seen: dict[str, DocumentRecord | _File]
-    ) -> tuple[_File, ScannedFile] | None:
+        self, index: int, item: Input, seen: dict[str, DocumentRecord | FileProgress]
+    ) -> tuple[FileProgress, ScannedFile] | None:
         try:
-            scanned = await asyncio.to_thread(_scan, item)
+            scanned = await asyncio.to_thread(scan_file_of, item)
         except OSError as error:
             self.results[index] = FileResult(item.name, "failed", reason=f"cannot read it ({error.strerror or error})")
             return None
@@ -335,17 +201,17 @@ class _Loader:
                 reason="" if earlier.name == item.name else f"same content as {earlier.name}",
             )
             return None
-        file = _File(index, item.name, scanned.sha256)
+        file = FileProgress(index, item.name, scanned.sha256)
         seen[scanned.sha256] = file
         return file, scanned
 
-    async def _read_file(self, item: _Input, file: _File, scanned: ScannedFile) -> None:
-        chunks = _chunks(item, scanned, self.chunking)
+    async def _read_file(self, item: Input, file: FileProgress, scanned: ScannedFile) -> None:
+        chunks = read_chunks(item, scanned, self.chunking)
         try:
             ended = False
             while not ended:
                 try:
-                    pieces, ended = await asyncio.to_thread(_read_batch, chunks, file, self.write_batch, self.loaded_at)
+                    pieces, ended = await asyncio.to_thread(read_batch, chunks, file, self.write_batch, self.loaded_at)
                 except DocumentError as error:
                     self.results[file.index] = FileResult(file.name, "failed", reason=str(error))
                     return
@@ -362,7 +228,7 @@ class _Loader:
                 self._bar.total = (self._bar.total or 0) + len(fresh)
                 self._bar.refresh()
                 self._hold(len(fresh))
-                await self._queue.put(_Batch(fresh, [file] if ended else []))
+                await self._queue.put(Batch(fresh, [file] if ended else []))
         finally:
             # Closes the file; a read still running in its thread (the load was
             # cancelled) finishes on its own and the file closes when collected.
@@ -395,7 +261,7 @@ class _Loader:
                 yield window
 
     async def _consume(self) -> None:
-        in_flight: deque[tuple[_Window, list[_Piece], asyncio.Task[np.ndarray]]] = deque()
+        in_flight: deque[tuple[_Window, list[Piece], asyncio.Task[np.ndarray]]] = deque()
         windows: deque[_Window] = deque()  # not yet written, in order
         try:
             async for window in self._windows():
@@ -433,7 +299,7 @@ class _Loader:
             windows.clear()
 
     async def _settle(
-        self, flight: tuple[_Window, list[_Piece], asyncio.Task[np.ndarray]], windows: deque[_Window]
+        self, flight: tuple[_Window, list[Piece], asyncio.Task[np.ndarray]], windows: deque[_Window]
     ) -> None:
         window, batch, task = flight
         vectors = await task
@@ -447,14 +313,14 @@ class _Loader:
             window = windows.popleft()
             await self._start_write(window.pieces, window.finished)
 
-    async def _start_write(self, pieces: list[_Piece], finished: list[_File]) -> None:
+    async def _start_write(self, pieces: list[Piece], finished: list[FileProgress]) -> None:
         """Wait for the previous window's write (writes stay in order), then
         start this one in the background."""
         if self._writing is not None:
             await self._writing
         self._writing = asyncio.create_task(self._write(pieces, finished), name="loader-write")
 
-    async def _write(self, pieces: list[_Piece], finished: list[_File]) -> None:
+    async def _write(self, pieces: list[Piece], finished: list[FileProgress]) -> None:
         if pieces:
             ids = await self.store.insert_hashed_passages(
                 self.agent_id, [piece.passage for piece in pieces], [piece.hash for piece in pieces]
@@ -535,7 +401,7 @@ async def load_paths(
         store,
         model,
         agent_id,
-        _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
+        Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
         write_batch=write_batch,
         embed_batch=embed_batch,
         progress=progress,
@@ -564,13 +430,13 @@ async def load_document(
         store,
         model,
         agent_id,
-        _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
+        Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
         write_batch=WRITE_BATCH,
         embed_batch=MAX_BATCH,
         progress=False,
         label=name,
     )
-    [result] = await loader.run([_Input(name, data=data, content_type=content_type, text=text)])
+    [result] = await loader.run([Input(name, data=data, content_type=content_type, text=text)])
     return result
 
 
