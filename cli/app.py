@@ -39,6 +39,11 @@ class Adapter(Protocol):
         outbox retries), reporting each durable one to the bot."""
         ...
 
+    def hold_new_events(self) -> None:
+        """Until `recover` has put the last run's unfinished events in line,
+        new ones wait: a new message never overtakes a replay of an older one."""
+        ...
+
     async def recover(self) -> int:
         """Replay the events a crash left unfinished (bot/durable/) and wait
         for them; how many. Called once ready, before check-ins start."""
@@ -112,6 +117,8 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
 
     plans = plan_adapters(MeteredBot(runtime), runtime.settings.environment if env is None else env)
     adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
+    for adapter in adapters.values():
+        adapter.hold_new_events()  # until its recover() below
     health = await _start_health(runtime, adapters, announce)
 
     async def deliver(replies: list[Reply]) -> None:

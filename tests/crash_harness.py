@@ -332,6 +332,8 @@ async def run(
         bot.start()
         await bot.wait_listening(revive=poison is not None)
         start_up = time.monotonic() - started
+        posted_at_start = 0
+        expected = len(conversation.events()) - (poison is not None)
         watcher = asyncio.create_task(restart_the_dead())
         async with aiohttp.ClientSession() as session:
             player = asyncio.create_task(conversation.play(port, session))
@@ -344,10 +346,16 @@ async def run(
                 else:
                     # Kill while work is going on: after a few more events were
                     # taken, at a random moment of what follows (receiving,
-                    # calling the model, saving, posting the answer).
+                    # calling the model, saving, posting the answer). And only
+                    # once this start answered something: on a slow enough
+                    # machine kills would otherwise come faster than any event
+                    # can finish, and no design could both answer everything
+                    # and give up an event that really stops the bot.
                     target = conversation.acked + rng.randint(1, 4)
                     while conversation.acked < target and not player.done():  # noqa: ASYNC110 - a counter, polled
                         await asyncio.sleep(0.002)
+                    while len(slack.posted_texts()) == posted_at_start and not _all_answered(slack, expected):  # noqa: ASYNC110
+                        await asyncio.sleep(0.005)
                     await asyncio.sleep(rng.uniform(0.0, max_gap))
                 async with restarting:
                     bot.kill()
@@ -355,11 +363,12 @@ async def run(
                     bot.start()
                     if done_killing >= startup_kills:
                         await bot.wait_listening(revive=poison is not None)
+                    posted_at_start = len(slack.posted_texts())
             async with restarting:
                 await bot.wait_listening(revive=poison is not None)
             await player
             total = len(conversation.events())
-            await _settle(slack, total - (poison is not None), within=120.0)
+            await _settle(slack, expected, within=120.0)
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
@@ -381,12 +390,15 @@ async def run(
         llm.stop()
 
 
+def _all_answered(slack: FakeSlack, expected: int) -> bool:
+    return len({text for text in slack.posted_texts() if text.startswith("re: ")}) >= expected
+
+
 async def _settle(slack: FakeSlack, expected: int, within: float) -> None:
     """Wait until every event has an answer (or time runs out; the checks then say what is missing)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        answered = {text for text in slack.posted_texts() if text.startswith("re: ")}
-        if len(answered) >= expected:
+        if _all_answered(slack, expected):
             await asyncio.sleep(1.0)  # let a duplicate, if any, arrive too
             return
         await asyncio.sleep(0.1)

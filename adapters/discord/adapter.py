@@ -187,18 +187,26 @@ class DiscordAdapter:
                 return [event.reply(SORRY)]
 
     # -- crash recovery ----------------------------------------------------------
+    def hold_new_events(self) -> None:
+        """New events wait until `recover` has put the last run's unfinished ones in line."""
+        self.lanes.hold_back()
+
     async def recover(self) -> int:
         """Replay the events a crash left unfinished, in arrival order, and wait for them; the
         number replayed. Call once connected (cli/app.py does), before check-ins start."""
-        if not self._durable:
-            return 0
-        return await self.replay(await self.bot.pending_events(PLATFORM))
+        try:
+            redos = await self.bot.pending_events(PLATFORM) if self._durable else []
+        except BaseException:
+            self.lanes.release()
+            raise
+        return await self.replay(redos)
 
     async def replay(self, redos: Sequence[Redo]) -> int:
         """Handle recorded events again, in order, and wait for them; how many."""
         # One task per event, created in arrival order: each joins its user's lane before its
         # first await, so one user's events are redone in order while different users' overlap.
         tasks = [asyncio.create_task(self._replay(redo), name=f"discord-replay-{redo.event_id}") for redo in redos]
+        self.lanes.release()  # after the replays' tasks: they join their lanes first
         for redo, outcome in zip(redos, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
             if isinstance(outcome, Exception):
                 # Left unfinished: the next start tries it again (bot/durable/inbox.py caps the restarts).
@@ -209,7 +217,7 @@ class DiscordAdapter:
         payload, event_id = redo.payload, redo.event_id
         kind = payload.get("kind")
         if redo.notice:  # given up: the person is told, instead of a redo
-            async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"]))):
+            async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"])), early=True):
                 if kind == "message":  # only someone who wrote waits for an answer
                     where = {
                         "channel_id": int(payload["channel_id"]),
@@ -222,14 +230,14 @@ class DiscordAdapter:
         if kind == "join":
             event = parse_member_join(payload)
             event.durable = True
-            async with self.lanes.hold(event.agent_key):
+            async with self.lanes.hold(event.agent_key, early=True):
                 await self._greet(event, None)  # to reply_to: the DM, else the system channel
             return
         if kind != "message":
             log.error("cannot replay Discord event %s of unknown kind %r; dropping it", event_id, kind)
             await self.bot.finished(event_id)
             return
-        async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"]))):
+        async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"])), early=True):
             message = await self._fetch_again(payload)
             text = (
                 addressed_text(message, self.client.user, self.config.always_on_channels)

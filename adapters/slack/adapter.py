@@ -195,38 +195,46 @@ class SlackAdapter:
             return
         self._submit(origin, self.parser.builder(kind, origin, event))
 
+    def hold_new_events(self) -> None:
+        """New events wait until `recover` has put the last run's unfinished ones in line."""
+        self._lanes.hold_back()
+
     async def recover(self) -> int:
         """Replay the events a crash left unfinished, in arrival order, and
         wait for them; the number replayed. Call once connected, before new work."""
-        if not self._durable:
-            return 0
-        return await self.replay(await self.bot.pending_events(PLATFORM))
+        try:
+            redos = await self.bot.pending_events(PLATFORM) if self._durable else []
+        except BaseException:
+            self._lanes.release()
+            raise
+        return await self.replay(redos)
 
     async def replay(self, redos: Sequence[Redo]) -> int:
         """Handle recorded events again, in order (through the users' lanes), and wait for them."""
         for redo in redos:
             origin = Origin.from_json(redo.payload["origin"])
             if redo.notice:  # given up: the person is told, instead of a redo
-                self._submit(origin, gave_up(origin, redo.notice))
+                self._submit(origin, gave_up(origin, redo.notice), early=True)
             else:
-                self._submit(origin, self.parser.builder(str(redo.payload["kind"]), origin, redo.payload["event"]))
+                build = self.parser.builder(str(redo.payload["kind"]), origin, redo.payload["event"])
+                self._submit(origin, build, early=True)
+        self._lanes.release()  # after the replays' tasks: they join their lanes first
         await self.drain()
         return len(redos)
 
     # -- running the work ------------------------------------------------------
-    def _submit(self, origin: Origin, build: Builder) -> None:
+    def _submit(self, origin: Origin, build: Builder, *, early: bool = False) -> None:
         if self._closing:
             log.info("slack: closing; dropping event %s", origin.event_id)
             return
         # Our own task (not Bolt's untracked future) so close() can wait for it.
-        task = asyncio.create_task(self._process(origin, build), name=f"slack-event-{origin.event_id}")
+        task = asyncio.create_task(self._process(origin, build, early), name=f"slack-event-{origin.event_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _process(self, origin: Origin, build: Builder) -> None:
-        async with self._lanes.hold(
-            agent_key(PLATFORM, origin.user_id)
-        ):  # the first await: it fixes this event's place in line
+    async def _process(self, origin: Origin, build: Builder, early: bool) -> None:
+        # The first await: it fixes this event's place in line.
+        async with self._lanes.hold(agent_key(PLATFORM, origin.user_id), early=early):
             try:
                 for item in await build():
                     await self.deliver([item] if isinstance(item, Reply) else await self.bot.handle(item))

@@ -110,6 +110,10 @@ class Inbox:
             redos.append(redo)
         if redos:
             log.info("%s: replaying %d events left unfinished by the last run", origin, len(redos))
+        if len(self.quarantine):
+            log.info(
+                "%s: %d of them may have stopped the bot: they run one at a time, alone", origin, len(self.quarantine)
+            )
         return redos
 
     # -- the runtime's side ----------------------------------------------------

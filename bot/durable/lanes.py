@@ -53,6 +53,10 @@ class _Lane:
 class Lanes:
     def __init__(self) -> None:
         self._lanes: dict[str, _Lane] = {}
+        # Closed by `hold_back`: at start, new events wait here until the
+        # events the last run left unfinished have taken their places.
+        self._gate = asyncio.Event()
+        self._gate.set()
 
     def __len__(self) -> int:
         return len(self._lanes)
@@ -67,9 +71,21 @@ class Lanes:
         if lane.idle and self._lanes.get(key) is lane:
             del self._lanes[key]
 
+    def hold_back(self) -> None:
+        """Until `release`, holders other than `early` ones wait before joining
+        their lane (in the order they came): so at start a new message cannot
+        overtake the replay of the same person's older one."""
+        self._gate.clear()
+
+    def release(self) -> None:
+        self._gate.set()
+
     @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        """Wait for `key`'s turn and hold it for the `async with` body."""
+    async def hold(self, key: str, *, early: bool = False) -> AsyncIterator[None]:
+        """Wait for `key`'s turn and hold it for the `async with` body.
+        `early`: an event the last run left unfinished, never held back."""
+        if not early and not self._gate.is_set():
+            await self._gate.wait()  # waiters wake in order, and join their lane before any other await
         lane = self._lane(key)
         lane.users += 1
         try:

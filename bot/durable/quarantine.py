@@ -17,8 +17,11 @@ count), so it holds across any number of restarts.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Iterable
 from contextlib import asynccontextmanager
+
+log = logging.getLogger(__name__)
 
 
 class Quarantine:
@@ -50,6 +53,7 @@ class Quarantine:
                 finally:
                     self._suspects_waiting -= 1
                 self._suspect_running = True
+                log.debug("running suspect event %s alone", journal_id)
             else:
                 await self._changed.wait_for(lambda: not self._suspect_running and not self._suspects_waiting)
             self._running += 1
