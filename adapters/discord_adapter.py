@@ -12,7 +12,7 @@ Who is answered: direct messages always; in servers, messages that mention the
 bot, or any message in an always-on channel (and its threads). Other bots,
 webhooks, system messages and the bot itself are never answered.
 
-Crash safety (bot/journal.py tells the protocol). Discord neither waits for an
+Crash safety (bot/durable/journal.py tells the protocol). Discord neither waits for an
 acknowledgement nor delivers a gateway event again, so here the journal is for
 redoing work a crash cut short. With a bot that keeps one (the runtime), each
 message meant for the bot and each join is recorded (`receive`) before any
@@ -125,7 +125,7 @@ class DiscordAdapter:
         add_commands(self.tree, bot, forget_timeout=forget_timeout)
         self.lanes = _Lanes()
         # A bot with a journal (the runtime) records events and reports deliveries, so a
-        # crash loses nothing (bot/journal.py); simpler bots (tests) are served without.
+        # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are served without.
         self._durable = callable(getattr(bot, "receive", None))
         for handler in (self.on_ready, self.on_message, self.on_member_join):
             self.client.event(handler)
@@ -171,8 +171,13 @@ class DiscordAdapter:
 
     async def on_ready(self) -> None:
         user = self.client.user
-        log.info("connected to Discord as %s (id %s) in %d servers, %s", user, user.id if user else "?",
-                 len(self.client.guilds), f"{self.client.shard_count} shards" if self.config.sharded else "1 shard")
+        log.info(
+            "connected to Discord as %s (id %s) in %d servers, %s",
+            user,
+            user.id if user else "?",
+            len(self.client.guilds),
+            f"{self.client.shard_count} shards" if self.config.sharded else "1 shard",
+        )
 
     # -- platform events -> typed events ---------------------------------------
     def addressed_text(self, message: discord.Message) -> str | None:
@@ -184,7 +189,8 @@ class DiscordAdapter:
         guild = message.guild
         role = guild.self_role if guild is not None else None
         mentioned = any(user.id == me.id for user in message.mentions) or (
-            role is not None and role in message.role_mentions)
+            role is not None and role in message.role_mentions
+        )
         if guild is not None and not (mentioned or self._always_on(message.channel)):
             return None
         text = re.sub(rf"<@!?{me.id}>[ \t]?", "", message.content)
@@ -219,8 +225,9 @@ class DiscordAdapter:
             durable=durable,
         )
 
-    def file_uploaded(self, message: discord.Message, attachment: discord.Attachment, data: bytes, *,
-                      durable: bool = False) -> FileUploaded:
+    def file_uploaded(
+        self, message: discord.Message, attachment: discord.Attachment, data: bytes, *, durable: bool = False
+    ) -> FileUploaded:
         return FileUploaded(
             platform=PLATFORM,
             user_id=str(message.author.id),
@@ -283,13 +290,18 @@ class DiscordAdapter:
         """Why this attachment will not be read, or None if it will."""
         name = attachment.filename
         media_type = _media_type(attachment)
-        readable = PurePath(name).suffix.lower() in UPLOAD_SUFFIXES or media_type.startswith("text/") or (
-            media_type == "application/pdf")
+        readable = (
+            PurePath(name).suffix.lower() in UPLOAD_SUFFIXES
+            or media_type.startswith("text/")
+            or (media_type == "application/pdf")
+        )
         if not readable:
             return f"I can't read {name}: I only take text, Markdown, HTML or PDF files."
         if attachment.size > self.config.max_upload_bytes:
-            return (f"I can't take {name}: it is {_size(attachment.size)} and my limit is "
-                    f"{_size(self.config.max_upload_bytes)}.")
+            return (
+                f"I can't take {name}: it is {_size(attachment.size)} and my limit is "
+                f"{_size(self.config.max_upload_bytes)}."
+            )
         return None
 
     # -- handlers: record the event, hand it to the bot, deliver the replies -------
@@ -327,8 +339,7 @@ class DiscordAdapter:
                 log.info("Discord event %s was already received; ignoring the repeat", event_id)
                 return None
         except Exception as error:  # the store is down: answering beats staying silent
-            log.warning("could not record Discord event %s (%s); handling it without crash recovery",
-                        event_id, error)
+            log.warning("could not record Discord event %s (%s); handling it without crash recovery", event_id, error)
             return False
         return True
 
@@ -356,8 +367,9 @@ class DiscordAdapter:
         async with self.lanes.hold(event.agent_key):
             await self.deliver(await self._handle(event, None))
 
-    async def _upload(self, message: discord.Message, attachment: discord.Attachment, *,
-                      durable: bool = False) -> list[Reply]:
+    async def _upload(
+        self, message: discord.Message, attachment: discord.Attachment, *, durable: bool = False
+    ) -> list[Reply]:
         reason = self.refusal(attachment)
         if reason is None:
             try:
@@ -368,8 +380,15 @@ class DiscordAdapter:
             else:
                 event = self.file_uploaded(message, attachment, data, durable=durable)
                 return await self._handle(event, message.channel)
-        return [Reply(text=reason, platform=PLATFORM, user_id=str(message.author.id),
-                      reply_to=self.reply_to(message), event_id=f"{message.id}:{attachment.id}")]
+        return [
+            Reply(
+                text=reason,
+                platform=PLATFORM,
+                user_id=str(message.author.id),
+                reply_to=self.reply_to(message),
+                event_id=f"{message.id}:{attachment.id}",
+            )
+        ]
 
     async def _handle(self, event: Event, channel: discord.abc.Messageable | None) -> list[Reply]:
         async with _typing(channel):
@@ -377,23 +396,32 @@ class DiscordAdapter:
                 return await self.bot.handle(event)
             except Exception:
                 log.exception("handling %s %s of Discord user %s failed", event.kind, event.event_id, event.user_id)
-                return [Reply(text=SORRY, platform=PLATFORM, user_id=event.user_id, reply_to=event.reply_to,
-                              event_id=event.event_id)]
+                return [
+                    Reply(
+                        text=SORRY,
+                        platform=PLATFORM,
+                        user_id=event.user_id,
+                        reply_to=event.reply_to,
+                        event_id=event.event_id,
+                    )
+                ]
 
     # -- crash recovery ----------------------------------------------------------
     async def recover(self) -> int:
         """Replay the events a crash left unfinished, in arrival order, and wait for them; the
-        number replayed. Call once connected (bot/app.py does), before check-ins start."""
+        number replayed. Call once connected (cli/app.py does), before check-ins start."""
         if not self._durable:
             return 0
         payloads = await self.bot.pending_events(PLATFORM)
         # One task per event, created in arrival order: each joins its user's lane before its
         # first await, so one user's events are redone in order while different users' overlap.
-        tasks = [asyncio.create_task(self._replay(payload), name=f"discord-replay-{payload.get('event_id')}")
-                 for payload in payloads]
+        tasks = [
+            asyncio.create_task(self._replay(payload), name=f"discord-replay-{payload.get('event_id')}")
+            for payload in payloads
+        ]
         for payload, outcome in zip(payloads, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
             if isinstance(outcome, Exception):
-                # Left pending: the next start tries it again (bot/journal.py caps the replays).
+                # Left pending: the next start tries it again (bot/durable/journal.py caps the replays).
                 log.error("replaying Discord event %s failed", payload.get("event_id"), exc_info=outcome)
         return len(payloads)
 
@@ -428,8 +456,13 @@ class DiscordAdapter:
         try:
             return await channel.fetch_message(int(payload["message_id"]))
         except (discord.NotFound, discord.Forbidden) as error:
-            log.warning("not redoing message %s of Discord user %s: it is gone (%s %s)", payload["message_id"],
-                        payload["user_id"], error.status, error.text or error)
+            log.warning(
+                "not redoing message %s of Discord user %s: it is gone (%s %s)",
+                payload["message_id"],
+                payload["user_id"],
+                error.status,
+                error.text or error,
+            )
             return None
 
     # -- delivery --------------------------------------------------------------
@@ -466,8 +499,12 @@ class DiscordAdapter:
             fallback = self._fallback(where)
             if fallback is None:
                 return self._failed(reply, error)
-            log.info("could not reach Discord user %s directly (%s); using channel %s", reply.user_id,
-                     describe_error(error), getattr(fallback, "id", "?"))
+            log.info(
+                "could not reach Discord user %s directly (%s); using channel %s",
+                reply.user_id,
+                describe_error(error),
+                getattr(fallback, "id", "?"),
+            )
             try:
                 await self._post(fallback, reply, mention=user_id)
             except CALL_ERRORS as second:
@@ -480,8 +517,11 @@ class DiscordAdapter:
         """One reply as messages under the limit; in shared channels the first pings its user.
         A durable reply's parts carry nonces, and a resent one skips the parts already there."""
         prefix = f"<@{mention}> " if mention is not None else ""
-        allowed = discord.AllowedMentions(everyone=False, roles=False, users=[discord.Object(id=mention)]) if (
-            mention is not None) else discord.AllowedMentions.none()
+        allowed = (
+            discord.AllowedMentions(everyone=False, roles=False, users=[discord.Object(id=mention)])
+            if (mention is not None)
+            else discord.AllowedMentions.none()
+        )
         chunks = split_message(reply.text, MESSAGE_LIMIT - len(prefix))
         chunks[0] = prefix + chunks[0]
         posted = await self._parts_posted(channel, reply, chunks) if reply.resend and reply.outbox_id else 0
@@ -498,8 +538,12 @@ class DiscordAdapter:
             recent = [message async for message in channel.history(limit=HISTORY_LIMIT)]
         except CALL_ERRORS as error:
             # Without history access, sending twice beats never sending (and the nonce may still catch it).
-            log.warning("cannot check channel %s for reply %s before sending it again: %s",
-                        getattr(channel, "id", "?"), reply.outbox_id, describe_error(error))
+            log.warning(
+                "cannot check channel %s for reply %s before sending it again: %s",
+                getattr(channel, "id", "?"),
+                reply.outbox_id,
+                describe_error(error),
+            )
             return 0
         since = snowflake_of(reply.event_id)  # the answered message: its replies are newer
         posted = 0
@@ -515,8 +559,13 @@ class DiscordAdapter:
             if same:
                 posted += 1
         if posted:
-            log.info("reply %s to Discord user %s: %d of %d parts were already sent", reply.outbox_id,
-                     reply.user_id, posted, len(chunks))
+            log.info(
+                "reply %s to Discord user %s: %d of %d parts were already sent",
+                reply.outbox_id,
+                reply.user_id,
+                posted,
+                len(chunks),
+            )
         return posted
 
     async def _target(self, where: Mapping[str, Any]) -> discord.abc.Messageable:
@@ -540,9 +589,14 @@ class DiscordAdapter:
     def _failed(reply: Reply, error: BaseException) -> tuple[Delivery, str]:
         outcome, detail = outcome_of(error), describe_error(error)
         # Who and why, never what: the reply's text stays out of the logs.
-        log.warning("could not send a reply to Discord user %s (event %s, channel %s): %s; %s", reply.user_id,
-                    reply.event_id, reply.reply_to.get("channel_id") or "DM", detail,
-                    "will retry" if outcome is Delivery.RETRY else "dropped")
+        log.warning(
+            "could not send a reply to Discord user %s (event %s, channel %s): %s; %s",
+            reply.user_id,
+            reply.event_id,
+            reply.reply_to.get("channel_id") or "DM",
+            detail,
+            "will retry" if outcome is Delivery.RETRY else "dropped",
+        )
         return outcome, detail
 
 

@@ -1,5 +1,5 @@
 """The Discord adapter's small parts: configuration from the environment, the
-client's intents, reply addresses, and what a failed send means (bot/journal.py)."""
+client's intents, reply addresses, and what a failed send means (bot/durable/journal.py)."""
 
 from __future__ import annotations
 
@@ -109,8 +109,10 @@ def describe_error(error: BaseException) -> str:
     """Why a call failed, for a log line or the outbox: never the text that was sent."""
     if isinstance(error, discord.HTTPException):
         if error.code == CANNOT_MESSAGE_USER:
-            return (f"{error.status} (code {error.code}): they take no messages from the bot "
-                    "(DMs closed, the bot blocked, or no server shared)")
+            return (
+                f"{error.status} (code {error.code}): they take no messages from the bot "
+                "(DMs closed, the bot blocked, or no server shared)"
+            )
         code = f" (code {error.code})" if error.code else ""
         return f"{error.status}{code}: {error.text or type(error).__name__}"
     return f"{type(error).__name__}: {error}"

@@ -1,7 +1,7 @@
 """The Slack adapter: Events API in (Socket Mode or HTTP), chat.postMessage out.
 
 Each Slack payload is read by one small listener that drops what the bot must
-not answer, records the event in the bot's journal (bot/journal.py) and hands
+not answer, records the event in the bot's journal (bot/durable/journal.py) and hands
 a builder to `_submit`; the builder turns the payload into typed events
 (`UserMessage`, `UserJoined`, `FileUploaded`). Bolt acks an event only once its
 listener returns (`process_before_response=True`): an event Slack stops
@@ -72,15 +72,29 @@ log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
 UPLOAD_SUFFIXES = {
-    ".txt": "text/plain", ".md": "text/markdown", ".markdown": "text/markdown", ".pdf": "application/pdf",
+    ".txt": "text/plain",
+    ".md": "text/markdown",
+    ".markdown": "text/markdown",
+    ".pdf": "application/pdf",
 }
 UPLOAD_FILETYPES = {"text": "text/plain", "markdown": "text/markdown", "pdf": "application/pdf"}
 # Errors that mean the reply can never arrive: the person left, deactivated
 # their account, or blocked the bot; the place is gone or closed to it.
-GONE = frozenset({
-    "channel_not_found", "is_archived", "not_in_channel", "account_inactive", "user_not_found", "user_disabled",
-    "cannot_dm_bot", "messages_tab_disabled", "restricted_action", "user_not_visible", "team_access_not_granted",
-})
+GONE = frozenset(
+    {
+        "channel_not_found",
+        "is_archived",
+        "not_in_channel",
+        "account_inactive",
+        "user_not_found",
+        "user_disabled",
+        "cannot_dm_bot",
+        "messages_tab_disabled",
+        "restricted_action",
+        "user_not_visible",
+        "team_access_not_granted",
+    }
+)
 METADATA_TYPE = "memgpt_reply"  # message metadata that names a reply's outbox entry
 APOLOGY = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
 
@@ -128,13 +142,23 @@ class _Origin:
         return cls(team, user, reply_to, str(body.get("event_id") or uuid.uuid4().hex), time_of(ts))
 
     def to_json(self) -> dict[str, Any]:
-        return {"team": self.team, "user": self.user, "reply_to": self.reply_to, "event_id": self.event_id,
-                "created_at": self.created_at.isoformat()}
+        return {
+            "team": self.team,
+            "user": self.user,
+            "reply_to": self.reply_to,
+            "event_id": self.event_id,
+            "created_at": self.created_at.isoformat(),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> _Origin:
-        return cls(str(data["team"]), str(data["user"]), dict(data["reply_to"]), str(data["event_id"]),
-                   datetime.fromisoformat(str(data["created_at"])))
+        return cls(
+            str(data["team"]),
+            str(data["user"]),
+            dict(data["reply_to"]),
+            str(data["event_id"]),
+            datetime.fromisoformat(str(data["created_at"])),
+        )
 
     @property
     def user_id(self) -> str:
@@ -142,13 +166,25 @@ class _Origin:
 
     def fields(self, **extra: Any) -> dict[str, Any]:
         """The arguments every event built from this payload shares."""
-        return {"platform": PLATFORM, "user_id": self.user_id, "reply_to": self.reply_to,
-                "event_id": self.event_id, "created_at": self.created_at, "durable": True, **extra}
+        return {
+            "platform": PLATFORM,
+            "user_id": self.user_id,
+            "reply_to": self.reply_to,
+            "event_id": self.event_id,
+            "created_at": self.created_at,
+            "durable": True,
+            **extra,
+        }
 
     def notice(self, text: str, event_id: str | None = None) -> Reply:
         """A message the adapter sends itself (a refused file, an apology)."""
-        return Reply(text=text, platform=PLATFORM, user_id=self.user_id, reply_to=self.reply_to,
-                     event_id=event_id or self.event_id)
+        return Reply(
+            text=text,
+            platform=PLATFORM,
+            user_id=self.user_id,
+            reply_to=self.reply_to,
+            event_id=event_id or self.event_id,
+        )
 
 
 Item = Event | Reply  # an event for the bot, or a notice the adapter sends itself
@@ -166,7 +202,7 @@ class SlackAdapter:
         self.config = config
         self.deduper: EventDeduper = deduper or RecentEventIds()
         # A bot with a journal (the runtime) records events and replies so a
-        # crash loses nothing (bot/journal.py); simpler bots (tests) are
+        # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are
         # de-duplicated in memory and not replayed.
         self._durable = callable(getattr(bot, "receive", None))
         self.client = AsyncWebClient(
@@ -328,8 +364,9 @@ class SlackAdapter:
         own = context.bot_user_id or self.bot_user_id
         return bool(event.get("bot_id")) or not event.get("user") or event.get("user") == own
 
-    async def _on_message(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext,
-                          request: AsyncBoltRequest) -> None:
+    async def _on_message(
+        self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext, request: AsyncBoltRequest
+    ) -> None:
         subtype = event.get("subtype")
         if event.get("channel_type") != "im" or subtype not in (None, "file_share"):
             return  # edits, deletions, bot messages, joins...: nothing a person said to the bot
@@ -337,8 +374,12 @@ class SlackAdapter:
             return
         retry = request.headers.get("x-slack-retry-num", [None])[0]
         if retry and retry != "0":
-            log.info("slack: retry %s of event %s (%s)", retry, body.get("event_id"),
-                     request.headers.get("x-slack-retry-reason", ["?"])[0])
+            log.info(
+                "slack: retry %s of event %s (%s)",
+                retry,
+                body.get("event_id"),
+                request.headers.get("x-slack-retry-reason", ["?"])[0],
+            )
         reply_to = {"channel": event["channel"]}
         if event.get("thread_ts"):
             reply_to["thread_ts"] = event["thread_ts"]
@@ -349,8 +390,11 @@ class SlackAdapter:
         if self._is_from_a_bot(event, context):
             return
         # Answer in the mention's thread (or the thread it was posted in), addressed to its author.
-        reply_to = {"channel": event["channel"], "thread_ts": event.get("thread_ts") or event["ts"],
-                    "mention": event["user"]}
+        reply_to = {
+            "channel": event["channel"],
+            "thread_ts": event.get("thread_ts") or event["ts"],
+            "mention": event["user"],
+        }
         origin = _Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
         await self._accept(origin, "app_mention", event)
 
@@ -363,12 +407,14 @@ class SlackAdapter:
         self._people.put(origin.user_id, _Person(name_of(person) or origin.user))
         await self._accept(origin, "team_join", event)
 
-    async def _on_member_joined_channel(self, body: dict[str, Any], event: dict[str, Any],
-                                        context: AsyncBoltContext) -> None:
+    async def _on_member_joined_channel(
+        self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
+    ) -> None:
         if self._is_from_a_bot(event, context):
             return  # the bot itself was added to a channel
-        origin = _Origin.of(body, _team_of(body, event), str(event["user"]), {"dm_user": event["user"]},
-                            event.get("event_ts"))
+        origin = _Origin.of(
+            body, _team_of(body, event), str(event["user"]), {"dm_user": event["user"]}, event.get("event_ts")
+        )
         await self._accept(origin, "member_joined_channel", event)
 
     # -- taking an event: journal, then work ------------------------------------
@@ -433,8 +479,9 @@ class SlackAdapter:
             text = re.sub(rf"<@{re.escape(self.bot_user_id)}(?:\|[^>]*)?>", "", text)
         person = await self._person(origin, event.get("user_profile"))
         plain = slack_to_plain(text, self._cached_name(origin.team)).strip()
-        return [UserMessage(**origin.fields(text=plain or "(an empty message)", display_name=person.name,
-                                            channel=channel))]
+        return [
+            UserMessage(**origin.fields(text=plain or "(an empty message)", display_name=person.name, channel=channel))
+        ]
 
     async def _file_share(self, origin: _Origin, event: Mapping[str, Any]) -> list[Item]:
         person = await self._person(origin, event.get("user_profile"))
@@ -446,8 +493,9 @@ class SlackAdapter:
             except _DownloadError as error:
                 log.warning("slack: could not download file %s: %s", shared.get("id"), error)
                 name = shared.get("name") or "that file"
-                items.append(origin.notice(f"I couldn't download {name} from Slack, so I didn't save it.",
-                                           file_event_id))
+                items.append(
+                    origin.notice(f"I couldn't download {name} from Slack, so I didn't save it.", file_event_id)
+                )
         if str(event.get("text") or "").strip():
             items += await self._user_message(origin, event)
         return items
@@ -473,8 +521,11 @@ class SlackAdapter:
         data = await self._download(str(shared.get("url_private_download") or shared.get("url_private") or ""))
         if data is None:
             return too_large
-        return FileUploaded(**origin.fields(event_id=event_id, filename=name, data=data, content_type=content_type,
-                                            display_name=display_name))
+        return FileUploaded(
+            **origin.fields(
+                event_id=event_id, filename=name, data=data, content_type=content_type, display_name=display_name
+            )
+        )
 
     def _may_send_token_to(self, url: str) -> bool:
         """The bot token goes only to Slack's own hosts (or the configured API host)."""
@@ -587,8 +638,9 @@ class SlackAdapter:
                 found = await self.client.conversations_history(channel=channel, include_all_metadata=True, limit=100)
         except CALL_ERRORS as error:
             # Without history access (a scope missing), sending twice beats never sending.
-            log.warning("slack: cannot check %s for reply %s before resending it: %s", channel, outbox_id,
-                        error_code(error))
+            log.warning(
+                "slack: cannot check %s for reply %s before resending it: %s", channel, outbox_id, error_code(error)
+            )
             return set()
         parts = set()
         for message in found.get("messages") or []:
@@ -655,6 +707,15 @@ class SlackAdapter:
 
 
 __all__ = [
-    "APOLOGY", "EVENTS_PATH", "FORGET_CANCEL", "FORGET_CONFIRM", "PLATFORM", "REPLY_LIMIT",
-    "EventDeduper", "RecentEventIds", "SlackAdapter", "SlackConfig", "SlackSetupError",
+    "APOLOGY",
+    "EVENTS_PATH",
+    "FORGET_CANCEL",
+    "FORGET_CONFIRM",
+    "PLATFORM",
+    "REPLY_LIMIT",
+    "EventDeduper",
+    "RecentEventIds",
+    "SlackAdapter",
+    "SlackConfig",
+    "SlackSetupError",
 ]

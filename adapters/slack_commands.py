@@ -57,12 +57,25 @@ def report_messages(report: str | None) -> list[str]:
 def forget_blocks() -> list[dict[str, Any]]:
     return [
         {"type": "section", "text": {"type": "mrkdwn", "text": FORGET_QUESTION}},
-        {"type": "actions", "block_id": "memgpt_forget", "elements": [
-            {"type": "button", "action_id": FORGET_CONFIRM, "style": "danger", "value": "forget",
-             "text": {"type": "plain_text", "text": "Forget me"}},
-            {"type": "button", "action_id": FORGET_CANCEL, "value": "cancel",
-             "text": {"type": "plain_text", "text": "Cancel"}},
-        ]},
+        {
+            "type": "actions",
+            "block_id": "memgpt_forget",
+            "elements": [
+                {
+                    "type": "button",
+                    "action_id": FORGET_CONFIRM,
+                    "style": "danger",
+                    "value": "forget",
+                    "text": {"type": "plain_text", "text": "Forget me"},
+                },
+                {
+                    "type": "button",
+                    "action_id": FORGET_CANCEL,
+                    "value": "cancel",
+                    "text": {"type": "plain_text", "text": "Cancel"},
+                },
+            ],
+        },
     ]
 
 
@@ -83,8 +96,9 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
 
     async def forget(ack: AsyncAck, respond: AsyncRespond) -> None:
         await ack()
-        await _respond(respond, text="Forget everything I know about you?", blocks=forget_blocks(),
-                       response_type="ephemeral")
+        await _respond(
+            respond, text="Forget everything I know about you?", blocks=forget_blocks(), response_type="ephemeral"
+        )
 
     async def confirm(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
         await ack()
@@ -111,8 +125,9 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
         # Check-ins go to the person's DM with the bot wherever they were set up: the bot
         # may not be in the channel the command was typed in, and check-ins are private.
         try:
-            answer = await bot.checkin_command(PLATFORM, user_id, str(command.get("text") or "").strip() or "help",
-                                               {"dm_user": user})
+            answer = await bot.checkin_command(
+                PLATFORM, user_id, str(command.get("text") or "").strip() or "help", {"dm_user": user}
+            )
         except Exception:
             log.exception("slack: /checkin failed for %s", user_id)
             answer = CHECKIN_FAILED

@@ -133,7 +133,7 @@ class LRU(Generic[K, V]):
 class EventDeduper(Protocol):
     """Remembers delivered Events API ids, so Slack's retries are answered once,
     for a bot without an event journal (a bot with one, the runtime, recognises
-    repeats by the journal's key, in every process: bot/journal.py)."""
+    repeats by the journal's key, in every process: bot/durable/journal.py)."""
 
     async def seen(self, event_id: str) -> bool:
         """Whether `event_id` was seen before; records it if not."""

@@ -99,8 +99,7 @@ class TerminalChat:
         sent = 0
         if self.interactive:
             self._note(
-                f"Chatting as {self.display_name}. Type a message and press Enter; "
-                "Ctrl-D (end of input) quits.\n"
+                f"Chatting as {self.display_name}. Type a message and press Enter; Ctrl-D (end of input) quits.\n"
             )
             self._note(PROMPT)
         async for line in read_lines(self.stdin):

@@ -32,7 +32,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from bench.nested_kv import count_calls, last_event
 from bot.events import UserMessage
 from bot.runtime import Runtime
-from memory.chunking import chunk_text
+from memory.ingest.chunking import chunk_text
 from memory.types import Passage
 
 DOCUMENTS: dict[str, str] = {
@@ -151,16 +151,21 @@ def prompt(question: str) -> str:
 
 
 async def run_agent(
-    runtime: Runtime, documents: dict[str, str], questions: Sequence[dict[str, str]], *,
-    agent_key: str = "bench:doc-qa", verbose: bool = False,
+    runtime: Runtime,
+    documents: dict[str, str],
+    questions: Sequence[dict[str, str]],
+    *,
+    agent_key: str = "bench:doc-qa",
+    verbose: bool = False,
 ) -> QAReport:
     agent_id = await load_documents(runtime, agent_key, documents)
     platform, user = agent_key.split(":", 1)
     report = QAReport()
     for item in questions:
         before = await runtime.store.count_messages(agent_id)
-        result = await runtime.handle_with_details(UserMessage(platform=platform, user_id=user,
-                                                               text=prompt(item["question"])))
+        result = await runtime.handle_with_details(
+            UserMessage(platform=platform, user_id=user, text=prompt(item["question"]))
+        )
         produced = await runtime.store.messages_since(agent_id, before + 1)
         searches, pages = count_calls(produced, "archival_memory_search")
         reply = " | ".join(r.text for r in result.replies)
@@ -183,8 +188,7 @@ def scripted_call(request: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     pages = [json.loads(m["content"]).get("result", "") for m in messages if m["role"] == "tool"]
     current = pages[-1]
     asked = next(
-        json.loads(call["function"]["arguments"])
-        for m in reversed(messages) for call in (m.get("tool_calls") or [])
+        json.loads(call["function"]["arguments"]) for m in reversed(messages) for call in (m.get("tool_calls") or [])
     )
     if asked.get("page", 0) == 0 and "call again with page=1" in current:
         return "archival_memory_search", {**asked, "page": 1, "request_heartbeat": True}
@@ -208,7 +212,7 @@ async def main() -> None:
     from bot.config import Settings
     from bot.llm import LLMClient
     from memory.embeddings import Embedder
-    from memory.sqlite_store import SQLiteStore
+    from memory.sqlite.store import SQLiteStore
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url")
@@ -232,14 +236,21 @@ async def main() -> None:
         args.base_url, args.model = server.base_url, "scripted"
         args.context_window = getattr(args, "context_window", None) or 32_768
     with tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(openai_api_key=args.api_key, openai_base_url=args.base_url, model=args.model,
-                            data_dir=Path(data_dir), max_steps_per_event=args.max_steps,
-                            rate_limit_per_minute=0, daily_token_budget=0)  # a quality run: no limits
+        settings = Settings(
+            openai_api_key=args.api_key,
+            openai_base_url=args.base_url,
+            model=args.model,
+            data_dir=Path(data_dir),
+            max_steps_per_event=args.max_steps,
+            rate_limit_per_minute=0,
+            daily_token_budget=0,
+        )  # a quality run: no limits
         if getattr(args, "context_window", None):
             settings.context_window = args.context_window
         llm = LLMClient(settings.model, api_key=args.api_key, base_url=args.base_url)
-        runtime = await Runtime.create(settings, store=SQLiteStore(Path(data_dir) / "doc-qa.sqlite3"),
-                                       llm=llm, embedder=Embedder())
+        runtime = await Runtime.create(
+            settings, store=SQLiteStore(Path(data_dir) / "doc-qa.sqlite3"), llm=llm, embedder=Embedder()
+        )
         started = time.perf_counter()
         try:
             report = await run_agent(runtime, documents, questions, verbose=True)
@@ -248,8 +259,10 @@ async def main() -> None:
             if server is not None:
                 server.stop()
     print(f"document QA ({args.model}): {len(documents)} documents, {len(questions)} questions")
-    print(f"  accuracy {report.accuracy:.0%}; per question: searches {report.mean('searches'):.1f}, "
-          f"pages read {report.mean('pages'):.1f}, steps {report.mean('steps'):.1f}")
+    print(
+        f"  accuracy {report.accuracy:.0%}; per question: searches {report.mean('searches'):.1f}, "
+        f"pages read {report.mean('pages'):.1f}, steps {report.mean('steps'):.1f}"
+    )
     print(f"({time.perf_counter() - started:.1f} s)")
 
 

@@ -2,7 +2,7 @@
 
 In the same run, on the same passages: "raw" is one `Embedder.encode_now`
 call over the already-chunked texts (the model alone); "loader" is
-`memory.loader.load_paths` from the files on disk into a fresh SQLite store
+`memory.ingest.loader.load_paths` from the files on disk into a fresh SQLite store
 (reading, extraction, chunking, hashing, embedding and writing, end to end).
 Rounds alternate which goes first, so a shared machine's drifting load hits
 both alike. Three ratios are printed: the median of the rounds, best round
@@ -31,11 +31,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from memory.archival import ArchivalMemory
-from memory.chunking import DEFAULT_OVERLAP_TOKENS, chunk_document
-from memory.documents import extract_document
 from memory.embeddings import Embedder
-from memory.loader import load_paths
-from memory.sqlite_store import SQLiteStore
+from memory.ingest.chunking import DEFAULT_OVERLAP_TOKENS, chunk_document
+from memory.ingest.documents import extract_document
+from memory.ingest.loader import load_paths
+from memory.sqlite.store import SQLiteStore
 from memory.tokens import TokenCounter, load_encoder
 
 WORDS = (
@@ -89,8 +89,9 @@ async def loader_rate(embedder: Embedder, counter: TokenCounter, folder: Path, d
     try:
         agent, _ = await store.get_or_create_agent("bench:loader", [])
         started, cpu = time.perf_counter(), time.process_time()
-        report = await load_paths(ArchivalMemory(store, embedder), agent.id, [folder], counter=counter,
-                                  max_tokens=max_tokens, progress=False)
+        report = await load_paths(
+            ArchivalMemory(store, embedder), agent.id, [folder], counter=counter, max_tokens=max_tokens, progress=False
+        )
         seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu
         assert not report.failed, report.failed
         return report.passages_added / seconds, report.passages_added / cpu_seconds
@@ -116,10 +117,14 @@ async def main() -> None:
         corpus.mkdir()
         texts = write_corpus(corpus, counter, args.passages, args.max_tokens)
         files = len(list(corpus.iterdir()))
-        print(f"{len(texts)} passages of at most {args.max_tokens} tokens from {files} Markdown files; "
-              f"{args.rounds} rounds\n")
-        print(f"{'round':>5}  {'raw encode_now':>16}  {'loader':>16}  {'ratio':>6}  {'per CPU-s: raw':>15}  "
-              f"{'loader':>7}  {'ratio':>6}")
+        print(
+            f"{len(texts)} passages of at most {args.max_tokens} tokens from {files} Markdown files; "
+            f"{args.rounds} rounds\n"
+        )
+        print(
+            f"{'round':>5}  {'raw encode_now':>16}  {'loader':>16}  {'ratio':>6}  {'per CPU-s: raw':>15}  "
+            f"{'loader':>7}  {'ratio':>6}"
+        )
         raws: list[Rates] = []
         loads: list[Rates] = []
         for number in range(1, args.rounds + 1):
@@ -132,13 +137,18 @@ async def main() -> None:
                 raw = raw_rate(embedder, texts)
             raws.append(raw)
             loads.append(loaded)
-            print(f"{number:>5}  {raw[0]:>12.1f} p/s  {loaded[0]:>12.1f} p/s  {loaded[0] / raw[0]:>6.2f}  "
-                  f"{raw[1]:>15.1f}  {loaded[1]:>7.1f}  {loaded[1] / raw[1]:>6.2f}", flush=True)
+            print(
+                f"{number:>5}  {raw[0]:>12.1f} p/s  {loaded[0]:>12.1f} p/s  {loaded[0] / raw[0]:>6.2f}  "
+                f"{raw[1]:>15.1f}  {loaded[1]:>7.1f}  {loaded[1] / raw[1]:>6.2f}",
+                flush=True,
+            )
     wall = statistics.median(load[0] / raw[0] for raw, load in zip(raws, loads, strict=True))
     best = max(load[0] for load in loads) / max(raw[0] for raw in raws)
     cpu = statistics.median(load[1] / raw[1] for raw, load in zip(raws, loads, strict=True))
-    print(f"\nloader/raw (target >= 0.90): median of rounds {wall:.2f}, best round vs best round {best:.2f}, "
-          f"per CPU-second {cpu:.2f}")
+    print(
+        f"\nloader/raw (target >= 0.90): median of rounds {wall:.2f}, best round vs best round {best:.2f}, "
+        f"per CPU-second {cpu:.2f}"
+    )
     await embedder.close()
 
 

@@ -177,7 +177,11 @@ def count_calls(messages: Sequence[Message], name: str) -> tuple[int, int]:
 
 
 async def run_agent(
-    runtime: Runtime, task: Task, *, agent_key: str = "bench:nested-kv", per_level: int | None = None,
+    runtime: Runtime,
+    task: Task,
+    *,
+    agent_key: str = "bench:nested-kv",
+    per_level: int | None = None,
     verbose: bool = False,
 ) -> dict[int, LevelScore]:
     """Ask each question of the task (up to `per_level` per level) through the
@@ -202,8 +206,10 @@ async def run_agent(
         score.pages.append(pages)
         if verbose:
             replies = " | ".join(reply.text for reply in result.replies)[:120]
-            print(f"  level {chain.level}: {'ok ' if correct else 'MISS'} {searches} searches, "
-                  f"{result.steps} steps; replied {replies!r}")
+            print(
+                f"  level {chain.level}: {'ok ' if correct else 'MISS'} {searches} searches, "
+                f"{result.steps} steps; replied {replies!r}"
+            )
     return scores
 
 
@@ -265,8 +271,10 @@ def print_scores(title: str, scores: dict[int, LevelScore], *, hops: bool) -> No
         if hops:
             line += f", hops {s.hops_found}/{s.hops} ({s.hops_found / max(s.hops, 1):.0%})"
         if s.searches:
-            line += (f", searches per question {sum(s.searches) / len(s.searches):.1f}"
-                     f", pages read {sum(s.pages) / len(s.pages):.1f}")
+            line += (
+                f", searches per question {sum(s.searches) / len(s.searches):.1f}"
+                f", pages read {sum(s.pages) / len(s.pages):.1f}"
+            )
         print(line)
     total = sum(s.chains_found for s in scores.values()), sum(s.chains for s in scores.values())
     print(f"  all levels: {total[0]}/{total[1]} ({total[0] / max(total[1], 1):.0%})")
@@ -276,7 +284,7 @@ async def main() -> None:
     from bot.config import Settings
     from bot.llm import LLMClient
     from memory.embeddings import Embedder
-    from memory.sqlite_store import SQLiteStore
+    from memory.sqlite.store import SQLiteStore
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--base-url", help="OpenAI-compatible endpoint")
@@ -302,9 +310,15 @@ async def main() -> None:
         args.context_window = getattr(args, "context_window", None) or 32_768
     embedder = Embedder()
     with tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(openai_api_key=args.api_key, openai_base_url=args.base_url, model=args.model,
-                            data_dir=Path(data_dir), max_steps_per_event=args.max_steps,
-                            rate_limit_per_minute=0, daily_token_budget=0)  # a quality run: no limits
+        settings = Settings(
+            openai_api_key=args.api_key,
+            openai_base_url=args.base_url,
+            model=args.model,
+            data_dir=Path(data_dir),
+            max_steps_per_event=args.max_steps,
+            rate_limit_per_minute=0,
+            daily_token_budget=0,
+        )  # a quality run: no limits
         if args.context_window:
             settings.context_window = args.context_window
         store = SQLiteStore(Path(data_dir) / "nested-kv.sqlite3")
@@ -326,7 +340,9 @@ async def main() -> None:
                             into.chains_found += score.chains_found
                     print_scores(
                         f"nested KV, retrieval only, {signal} ranking ({args.seeds} task sets of {PAIRS} pairs; "
-                        "query = the key; found = its passage is the top hit):", merged, hops=True,
+                        "query = the key; found = its passage is the top hit):",
+                        merged,
+                        hops=True,
                     )
             else:
                 scores = await run_agent(runtime, make_task(0), per_level=args.per_level, verbose=True)

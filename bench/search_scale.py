@@ -33,10 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import numpy.typing as npt
 
-from memory.ann_index import ANN_THRESHOLD, AnnIndex
-from memory.sqlite_store import SQLiteStore
+from memory.search.ann_index import ANN_THRESHOLD, AnnIndex
+from memory.search.vector_index import VectorIndex
+from memory.sqlite.store import SQLiteStore
 from memory.types import Block, Passage
-from memory.vector_index import VectorIndex
 
 DIM = 384
 SIZES = (10_000, 100_000, 1_000_000)
@@ -124,10 +124,14 @@ def vector_level(n: int, queries: int, threads: int) -> None:
     ratio = statistics.median(exact_times) / statistics.median(ann_times)
     print(f"  exact  (numpy): {stats(exact_times)}; load {exact_build:.1f} s, +{exact_mb:,.0f} MB RSS")
     print(f"  ANN (usearch) : {stats(ann_times)}; top-100 pool {stats(pool_times)}")
-    print(f"                  build {build:.1f} s ({n / build:,.0f} vectors/s, {threads} threads), "
-          f"index {ann.memory_bytes / 2**20:,.0f} MB (+{ann_mb:,.0f} MB RSS), exact/ANN median ratio {ratio:.1f}x")
-    print(f"                  recall@10 vs exact: {recall:.3f} asking for 10, {recall_pool:.3f} as the store "
-          f"searches (top 10 of a 100-candidate pool)")
+    print(
+        f"                  build {build:.1f} s ({n / build:,.0f} vectors/s, {threads} threads), "
+        f"index {ann.memory_bytes / 2**20:,.0f} MB (+{ann_mb:,.0f} MB RSS), exact/ANN median ratio {ratio:.1f}x"
+    )
+    print(
+        f"                  recall@10 vs exact: {recall:.3f} asking for 10, {recall_pool:.3f} as the store "
+        f"searches (top 10 of a 100-candidate pool)"
+    )
 
 
 def batches(n: int, size: int, seed: int) -> Iterator[list[Passage]]:
@@ -165,8 +169,10 @@ async def store_level(n: int, queries: int, threads: int) -> None:
             await store.search_passages(agent.id, text, vector, 5)
             times.append((time.perf_counter() - start) * 1000)
         mode = "ANN" if n >= ANN_THRESHOLD else "exact"
-        print(f"  store: load {n / loading:,.0f} passages/s (with embeddings, FTS5 kept by triggers); "
-              f"first search {warm:.1f} s (reads vectors{', builds ANN' if mode == 'ANN' else ''})")
+        print(
+            f"  store: load {n / loading:,.0f} passages/s (with embeddings, FTS5 kept by triggers); "
+            f"first search {warm:.1f} s (reads vectors{', builds ANN' if mode == 'ANN' else ''})"
+        )
         print(f"  store hybrid search ({mode} + bm25, page of 5, event loop to rows): {stats(times)}")
         await store.close()
 

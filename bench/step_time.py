@@ -30,7 +30,7 @@ from bot.events import UserMessage
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.sqlite_store import SQLiteStore
+from memory.sqlite.store import SQLiteStore
 from tests.fake_llm import reply_text, reply_tool_calls, start_fake_llm, tool_call
 
 
@@ -60,18 +60,28 @@ async def main() -> None:
 
     server = start_fake_llm()
     server.set_handler(
-        lambda request: reply_tool_calls(tool_call("send_message", {"message": "ok"}))
-        if request.get("tools") else reply_text("A short summary of the conversation so far.")
+        lambda request: (
+            reply_tool_calls(tool_call("send_message", {"message": "ok"}))
+            if request.get("tools")
+            else reply_text("A short summary of the conversation so far.")
+        )
     )
     with tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(openai_api_key="bench", model="bench-model", context_window=args.window,
-                            data_dir=Path(data_dir), llm_max_retries=0,
-                            # The limits are checked and counted on every event (their cost is
-                            # part of a step) but set too high to ever hold one back.
-                            rate_limit_per_minute=10**9, daily_token_budget=10**15)
+        settings = Settings(
+            openai_api_key="bench",
+            model="bench-model",
+            context_window=args.window,
+            data_dir=Path(data_dir),
+            llm_max_retries=0,
+            # The limits are checked and counted on every event (their cost is
+            # part of a step) but set too high to ever hold one back.
+            rate_limit_per_minute=10**9,
+            daily_token_budget=10**15,
+        )
         llm = LLMClient(settings.model, api_key="bench", base_url=server.base_url, max_retries=0)
-        runtime = await Runtime.create(settings, store=SQLiteStore(Path(data_dir) / "bench.sqlite3"),
-                                       llm=llm, embedder=Embedder())
+        runtime = await Runtime.create(
+            settings, store=SQLiteStore(Path(data_dir) / "bench.sqlite3"), llm=llm, embedder=Embedder()
+        )
         agent = await runtime.agent("terminal:bench")
         fixed = agent.queue.fixed_tokens
         counter = runtime.services.counter
@@ -113,15 +123,21 @@ async def main() -> None:
     framework = [step - statistics.median(floor) for step in steps]
     print(f"machine: {machine()}")
     print(f"encoding: {counter.encoding_name}; window {args.window}; {args.steps} one-step events")
-    print(f"fixed prompt: {fixed} tokens (instructions {instructions}, function schemas {schemas}); "
-          f"target <= 1500, Letta 0.11.7 ~3300 -> ratio {fixed / 3300:.2f}")
+    print(
+        f"fixed prompt: {fixed} tokens (instructions {instructions}, function schemas {schemas}); "
+        f"target <= 1500, Letta 0.11.7 ~3300 -> ratio {fixed / 3300:.2f}"
+    )
     print(f"bare openai round trip (floor): median {statistics.median(floor):.2f} ms, p95 {pct(floor, 0.95):.2f} ms")
     print(f"agent step (event -> reply):   median {statistics.median(steps):.2f} ms, p95 {pct(steps, 0.95):.2f} ms")
-    print(f"framework time per step:       median {statistics.median(framework):.2f} ms, "
-          f"p95 {pct(framework, 0.95):.2f} ms; target <= 5 ms, Letta ~170 ms -> ratio "
-          f"{statistics.median(framework) / 170:.3f}")
-    print(f"time outside the LLM call:     median {statistics.median(outside_llm):.2f} ms, "
-          f"p95 {pct(outside_llm, 0.95):.2f} ms (storage, token counting, prompt compilation, functions)")
+    print(
+        f"framework time per step:       median {statistics.median(framework):.2f} ms, "
+        f"p95 {pct(framework, 0.95):.2f} ms; target <= 5 ms, Letta ~170 ms -> ratio "
+        f"{statistics.median(framework) / 170:.3f}"
+    )
+    print(
+        f"time outside the LLM call:     median {statistics.median(outside_llm):.2f} ms, "
+        f"p95 {pct(outside_llm, 0.95):.2f} ms (storage, token counting, prompt compilation, functions)"
+    )
 
 
 if __name__ == "__main__":

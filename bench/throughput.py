@@ -33,7 +33,7 @@ from bot.events import UserMessage
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.sqlite_store import SQLiteStore
+from memory.sqlite.store import SQLiteStore
 
 
 def serve(port_queue: multiprocessing.Queue, stop: multiprocessing.Event) -> None:  # type: ignore[type-arg]
@@ -41,8 +41,11 @@ def serve(port_queue: multiprocessing.Queue, stop: multiprocessing.Event) -> Non
 
     server = start_fake_llm()
     server.set_handler(
-        lambda request: reply_tool_calls(tool_call("send_message", {"message": "ok"}))
-        if request.get("tools") else reply_text("A short summary.")
+        lambda request: (
+            reply_tool_calls(tool_call("send_message", {"message": "ok"}))
+            if request.get("tools")
+            else reply_text("A short summary.")
+        )
     )
     server.keep_requests = False
     port_queue.put(server.base_url)
@@ -92,13 +95,20 @@ async def main() -> None:
         await embedder.warm_up()
         await embedder.embed(["warm up the embedding model"])
     with tempfile.TemporaryDirectory() as data_dir:
-        settings = Settings(openai_api_key="bench", model="bench-model", context_window=8_192,
-                            data_dir=Path(data_dir), llm_max_retries=0,
-                            # Checked and counted on every event, too high to ever hold one back.
-                            rate_limit_per_minute=10**9, daily_token_budget=10**15)
+        settings = Settings(
+            openai_api_key="bench",
+            model="bench-model",
+            context_window=8_192,
+            data_dir=Path(data_dir),
+            llm_max_retries=0,
+            # Checked and counted on every event, too high to ever hold one back.
+            rate_limit_per_minute=10**9,
+            daily_token_budget=10**15,
+        )
         llm = LLMClient(settings.model, api_key="bench", base_url=base_url, max_retries=0)
-        runtime = await Runtime.create(settings, store=SQLiteStore(Path(data_dir) / "bench.sqlite3"),
-                                       llm=llm, embedder=embedder)
+        runtime = await Runtime.create(
+            settings, store=SQLiteStore(Path(data_dir) / "bench.sqlite3"), llm=llm, embedder=embedder
+        )
         semaphore = asyncio.Semaphore(args.concurrency)
         rng = random.Random(7)
 
@@ -123,8 +133,10 @@ async def main() -> None:
     print(f"{args.users} users, {args.events} events, concurrency {args.concurrency}, instant LLM in another process")
     print(f"bare openai client ceiling: {baseline:.0f} requests/s")
     print(f"bot: {rate:.0f} events/s (target >= 500) -> {rate / baseline:.2f} of the bare client's rate")
-    print(f"memory (RSS): {warm_rss:.0f} MB after warm-up, {after_rss:.0f} MB after the run "
-          f"(embedding model {'loaded' if args.load_model else 'not loaded'}; target <= 550 MB with it)")
+    print(
+        f"memory (RSS): {warm_rss:.0f} MB after warm-up, {after_rss:.0f} MB after the run "
+        f"(embedding model {'loaded' if args.load_model else 'not loaded'}; target <= 550 MB with it)"
+    )
 
 
 if __name__ == "__main__":

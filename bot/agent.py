@@ -14,9 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.durable.journal import outbox_entry, unconfirmed
 from bot.events import Event, Reply
-from bot.functions import FunctionSet
-from bot.journal import outbox_entry, unconfirmed
+from bot.functions.registry import FunctionSet
 from bot.llm import Completion, LLMClient, LLMUnavailableError
 from bot.prompts import SUMMARIZER_INSTRUCTIONS
 from memory.archival import ArchivalMemory
@@ -59,7 +59,7 @@ def interrupted_calls(messages: Sequence[Message]) -> list[dict[str, Any]]:
     for index in range(len(messages) - 1, -1, -1):
         message = messages[index]
         if message.role == "assistant" and message.tool_calls:
-            answered = {later.tool_call_id for later in messages[index + 1:] if later.role == "tool"}
+            answered = {later.tool_call_id for later in messages[index + 1 :] if later.role == "tool"}
             return [call for call in message.tool_calls if call.get("id") not in answered]
     return []
 
@@ -94,7 +94,7 @@ class EventResult:
     tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
     held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
     # Storage stayed unreachable for MEMGPT_STORE_WAIT: not handled; a durable
-    # event stays pending in the journal for a replay (bot/store_wait.py).
+    # event stays pending in the journal for a replay (bot/durable/store_wait.py).
     unfinished: bool = False
 
 
@@ -163,11 +163,17 @@ class Agent:
         if open_calls:
             log.warning("agent %s: %d function calls were cut short by a restart", self.id, len(open_calls))
             result = json.dumps({"status": "Failed", "result": INTERRUPTED_RESULT})
-            await self.record_messages([
-                Message(role="tool", tool_call_id=str(call.get("id")), name=str(call.get("function", {}).get("name")),
-                        content=result)
-                for call in open_calls
-            ])
+            await self.record_messages(
+                [
+                    Message(
+                        role="tool",
+                        tool_call_id=str(call.get("id")),
+                        name=str(call.get("function", {}).get("name")),
+                        content=result,
+                    )
+                    for call in open_calls
+                ]
+            )
 
     # -- the event loop of one agent -------------------------------------
     async def handle(self, event: Event) -> EventResult:
@@ -231,8 +237,9 @@ class Agent:
         if not sent:
             log.info("agent %s: redoing event %s (recorded, not answered before a restart)", self.id, event.event_id)
             return False
-        log.info("agent %s: event %s was answered before a restart; re-sending what is unconfirmed",
-                 self.id, event.event_id)
+        log.info(
+            "agent %s: event %s was answered before a restart; re-sending what is unconfirmed", self.id, event.event_id
+        )
         result.replies = unconfirmed(sent)
         return True
 
@@ -396,8 +403,9 @@ class Agent:
         event = self.current_event
         if event is None:
             raise RuntimeError("send() outside an event")
-        reply = Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to,
-                      event_id=event.event_id)
+        reply = Reply(
+            text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
+        )
         if event.durable:
             entry = outbox_entry(event, text, len(self._outbox))
             reply.outbox_id = entry.id

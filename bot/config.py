@@ -90,7 +90,7 @@ class Settings:
     mongodb_uri: str = field(default="", repr=False)
     mongodb_db: str = "memgpt"
     # Seconds an event waits (retrying with backoff) for a busy, full or
-    # unreachable store before the person is told (bot/store_wait.py).
+    # unreachable store before the person is told (bot/durable/store_wait.py).
     store_wait: float = 120.0
     log_level: str = "INFO"
 
@@ -119,9 +119,7 @@ class Settings:
         settings.search_page_size = _int(env, "MEMGPT_SEARCH_PAGE_SIZE", settings.search_page_size)
         settings.max_message_tokens = _int(env, "MEMGPT_MAX_MESSAGE_TOKENS", settings.max_message_tokens)
         settings.rate_limit_per_minute = _int(env, "MEMGPT_RATE_LIMIT_PER_MINUTE", settings.rate_limit_per_minute)
-        settings.daily_token_budget = _int(
-            env, "MEMGPT_DAILY_TOKEN_BUDGET", BUDGET_WINDOWS * settings.context_window
-        )
+        settings.daily_token_budget = _int(env, "MEMGPT_DAILY_TOKEN_BUDGET", BUDGET_WINDOWS * settings.context_window)
         settings.unlimited_users = _users(env, "MEMGPT_UNLIMITED_USERS")
         settings.llm_timeout = _float(env, "MEMGPT_LLM_TIMEOUT", settings.llm_timeout)
         settings.llm_max_retries = _int(env, "MEMGPT_LLM_MAX_RETRIES", settings.llm_max_retries)

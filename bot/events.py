@@ -45,7 +45,7 @@ class Event:
     # Where replies go, opaque to the runtime (a channel id, a thread ts...).
     reply_to: dict[str, Any] = field(default_factory=dict)
     # Replies go through the outbox and the event can be redone after a crash
-    # (bot/journal.py): set by adapters that report deliveries, and by check-ins.
+    # (bot/durable/journal.py): set by adapters that report deliveries, and by check-ins.
     durable: bool = False
     kind = "event"
 

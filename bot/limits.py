@@ -214,10 +214,16 @@ class UsageLimits:
             return result  # once per episode, and only to someone who wrote
         await self.store.record_usage(key, RATE_NOTICE if reason == "rate" else BUDGET_NOTICE, 1, now)
         text = self._rate_notice(until, now) if reason == "rate" else self._budget_notice(until, now)
-        result.replies.append(Reply(text=text, platform=event.platform, user_id=event.user_id,
-                                    reply_to=event.reply_to, event_id=event.event_id))
+        result.replies.append(
+            Reply(
+                text=text,
+                platform=event.platform,
+                user_id=event.user_id,
+                reply_to=event.reply_to,
+                event_id=event.event_id,
+            )
+        )
         return result
-
 
     def _rate_notice(self, until: datetime, now: datetime) -> str:
         until = max(until, now + timedelta(seconds=1))

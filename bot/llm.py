@@ -77,9 +77,7 @@ class LLMClient:
             # reports a refused connection as a timeout, which misleads the user.
         )
 
-    async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> Completion:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Completion:
         try:
             return await self._complete(messages, tools)
         except LLMUnavailableError as error:
@@ -91,9 +89,7 @@ class LLMClient:
             # `from None`: the SDK's own exception in the chain holds the key too.
             raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
 
-    async def _complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
-    ) -> Completion:
+    async def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Completion:
         kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
         if tools:
             kwargs["tools"] = tools

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from bot.events import Delivery, Event, Reply
-from memory.documents import SUPPORTED_SUFFIXES
+from memory.ingest.documents import SUPPORTED_SUFFIXES
 
 # File name endings the bot can read from an upload (text, Markdown, HTML, PDF),
 # so adapters can refuse other files before downloading them.
@@ -30,7 +30,7 @@ class BotPort(Protocol):
         `reply_to` is where future check-ins are delivered (usually the user's DM)."""
         ...
 
-    # Crash safety (bot/journal.py tells the protocol).
+    # Crash safety (bot/durable/journal.py tells the protocol).
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
         """Record an inbound event before acknowledging it (`payload`: what the
         adapter needs to handle it again, plain JSON). False for a repeat

@@ -13,33 +13,33 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.agent import Agent, AgentServices, EventResult
-from bot.checkin_commands import checkin_command
-from bot.checkin_functions import register_checkin_functions
-from bot.checkins import CheckinSettings
+from bot.checkins.commands import checkin_command
+from bot.checkins.functions import register_checkin_functions
+from bot.checkins.rules import CheckinSettings
 from bot.config import Settings
-from bot.core_functions import build_core_functions
+from bot.durable.journal import Journal, outbox_entry, unconfirmed
+from bot.durable.leases import Leases, leases_for
+from bot.durable.store_wait import StoreWait
 from bot.events import Delivery, Event, FileUploaded, Reply, UserMessage, agent_key
-from bot.journal import Journal, outbox_entry, unconfirmed
-from bot.leases import Leases, leases_for
+from bot.functions.core import build_core_functions
 from bot.limits import UsageLimits
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from bot.reports import describe_user, plural, render_description
 from bot.sanitize import sanitize_event
-from bot.store_wait import StoreWait
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
-from memory.loader import load_document
+from memory.ingest.loader import load_document
 from memory.recall import RecallMemory
-from memory.schedule_store import schedule_store_for
-from memory.sqlite_store import SQLiteStore
+from memory.schedules import schedule_store_for
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Message, utc_now
 from memory.working_context import default_blocks
 
 if TYPE_CHECKING:
-    from bot.scheduler import CheckinScheduler
+    from bot.checkins.scheduler import CheckinScheduler
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 def default_store(settings: Settings) -> Store:
     """MongoDB when MONGODB_URI is set, else the embedded SQLite file."""
     if settings.mongodb_uri:
-        from memory.mongo_store import MongoStore
+        from memory.mongo.store import MongoStore
 
         return MongoStore(settings.mongodb_uri, settings.mongodb_db)
     return SQLiteStore(Path(settings.data_dir) / "memgpt.sqlite3")
@@ -92,7 +92,7 @@ class Runtime:
         self._agents: dict[str, Agent] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         # Several bot processes on one database: one of them works on an agent
-        # at a time (bot/leases.py); a no-op for a single process.
+        # at a time (bot/durable/leases.py); a no-op for a single process.
         self.leases = leases or leases_for(store)
         # Check-ins: the schedules live beside the memory, in the same store.
         self.checkin_settings = checkin_settings or CheckinSettings.from_env()
@@ -101,12 +101,12 @@ class Runtime:
         register_checkin_functions(
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
         )
-        self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (bot/app.py)
-        # Inbound events and outgoing replies survive a crash (bot/journal.py).
+        self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (cli/app.py)
+        # Inbound events and outgoing replies survive a crash (bot/durable/journal.py).
         self.journal = Journal(store)
         # Per-user message rate and daily token budget, counted in the store (bot/limits.py).
         self.limits = UsageLimits(store, settings)
-        # Store faults (SQLite busy or full, MongoDB down): events wait, then are deferred (bot/store_wait.py).
+        # Store faults (SQLite busy or full, MongoDB down): events wait, then are deferred (bot/durable/store_wait.py).
         self.store_wait = StoreWait(self.journal, settings.store_wait)
 
     @classmethod
@@ -138,7 +138,7 @@ class Runtime:
         key = event.agent_key
         # A store fault redoes the whole event with backoff for up to
         # MEMGPT_STORE_WAIT, holding the user's line; then the person is told
-        # and the event is left pending in the journal (bot/store_wait.py).
+        # and the event is left pending in the journal (bot/durable/store_wait.py).
         result = await self.store_wait.run(event, lambda: self._handle_once(event))
         if self.scheduler is not None and not result.unfinished and isinstance(event, UserMessage | FileUploaded):
             # The person answered: check-in back-off starts over.
@@ -172,7 +172,7 @@ class Runtime:
                 raise
         return result
 
-    # -- crash safety: the adapters' side of bot/journal.py ---------------------
+    # -- crash safety: the adapters' side of bot/durable/journal.py ---------------------
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
         return await self.journal.receive(platform, event_id, user_id, payload)
 
@@ -228,15 +228,21 @@ class Runtime:
             text = f"I couldn't read {event.filename}: {event.load_error}"
         else:
             text = f"Saved {event.filename} to my memory ({plural(event.passages_saved, 'passage')})."
-        return Reply(text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to,
-                     event_id=event.event_id)
+        return Reply(
+            text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
+        )
 
     async def _save_upload(self, agent: Agent, event: FileUploaded) -> int:
         # The same extraction, chunking and de-duplication as `memgpt-bot load`;
         # vectors are written with the passages, so the agent can search them at once.
         result = await load_document(
-            self.archival, agent.id, event.filename, event.data, event.content_type,
-            text=event.text or None, counter=self.services.counter,
+            self.archival,
+            agent.id,
+            event.filename,
+            event.data,
+            event.content_type,
+            text=event.text or None,
+            counter=self.services.counter,
         )
         if result.status == "failed":
             event.load_error = result.reason
@@ -273,8 +279,14 @@ class Runtime:
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
         """`/checkin ...` on any platform: manage this user's scheduled check-ins."""
         return await checkin_command(
-            platform, user_id, text, reply_to, self.schedules, utc_now,
-            settings=self.checkin_settings, on_change=self._schedules_changed,
+            platform,
+            user_id,
+            text,
+            reply_to,
+            self.schedules,
+            utc_now,
+            settings=self.checkin_settings,
+            on_change=self._schedules_changed,
         )
 
     async def _schedules_changed(self) -> None:
@@ -317,8 +329,13 @@ class Runtime:
                 for m in messages
             ],
             "passages": [
-                {"id": p.id, "text": p.text, "source": p.source, "position": p.position,
-                 "created_at": p.created_at.isoformat()}
+                {
+                    "id": p.id,
+                    "text": p.text,
+                    "source": p.source,
+                    "position": p.position,
+                    "created_at": p.created_at.isoformat(),
+                }
                 for p in passages
             ],
         }

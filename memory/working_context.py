@@ -89,7 +89,5 @@ class WorkingContext:
     def render(self) -> str:
         parts = []
         for block in self.blocks.values():
-            parts.append(
-                f'<{block.label} chars="{len(block.value)}/{block.limit}">\n{block.value}\n</{block.label}>'
-            )
+            parts.append(f'<{block.label} chars="{len(block.value)}/{block.limit}">\n{block.value}\n</{block.label}>')
         return "\n".join(parts)

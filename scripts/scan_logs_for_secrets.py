@@ -62,8 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", type=Path, metavar="PATH")
     parser.add_argument("--glob", default="*.log", help="files to scan inside a folder (default: *.log)")
-    parser.add_argument("--secret", action="append", default=[], metavar="LABEL=VALUE",
-                        help="one more secret to look for (repeatable)")
+    parser.add_argument(
+        "--secret", action="append", default=[], metavar="LABEL=VALUE", help="one more secret to look for (repeatable)"
+    )
     args = parser.parse_args(argv)
 
     secrets = catalog()
@@ -87,8 +88,7 @@ def main(argv: list[str] | None = None) -> int:
         print("scan_logs_for_secrets: no file to scan", file=sys.stderr)
         return 2
     verdict = f"{hits} secret(s) found" if hits else "no secret found"
-    print(f"scan_logs_for_secrets: {verdict} in {scanned} file(s), {len(secrets)} secrets looked for",
-          file=sys.stderr)
+    print(f"scan_logs_for_secrets: {verdict} in {scanned} file(s), {len(secrets)} secrets looked for", file=sys.stderr)
     return 1 if hits else 0
 
 

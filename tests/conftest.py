@@ -16,7 +16,7 @@ from bot.config import Settings
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.sqlite_store import SQLiteStore
+from memory.sqlite.store import SQLiteStore
 from tests import secrets_catalog
 from tests.fake_llm import FakeLLMServer, start_fake_llm
 from tests.log_capture import ENV as LOG_SCAN_ENV
@@ -82,9 +82,7 @@ RuntimeFactory = Callable[..., Awaitable[Runtime]]
 
 
 @pytest.fixture
-async def make_runtime(
-    tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder
-) -> AsyncIterator[RuntimeFactory]:
+async def make_runtime(tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder) -> AsyncIterator[RuntimeFactory]:
     """Build runtimes on a real SQLite file in tmp_path, talking to the local
     LLM server through the real openai client. Several runtimes may share a
     data directory (a 'restart')."""

@@ -1,7 +1,7 @@
 """Crash harness: the real bot (`memgpt-bot run`, Slack in HTTP mode) as a
 subprocess against the scripted LLM and the fake Slack Web API, killed with
 SIGKILL at random points while a scripted conversation runs, restarted each
-time; then every promise of bot/journal.py is checked.
+time; then every promise of bot/durable/journal.py is checked.
 
     python -m tests.crash_harness --kills 100 --users 8 --messages 30
 
@@ -79,9 +79,9 @@ def scripted_model(request: dict[str, Any]) -> Reply:
     # message) and save again only if the fact is not there.
     cut_short = last["role"] == "tool" and "Cut short by a restart" in str(last.get("content"))
     if number % 4 == 0 and (last["role"] == "user" or cut_short) and fact not in messages[0]["content"]:
-        return reply_tool_calls(tool_call(
-            "core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True}
-        ))
+        return reply_tool_calls(
+            tool_call("core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True})
+        )
     return reply_tool_calls(tool_call("send_message", {"message": f"re: {user} {number}"}))
 
 
@@ -96,7 +96,7 @@ def _run_bot(env: dict[str, str], log_path: str) -> None:
     with open(log_path, "ab", buffering=0) as log:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-    from bot.cli import main
+    from cli.main import main
 
     main(["run"])
 
@@ -105,7 +105,7 @@ def _run_bot(env: dict[str, str], log_path: str) -> None:
 # from it: a real new process (its own memory, sockets, threads, event loop)
 # without a second of imports per restart, which 100 restarts would multiply.
 _FORKS = multiprocessing.get_context("forkserver")
-_FORKS.set_forkserver_preload(["bot.cli", "bot.app", "bot.runtime", "adapters.slack_adapter"])
+_FORKS.set_forkserver_preload(["cli.main", "cli.app", "bot.runtime", "adapters.slack_adapter"])
 
 
 @dataclass
@@ -166,10 +166,26 @@ class Conversation:
     async def play(self, port: int, session: aiohttp.ClientSession) -> None:
         url = f"http://127.0.0.1:{port}/slack/events"
         for user, number, event_id in self.events():
-            event = {"type": "message", "channel_type": "im", "channel": f"D{user}", "user": user, "team": TEAM,
-                     "text": f"msg {user} {number}", "ts": f"{int(time.time())}.{number:06d}"}
-            body = json.dumps({"token": "x", "team_id": TEAM, "api_app_id": "A1", "event": event,
-                               "type": "event_callback", "event_id": event_id, "event_time": int(time.time())})
+            event = {
+                "type": "message",
+                "channel_type": "im",
+                "channel": f"D{user}",
+                "user": user,
+                "team": TEAM,
+                "text": f"msg {user} {number}",
+                "ts": f"{int(time.time())}.{number:06d}",
+            }
+            body = json.dumps(
+                {
+                    "token": "x",
+                    "team_id": TEAM,
+                    "api_app_id": "A1",
+                    "event": event,
+                    "type": "event_callback",
+                    "event_id": event_id,
+                    "event_time": int(time.time()),
+                }
+            )
             attempt = 0
             while True:  # Slack re-delivers until it gets a 2xx
                 headers = {"Content-Type": "application/json", **signature_headers(body, SECRET)}
@@ -177,8 +193,9 @@ class Conversation:
                     headers |= {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"}
                 self.deliveries += 1
                 try:
-                    async with session.post(url, data=body.encode(), headers=headers,
-                                            timeout=aiohttp.ClientTimeout(total=3)) as response:
+                    async with session.post(
+                        url, data=body.encode(), headers=headers, timeout=aiohttp.ClientTimeout(total=3)
+                    ) as response:
                         if 200 <= response.status < 300:
                             break
                 except (aiohttp.ClientError, TimeoutError):
@@ -221,8 +238,7 @@ class Report:
         )
 
 
-async def run(data_dir: Path, *, kills: int, users: int, per_user: int, seed: int,
-              max_gap: float = 0.08) -> Report:
+async def run(data_dir: Path, *, kills: int, users: int, per_user: int, seed: int, max_gap: float = 0.08) -> Report:
     rng = random.Random(seed)
     llm = start_fake_llm()
     slack = FakeSlack(bot_token="xoxb-crash-harness", team_id=TEAM).start()
@@ -230,14 +246,23 @@ async def run(data_dir: Path, *, kills: int, users: int, per_user: int, seed: in
     port = free_port()
     env = {
         **os.environ,
-        "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-        "OPENAI_API_KEY": "crash-harness-key", "OPENAI_BASE_URL": llm.base_url, "MEMGPT_MODEL": "test-model",
-        "MEMGPT_CONTEXT_WINDOW": "32000", "MEMGPT_DATA_DIR": str(data_dir), "MEMGPT_LLM_TIMEOUT": "5",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OPENAI_API_KEY": "crash-harness-key",
+        "OPENAI_BASE_URL": llm.base_url,
+        "MEMGPT_MODEL": "test-model",
+        "MEMGPT_CONTEXT_WINDOW": "32000",
+        "MEMGPT_DATA_DIR": str(data_dir),
+        "MEMGPT_LLM_TIMEOUT": "5",
         "MEMGPT_LLM_MAX_RETRIES": "1",
-        "SLACK_BOT_TOKEN": "xoxb-crash-harness", "SLACK_SIGNING_SECRET": SECRET, "SLACK_API_URL": slack.api_url,
-        "SLACK_HTTP_HOST": "127.0.0.1", "SLACK_HTTP_PORT": str(port),
+        "SLACK_BOT_TOKEN": "xoxb-crash-harness",
+        "SLACK_SIGNING_SECRET": SECRET,
+        "SLACK_API_URL": slack.api_url,
+        "SLACK_HTTP_HOST": "127.0.0.1",
+        "SLACK_HTTP_PORT": str(port),
         # The conversation is a burst far above any sane per-user rate: no limits here.
-        "MEMGPT_RATE_LIMIT_PER_MINUTE": "0", "MEMGPT_DAILY_TOKEN_BUDGET": "0",
+        "MEMGPT_RATE_LIMIT_PER_MINUTE": "0",
+        "MEMGPT_DAILY_TOKEN_BUDGET": "0",
     }
     for name in ("DISCORD_TOKEN", "SLACK_APP_TOKEN", "MONGODB_URI"):
         env.pop(name, None)
@@ -352,8 +377,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--data-dir", type=Path, default=Path(f"/tmp/crash-harness-{uuid.uuid4().hex[:8]}"))
     args = parser.parse_args()
-    report = asyncio.run(run(args.data_dir, kills=args.kills, users=args.users, per_user=args.messages,
-                             seed=args.seed))
+    report = asyncio.run(run(args.data_dir, kills=args.kills, users=args.users, per_user=args.messages, seed=args.seed))
     print(report.summary())
     for problem in report.problems[:20]:
         print("  -", problem)

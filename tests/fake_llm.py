@@ -187,9 +187,7 @@ class StatusFault(Reply):
     def respond(self, h: _Handler, request: JSONDict) -> None:
         body = self.body
         if body is None:
-            body = _error_body(
-                f"fake_llm scripted fault: HTTP {self.status}", _error_type(self.status)
-            )
+            body = _error_body(f"fake_llm scripted fault: HTTP {self.status}", _error_type(self.status))
         if isinstance(body, dict):
             h.send_json(self.status, body, self.headers)
         else:
@@ -267,14 +265,10 @@ def reply_tool_calls(
     """An assistant message carrying one or more tool calls."""
     if not calls:
         raise ValueError("reply_tool_calls needs at least one tool_call(...)")
-    return CompletionReply(
-        content=content, tool_calls=tuple(calls), finish_reason=finish_reason, usage=usage
-    )
+    return CompletionReply(content=content, tool_calls=tuple(calls), finish_reason=finish_reason, usage=usage)
 
 
-def reply_text(
-    text: str, *, finish_reason: str = "stop", usage: JSONDict | None = None
-) -> CompletionReply:
+def reply_text(text: str, *, finish_reason: str = "stop", usage: JSONDict | None = None) -> CompletionReply:
     """A plain assistant message with no tool calls."""
     return CompletionReply(content=text, finish_reason=finish_reason, usage=usage)
 
@@ -402,9 +396,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.dumps(obj).encode()
         self.send_raw(status, body, {"Content-Type": "application/json", **(headers or {})})
 
-    def send_api_error(
-        self, status: int, message: str, *, retry: bool = True, code: str | None = None
-    ) -> None:
+    def send_api_error(self, status: int, message: str, *, retry: bool = True, code: str | None = None) -> None:
         headers = {} if retry else {"x-should-retry": "false"}
         self.send_json(status, _error_body(message, _error_type(status), code), headers)
 
@@ -455,16 +447,12 @@ class _Handler(BaseHTTPRequestHandler):
             return
         self._record(raw, body)
         if body.get("stream"):
-            self.send_api_error(
-                400, "fake_llm: streaming (stream=true) is not supported", retry=False
-            )
+            self.send_api_error(400, "fake_llm: streaming (stream=true) is not supported", retry=False)
             return
         try:
             reply = self.fake_server._next_reply(body)
         except Exception:
-            self.send_api_error(
-                500, f"fake_llm: handler raised:\n{traceback.format_exc()}", retry=False
-            )
+            self.send_api_error(500, f"fake_llm: handler raised:\n{traceback.format_exc()}", retry=False)
             return
         if reply is None:
             self.send_api_error(

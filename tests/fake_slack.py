@@ -214,7 +214,12 @@ class FakeSlack:
 
     # -- test data ---------------------------------------------------------------------
     def add_user(
-        self, user_id: str, display_name: str, *, team_id: str | None = None, real_name: str | None = None,
+        self,
+        user_id: str,
+        display_name: str,
+        *,
+        team_id: str | None = None,
+        real_name: str | None = None,
         is_bot: bool = False,
     ) -> JSONDict:
         """A user for users.info; returns the user object Slack would send."""
@@ -235,7 +240,12 @@ class FakeSlack:
             self._channels[channel_id] = {"id": channel_id, "name": name, "is_channel": True}
 
     def add_file(
-        self, name: str, content: bytes | str, *, mimetype: str = "text/plain", filetype: str = "text",
+        self,
+        name: str,
+        content: bytes | str,
+        *,
+        mimetype: str = "text/plain",
+        filetype: str = "text",
         file_id: str | None = None,
     ) -> JSONDict:
         """A file served by this fake; returns the file object of a file_share event."""
@@ -243,8 +253,15 @@ class FakeSlack:
         file_id = file_id or f"F{uuid.uuid4().hex[:10].upper()}"
         url = f"{self.url}/files/{file_id}/{name}"
         info = {
-            "id": file_id, "name": name, "title": name, "mimetype": mimetype, "filetype": filetype,
-            "size": len(data), "url_private": url, "url_private_download": url, "mode": "hosted",
+            "id": file_id,
+            "name": name,
+            "title": name,
+            "mimetype": mimetype,
+            "filetype": filetype,
+            "size": len(data),
+            "url_private": url,
+            "url_private_download": url,
+            "mode": "hosted",
         }
         with self._lock:
             self._files[file_id] = (info, data)
@@ -252,7 +269,12 @@ class FakeSlack:
 
     # -- faults -------------------------------------------------------------------------
     def fail(
-        self, method: str, error: str = "internal_error", *, status: int = 200, headers: dict[str, str] | None = None,
+        self,
+        method: str,
+        error: str = "internal_error",
+        *,
+        status: int = 200,
+        headers: dict[str, str] | None = None,
         times: int = 1,
     ) -> None:
         """Answer the next `times` calls of `method` with an error."""
@@ -316,7 +338,11 @@ class FakeSlack:
             return bool(self._sockets)
 
     def send_socket_event(
-        self, payload: JSONDict, *, envelope_type: str = "events_api", retry_attempt: int = 0,
+        self,
+        payload: JSONDict,
+        *,
+        envelope_type: str = "events_api",
+        retry_attempt: int = 0,
         retry_reason: str = "",
     ) -> str:
         """Push one envelope to every connected Socket Mode client; its envelope_id."""
@@ -411,10 +437,16 @@ class FakeSlack:
         with self._lock:
             self._sockets.add(socket)
         try:
-            await socket.send_str(json.dumps({
-                "type": "hello", "num_connections": 1,
-                "connection_info": {"app_id": "A1"}, "debug_info": {"host": "fake-slack"},
-            }))
+            await socket.send_str(
+                json.dumps(
+                    {
+                        "type": "hello",
+                        "num_connections": 1,
+                        "connection_info": {"app_id": "A1"},
+                        "debug_info": {"host": "fake-slack"},
+                    }
+                )
+            )
             async for message in socket:
                 if message.type == WSMsgType.TEXT:
                     self._record("socket_mode.ack", request, json.loads(message.data), message.data.encode())
@@ -426,8 +458,14 @@ class FakeSlack:
     # -- the API methods (called with the lock held) ----------------------------------------------
     def _m_auth_test(self, args: JSONDict) -> JSONDict:
         return {
-            "ok": True, "url": "https://test-team.slack.com/", "team": self.team_name, "user": "memgpt",
-            "team_id": self.team_id, "user_id": self.bot_user_id, "bot_id": self.bot_id, "is_enterprise_install": False,
+            "ok": True,
+            "url": "https://test-team.slack.com/",
+            "team": self.team_name,
+            "user": "memgpt",
+            "team_id": self.team_id,
+            "user_id": self.bot_user_id,
+            "bot_id": self.bot_id,
+            "is_enterprise_install": False,
         }
 
     def _next_ts(self) -> str:
@@ -439,8 +477,13 @@ class FakeSlack:
         if not args.get("text") and not args.get("blocks"):
             return {"ok": False, "error": "no_text"}
         ts = self._next_ts()
-        message = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": args.get("text", ""),
-                   "ts": ts}
+        message = {
+            "type": "message",
+            "user": self.bot_user_id,
+            "bot_id": self.bot_id,
+            "text": args.get("text", ""),
+            "ts": ts,
+        }
         if args.get("thread_ts"):
             message["thread_ts"] = args["thread_ts"]
         metadata = args.get("metadata")
@@ -453,9 +496,7 @@ class FakeSlack:
 
     def _m_conversations_history(self, args: JSONDict) -> JSONDict:
         # Newest first, top-level messages only, metadata only when asked for (as Slack does).
-        return self._listing(
-            [m for m in self._history.get(str(args.get("channel")), []) if "thread_ts" not in m], args
-        )
+        return self._listing([m for m in self._history.get(str(args.get("channel")), []) if "thread_ts" not in m], args)
 
     def _m_conversations_replies(self, args: JSONDict) -> JSONDict:
         thread = str(args.get("ts"))

@@ -35,12 +35,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bot.config import Settings
+from bot.durable.leases import AgentLeases
 from bot.events import UserMessage
-from bot.leases import AgentLeases
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.mongo_store import MongoStore
+from memory.mongo.store import MongoStore
 
 PLATFORM = "test"
 _event_id: contextvars.ContextVar[str] = contextvars.ContextVar("event_id", default="?")
@@ -53,12 +53,22 @@ def emit(message: dict[str, Any]) -> None:
 
 async def build_runtime(data_dir: Path) -> Runtime:
     settings = Settings(
-        openai_api_key="test-key", model="test-model", context_window=8_192, data_dir=data_dir,
-        llm_timeout=20.0, llm_max_retries=2, response_reserve=256,
+        openai_api_key="test-key",
+        model="test-model",
+        context_window=8_192,
+        data_dir=data_dir,
+        llm_timeout=20.0,
+        llm_max_retries=2,
+        response_reserve=256,
     )
     settings.validate()
-    llm = LLMClient(settings.model, api_key=settings.openai_api_key, base_url=os.environ["LLM_BASE_URL"],
-                    timeout=settings.llm_timeout, max_retries=settings.llm_max_retries)
+    llm = LLMClient(
+        settings.model,
+        api_key=settings.openai_api_key,
+        base_url=os.environ["LLM_BASE_URL"],
+        timeout=settings.llm_timeout,
+        max_retries=settings.llm_max_retries,
+    )
     store = MongoStore(os.environ["MONGODB_URI"], os.environ["MONGODB_DB"], server_selection_timeout=10.0)
     return await Runtime.create(settings, store=store, llm=llm, embedder=Embedder())
 

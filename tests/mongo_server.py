@@ -33,7 +33,7 @@ import pytest
 from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
-from memory.mongo_store import MongoStore
+from memory.mongo.store import MongoStore
 
 FERRETDB_VERSION = "1.24.2"
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,11 +111,18 @@ class FerretDB:
             log = (self.folder / "ferretdb.log").open("ab")
             self.process = subprocess.Popen(
                 [
-                    str(self.binary), "--handler=sqlite", f"--sqlite-url=file:{data}/",
-                    f"--listen-addr=127.0.0.1:{port}", f"--state-dir={self.folder}",
-                    "--debug-addr=-", "--telemetry=disable", "--log-level=warn",
+                    str(self.binary),
+                    "--handler=sqlite",
+                    f"--sqlite-url=file:{data}/",
+                    f"--listen-addr=127.0.0.1:{port}",
+                    f"--state-dir={self.folder}",
+                    "--debug-addr=-",
+                    "--telemetry=disable",
+                    "--log-level=warn",
                 ],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
             log.close()
             self.uri = f"mongodb://127.0.0.1:{port}/"

@@ -12,10 +12,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from memory.ann_index import AnnIndex, Signature
-from memory.sqlite_store import SQLiteStore
+from memory.search.ann_index import AnnIndex, Signature
+from memory.search.vector_index import VectorIndex
+from memory.sqlite.store import SQLiteStore
 from memory.types import Block, Passage
-from memory.vector_index import VectorIndex
 
 DIM = 48
 
@@ -144,7 +144,7 @@ async def test_store_switches_to_ann_follows_changes_and_reloads_after_restart(
     assert path.exists() and json.loads(path.with_suffix(".json").read_text())["clean"] is True
 
     store = await open_store(db)
-    with caplog.at_level(logging.INFO, logger="memory.ann_index"):
+    with caplog.at_level(logging.INFO, logger="memory.search.ann_index"):
         assert await top(store, agent_id, vectors[18]) == ids[18]
     entry = store._search.cached(agent_id)
     assert entry is not None and entry.ann is not None and entry.build is None  # loaded, not rebuilt
@@ -178,7 +178,7 @@ async def test_stale_file_is_detected_and_rebuilt(tmp_path: Path, caplog: pytest
         shutil.copy(file, path.parent / file.name)
 
     store = await open_store(db)
-    with caplog.at_level(logging.INFO, logger="memory.ann_index"):
+    with caplog.at_level(logging.INFO, logger="memory.search.ann_index"):
         assert await top(store, agent_id, np.array([1.0] + [0.0] * (DIM - 1), dtype=np.float32)) == late
     assert any("stale" in record.getMessage() for record in caplog.records)
     await store.wait_for_search_indexes()

@@ -7,8 +7,8 @@ import asyncio
 import socket
 from datetime import timedelta
 
-from bot.app import serve
-from memory.schedule_store import Schedule, new_schedule_id
+from cli.app import serve
+from memory.schedules import Schedule, new_schedule_id
 from memory.types import utc_now
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
@@ -29,16 +29,30 @@ async def test_a_missed_check_in_fires_once_at_start_through_slack(
     )
     runtime = await make_runtime()
     due = utc_now().replace(microsecond=0) - timedelta(minutes=5)  # missed while "down", within the grace period
-    await runtime.schedules.add(Schedule(
-        id=new_schedule_id(), agent_key="slack:T1:U1", platform="slack", user_id="T1:U1", kind="daily",
-        timezone="Europe/Paris", time_of_day=due.astimezone().strftime("%H:%M"), note="morning check-in",
-        reply_to={"dm_user": "U1"}, next_fire_at=due,
-    ))
+    await runtime.schedules.add(
+        Schedule(
+            id=new_schedule_id(),
+            agent_key="slack:T1:U1",
+            platform="slack",
+            user_id="T1:U1",
+            kind="daily",
+            timezone="Europe/Paris",
+            time_of_day=due.astimezone().strftime("%H:%M"),
+            note="morning check-in",
+            reply_to={"dm_user": "U1"},
+            next_fire_at=due,
+        )
+    )
     announced: list[str] = []
     with FakeSlack() as slack:
         slack.add_user("U1", "Alice")
-        env = {"SLACK_BOT_TOKEN": slack.bot_token, "SLACK_SIGNING_SECRET": "s3cret", "SLACK_API_URL": slack.api_url,
-               "SLACK_HTTP_HOST": "127.0.0.1", "SLACK_HTTP_PORT": str(free_port())}
+        env = {
+            "SLACK_BOT_TOKEN": slack.bot_token,
+            "SLACK_SIGNING_SECRET": "s3cret",
+            "SLACK_API_URL": slack.api_url,
+            "SLACK_HTTP_HOST": "127.0.0.1",
+            "SLACK_HTTP_PORT": str(free_port()),
+        }
         serving = asyncio.create_task(serve(runtime, announced.append, env))
         try:
             [posted] = await slack.wait_for("chat.postMessage", 1, within=20)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bot.checkin_commands import checkin_command
-from bot.checkins import CheckinSettings
-from bot.cli_checkins import add_checkin_commands
+from bot.checkins.commands import checkin_command
+from bot.checkins.rules import CheckinSettings
 from bot.config import Settings
-from memory.schedule_store import ScheduleStore, schedule_store_for
-from memory.sqlite_store import SQLiteStore
+from cli.checkins import add_checkin_commands
+from memory.schedules import ScheduleStore, schedule_store_for
+from memory.sqlite.store import SQLiteStore
 
 NOW = datetime(2026, 11, 30, 10, tzinfo=UTC)  # Monday; 11:00 in Paris
 DM = {"channel": "D9"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.checkins import (
+from bot.checkins.rules import (
     CheckinSettings,
     Schedule,
     backoff_skips,
@@ -25,8 +25,8 @@ from bot.checkins import (
     parse_when,
 )
 from bot.config import ConfigError
-from memory.schedule_store import CheckinPrefs, ScheduleStore, schedule_store_for
-from memory.sqlite_store import SQLiteStore
+from memory.schedules import CheckinPrefs, ScheduleStore, schedule_store_for
+from memory.sqlite.store import SQLiteStore
 from tests.mongo_server import shared_target
 
 
@@ -35,8 +35,16 @@ def utc(*parts: int) -> datetime:
 
 
 def daily(clock: str = "09:00", tz: str = "Europe/Paris", **fields: object) -> Schedule:
-    return Schedule(id="s1", agent_key="discord:1", platform="discord", user_id="1", kind="daily",
-                    timezone=tz, time_of_day=clock, **fields)  # type: ignore[arg-type]
+    return Schedule(
+        id="s1",
+        agent_key="discord:1",
+        platform="discord",
+        user_id="1",
+        kind="daily",
+        timezone=tz,
+        time_of_day=clock,
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 def fires(schedule: Schedule, after: datetime, count: int) -> list[datetime]:
@@ -55,7 +63,9 @@ def test_daily_in_paris_follows_daylight_saving_both_ways() -> None:
     # 09:00 in Paris is 08:00 UTC in winter (CET) and 07:00 UTC in summer (CEST).
     assert fires(schedule, utc(2026, 3, 27, 12), 3) == [utc(2026, 3, 28, 8), utc(2026, 3, 29, 7), utc(2026, 3, 30, 7)]
     assert fires(schedule, utc(2026, 10, 23, 12), 3) == [
-        utc(2026, 10, 24, 7), utc(2026, 10, 25, 8), utc(2026, 10, 26, 8)
+        utc(2026, 10, 24, 7),
+        utc(2026, 10, 25, 8),
+        utc(2026, 10, 26, 8),
     ]
 
 
@@ -65,17 +75,34 @@ def test_next_fire_is_strictly_after() -> None:
 
 
 def test_weekly_in_new_york_and_every_n_hours() -> None:
-    weekly = Schedule(id="w", agent_key="k", platform="p", user_id="u", kind="weekly",
-                      timezone="America/New_York", time_of_day="18:30", weekday=0)
+    weekly = Schedule(
+        id="w",
+        agent_key="k",
+        platform="p",
+        user_id="u",
+        kind="weekly",
+        timezone="America/New_York",
+        time_of_day="18:30",
+        weekday=0,
+    )
     # Monday 30 Nov 2026, 18:30 EST = 23:30 UTC; a week later, same.
     assert fires(weekly, utc(2026, 11, 29), 2) == [utc(2026, 11, 30, 23, 30), utc(2026, 12, 7, 23, 30)]
     # Across the US spring change (8 March 2026): 18:30 EDT = 22:30 UTC.
     assert fires(weekly, utc(2026, 3, 3), 2) == [utc(2026, 3, 9, 22, 30), utc(2026, 3, 16, 22, 30)]
-    every = Schedule(id="i", agent_key="k", platform="p", user_id="u", kind="interval", every_hours=4,
-                     created_at=utc(2026, 11, 30, 10, 17, 42))
+    every = Schedule(
+        id="i",
+        agent_key="k",
+        platform="p",
+        user_id="u",
+        kind="interval",
+        every_hours=4,
+        created_at=utc(2026, 11, 30, 10, 17, 42),
+    )
     # Real elapsed hours, anchored on the minute it was set up.
     assert fires(every, utc(2026, 11, 30, 10, 17, 42), 3) == [
-        utc(2026, 11, 30, 14, 17), utc(2026, 11, 30, 18, 17), utc(2026, 11, 30, 22, 17)
+        utc(2026, 11, 30, 14, 17),
+        utc(2026, 11, 30, 18, 17),
+        utc(2026, 11, 30, 22, 17),
     ]
 
 
@@ -85,11 +112,24 @@ def test_quiet_hours_move_a_fire_time_to_their_end() -> None:
     assert in_quiet_hours(wrapping, utc(2026, 6, 1, 21)) and not in_quiet_hours(wrapping, utc(2026, 6, 1, 19))
     same_day = daily("12:30", tz="UTC", quiet_start="12:00", quiet_end="14:00")
     assert next_fire(same_day, utc(2026, 6, 1)) == utc(2026, 6, 1, 14)
-    every = Schedule(id="i", agent_key="k", platform="p", user_id="u", kind="interval", every_hours=1,
-                     timezone="UTC", quiet_start="23:00", quiet_end="06:00", created_at=utc(2026, 6, 1, 20))
+    every = Schedule(
+        id="i",
+        agent_key="k",
+        platform="p",
+        user_id="u",
+        kind="interval",
+        every_hours=1,
+        timezone="UTC",
+        quiet_start="23:00",
+        quiet_end="06:00",
+        created_at=utc(2026, 6, 1, 20),
+    )
     # The hourly ticks of the night collapse into one at 06:00, then hourly again.
     assert fires(every, utc(2026, 6, 1, 21, 30), 4) == [
-        utc(2026, 6, 1, 22), utc(2026, 6, 2, 6), utc(2026, 6, 2, 7), utc(2026, 6, 2, 8)
+        utc(2026, 6, 1, 22),
+        utc(2026, 6, 2, 6),
+        utc(2026, 6, 2, 7),
+        utc(2026, 6, 2, 8),
     ]
 
 
@@ -153,8 +193,14 @@ def test_parse_when(text: str, expected: datetime) -> None:
 
 @pytest.mark.parametrize(
     ("text", "reason"),
-    [("whenever", "cannot read"), ("2026-12-01", "no time of day"), ("in 3 parsecs", "cannot read"),
-     ("tomorrow", "cannot read"), ("blursday 09:00", "cannot read"), ("in 99999999999 weeks", "too far")],
+    [
+        ("whenever", "cannot read"),
+        ("2026-12-01", "no time of day"),
+        ("in 3 parsecs", "cannot read"),
+        ("tomorrow", "cannot read"),
+        ("blursday 09:00", "cannot read"),
+        ("in 99999999999 weeks", "too far"),
+    ],
 )
 def test_parse_when_errors(text: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason):
@@ -176,7 +222,10 @@ def test_parse_clock_weekday_zone_and_words() -> None:
         parse_timezone("Mars/Olympus")
     assert format_local(NOW, "Europe/Paris") == "Mon 30 Nov 11:00 Europe/Paris"
     assert [humanize(timedelta(seconds=s)) for s in (5, 60, 7200, 3 * 86400)] == [
-        "less than a minute", "1 minute", "2 hours", "3 days"
+        "less than a minute",
+        "1 minute",
+        "2 hours",
+        "3 days",
     ]
 
 
@@ -224,8 +273,11 @@ async def test_store_round_trip_and_user_scoping(schedules: ScheduleStore) -> No
     assert len({first.id, second.id, other.id}) == 3 and len(first.id) == 6
     loaded = await schedules.get(first.id)
     assert loaded is not None
-    assert (loaded.reply_to, loaded.note, loaded.next_fire_at) == ({"channel": "D1", "thread": None},
-                                                                   "plan the day", utc(2026, 12, 1, 9))
+    assert (loaded.reply_to, loaded.note, loaded.next_fire_at) == (
+        {"channel": "D1", "thread": None},
+        "plan the day",
+        utc(2026, 12, 1, 9),
+    )
     assert [s.id for s in await schedules.list_for_user("slack:T1:U1")] == [first.id, second.id]
     assert len(await schedules.list_all()) == 3
     loaded.paused, loaded.timezone, loaded.next_fire_at = True, "Asia/Tokyo", utc(2026, 12, 2)
@@ -271,10 +323,13 @@ async def test_claim_across_two_connections_on_one_file(tmp_path: Path) -> None:
         a, b = (schedule_store_for(backend) for backend in stores)
         due = utc(2026, 12, 1, 9)
         added = [await a.add(new(f"discord:{n}")) for n in range(10)]
-        wins = await asyncio.gather(*(
-            store.claim(s.id, due, due + timedelta(days=1), name, fired_at=due)
-            for s in added for store, name in ((a, "a"), (b, "b"))
-        ))
+        wins = await asyncio.gather(
+            *(
+                store.claim(s.id, due, due + timedelta(days=1), name, fired_at=due)
+                for s in added
+                for store, name in ((a, "a"), (b, "b"))
+            )
+        )
         assert sum(wins) == 10
         assert all(s.unanswered == 1 for s in await b.list_all())
     finally:

@@ -44,11 +44,16 @@ def base_env(llm_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
 def memgpt(
     *args: str, env: dict[str, str], cwd: Path, stdin: str | int | None = "", timeout: float = 90
 ) -> subprocess.CompletedProcess[str]:
-    """Run `memgpt-bot ARGS` (as `python -m bot.cli`) from a folder without a .env file."""
+    """Run `memgpt-bot ARGS` (as `python -m cli.main`) from a folder without a .env file."""
     feed: dict[str, Any] = {"input": stdin} if isinstance(stdin, str) or stdin is None else {"stdin": stdin}
     return subprocess.run(
-        [sys.executable, "-m", "bot.cli", *args],
-        env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout, **feed,
+        [sys.executable, "-m", "cli.main", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **feed,
     )
 
 
@@ -96,9 +101,14 @@ def alice(llm_server_session: FakeLLMServer, tmp_path_factory: pytest.TempPathFa
     env = base_env(server.base_url, cwd / "data", OPENAI_API_KEY=SECRET_KEY)
     server.script(
         reply_tool_calls(
-            tool_call("core_memory_append", {
-                "name": "human", "content": "Name: Alice. Has a cat called Miso.", "request_heartbeat": True,
-            }),
+            tool_call(
+                "core_memory_append",
+                {
+                    "name": "human",
+                    "content": "Name: Alice. Has a cat called Miso.",
+                    "request_heartbeat": True,
+                },
+            ),
         ),
         send("Nice to meet you, Alice!"),
         send("Miso sounds lovely."),
@@ -137,18 +147,41 @@ def test_memory_show_text_and_json(alice: Chatted) -> None:
 
 
 def test_memory_search_recall_single_and_from_stdin(alice: Chatted) -> None:
-    found = json.loads(ok(memgpt(
-        "memory", "search", "--user", "alice", "--recall", "Miso", "--json", env=alice.env, cwd=alice.cwd,
-    )))
+    found = json.loads(
+        ok(
+            memgpt(
+                "memory",
+                "search",
+                "--user",
+                "alice",
+                "--recall",
+                "Miso",
+                "--json",
+                env=alice.env,
+                cwd=alice.cwd,
+            )
+        )
+    )
     assert found["store"] == "recall" and found["total"] >= 1
     assert any("My cat is called Miso." in (item["content"] or "") for item in found["results"])
     text = ok(memgpt("memory", "search", "--user", "alice", "--recall", "remember", env=alice.env, cwd=alice.cwd))
     assert "Do you remember my cat?" in text
 
-    out = ok(memgpt(
-        "memory", "search", "--user", "alice", "--recall", "-", "--limit", "2",
-        env=alice.env, cwd=alice.cwd, stdin="remember cat\nunicorn spaceship\nAlice\n",
-    ))
+    out = ok(
+        memgpt(
+            "memory",
+            "search",
+            "--user",
+            "alice",
+            "--recall",
+            "-",
+            "--limit",
+            "2",
+            env=alice.env,
+            cwd=alice.cwd,
+            stdin="remember cat\nunicorn spaceship\nAlice\n",
+        )
+    )
     answers = [json.loads(line) for line in out.splitlines()]
     assert [answer["query"] for answer in answers] == ["remember cat", "unicorn spaceship", "Alice"]
     assert any("Do you remember my cat?" in (item["content"] or "") for item in answers[0]["results"])
@@ -194,11 +227,14 @@ def test_forget_asks_at_a_terminal_and_yes_deletes_everything(alice: Chatted, tm
 def test_import_then_recall_search_finds_it(llm_server: FakeLLMServer, tmp_path: Path) -> None:
     history = tmp_path / "history.jsonl"
     history.write_text(
-        "\n".join(json.dumps(line) for line in [
-            {"role": "user", "content": "I adopted a parrot named Kiwi.", "timestamp": "2023-04-01T09:30:00"},
-            {"role": "assistant", "content": "A parrot! Does Kiwi talk?", "timestamp": "2023-04-01T09:31:00Z"},
-            {"role": "system", "content": "Conversation moved to DMs.", "timestamp": "2023-04-01T11:31:00+02:00"},
-        ])
+        "\n".join(
+            json.dumps(line)
+            for line in [
+                {"role": "user", "content": "I adopted a parrot named Kiwi.", "timestamp": "2023-04-01T09:30:00"},
+                {"role": "assistant", "content": "A parrot! Does Kiwi talk?", "timestamp": "2023-04-01T09:31:00Z"},
+                {"role": "system", "content": "Conversation moved to DMs.", "timestamp": "2023-04-01T11:31:00+02:00"},
+            ]
+        )
         + "\n\n"
     )
     # --data-dir wins over MEMGPT_DATA_DIR, and no API key is needed for memory commands.
@@ -206,9 +242,22 @@ def test_import_then_recall_search_finds_it(llm_server: FakeLLMServer, tmp_path:
     data = ["--data-dir", str(tmp_path / "data")]
     said = ok(memgpt(*data, "memory", "import", "--user", "alice", str(history), env=env, cwd=tmp_path))
     assert "Imported 3 messages" in said
-    found = json.loads(ok(memgpt(
-        "memory", "search", "--user", "alice", "--recall", "adopted parrot", "--json", *data, env=env, cwd=tmp_path,
-    )))
+    found = json.loads(
+        ok(
+            memgpt(
+                "memory",
+                "search",
+                "--user",
+                "alice",
+                "--recall",
+                "adopted parrot",
+                "--json",
+                *data,
+                env=env,
+                cwd=tmp_path,
+            )
+        )
+    )
     assert found["total"] == 2  # both lines that mention a parrot
     first = found["results"][0]
     assert first["content"] == "I adopted a parrot named Kiwi." and first["role"] == "user"
@@ -222,7 +271,8 @@ def test_import_with_a_bad_line_imports_nothing(llm_server: FakeLLMServer, tmp_p
     history.write_text(
         json.dumps({"role": "user", "content": "fine line", "timestamp": "2023-04-01T09:30:00"}) + "\n"
         '{"role": "user", "content": "broken", \n'
-        + json.dumps({"role": "robot", "content": "bad role", "timestamp": "2023-04-01T09:30:00"}) + "\n"
+        + json.dumps({"role": "robot", "content": "bad role", "timestamp": "2023-04-01T09:30:00"})
+        + "\n"
     )
     env = base_env(llm_server.base_url, tmp_path / "data")
     error = failed(memgpt("memory", "import", "--user", "alice", str(history), env=env, cwd=tmp_path))
@@ -244,14 +294,29 @@ def test_chat_without_api_key_is_one_clear_error(llm_server: FakeLLMServer, tmp_
 
 def test_chat_with_the_llm_down_answers_the_trouble_and_keeps_the_line(tmp_path: Path) -> None:
     env = base_env(
-        f"http://127.0.0.1:{free_port()}/v1", tmp_path / "data", MEMGPT_LLM_MAX_RETRIES="0", MEMGPT_LLM_TIMEOUT="2",
+        f"http://127.0.0.1:{free_port()}/v1",
+        tmp_path / "data",
+        MEMGPT_LLM_MAX_RETRIES="0",
+        MEMGPT_LLM_TIMEOUT="2",
     )
     result = memgpt("chat", "--user", "alice", env=env, cwd=tmp_path, stdin="Remember the zebra crossing.\n")
     out = ok(result)
     assert out.count("\n") == 1 and TROUBLE in out
-    found = json.loads(ok(memgpt(
-        "memory", "search", "--user", "alice", "--recall", "zebra", "--json", env=env, cwd=tmp_path,
-    )))
+    found = json.loads(
+        ok(
+            memgpt(
+                "memory",
+                "search",
+                "--user",
+                "alice",
+                "--recall",
+                "zebra",
+                "--json",
+                env=env,
+                cwd=tmp_path,
+            )
+        )
+    )
     assert any("Remember the zebra crossing." in (item["content"] or "") for item in found["results"])
 
 
@@ -295,22 +360,41 @@ def test_archival_search_finds_a_passage_the_model_saved(llm_server: FakeLLMServ
     env = base_env(llm_server.base_url, tmp_path / "data")
     llm_server.script(
         reply_tool_calls(
-            tool_call("archival_memory_insert", {
-                "content": "Alice climbed Mont Blanc in 2019; it is her favourite mountain.",
-                "request_heartbeat": False,
-            }),
-            tool_call("archival_memory_insert", {
-                "content": "Alice's go-to recipe is a lemon risotto with parmesan.",
-                "request_heartbeat": False,
-            }),
+            tool_call(
+                "archival_memory_insert",
+                {
+                    "content": "Alice climbed Mont Blanc in 2019; it is her favourite mountain.",
+                    "request_heartbeat": False,
+                },
+            ),
+            tool_call(
+                "archival_memory_insert",
+                {
+                    "content": "Alice's go-to recipe is a lemon risotto with parmesan.",
+                    "request_heartbeat": False,
+                },
+            ),
             tool_call("send_message", {"message": "I'll remember both."}),
         )
     )
     ok(memgpt("chat", "--user", "alice", env=env, cwd=tmp_path, stdin="Two facts about me: mountains and risotto.\n"))
-    found = json.loads(ok(memgpt(
-        "memory", "search", "--user", "alice", "--archival", "which peak did she hike?", "--limit", "1", "--json",
-        env=env, cwd=tmp_path,
-    )))
+    found = json.loads(
+        ok(
+            memgpt(
+                "memory",
+                "search",
+                "--user",
+                "alice",
+                "--archival",
+                "which peak did she hike?",
+                "--limit",
+                "1",
+                "--json",
+                env=env,
+                cwd=tmp_path,
+            )
+        )
+    )
     assert found["store"] == "archival" and found["total"] == 2
     assert len(found["results"]) == 1 and "Mont Blanc" in found["results"][0]["text"]
 
@@ -321,12 +405,24 @@ async def test_terminal_adapter_interactive_keeps_prompts_off_stdout() -> None:
 
     async def handle(event: UserMessage) -> list[Reply]:
         seen.append(event)
-        return [Reply(text=f"echo: {event.text}", platform=event.platform, user_id=event.user_id,
-                      reply_to={}, event_id=event.event_id)]
+        return [
+            Reply(
+                text=f"echo: {event.text}",
+                platform=event.platform,
+                user_id=event.user_id,
+                reply_to={},
+                event_id=event.event_id,
+            )
+        ]
 
     stdout, stderr = io.StringIO(), io.StringIO()
     chat = TerminalChat(
-        handle, "bob", stdin=io.StringIO("hello\n   \nsecond line\n"), stdout=stdout, stderr=stderr, interactive=True,
+        handle,
+        "bob",
+        stdin=io.StringIO("hello\n   \nsecond line\n"),
+        stdout=stdout,
+        stderr=stderr,
+        interactive=True,
     )
     assert await asyncio.wait_for(chat.run(), 5) == 2
     assert stdout.getvalue() == "echo: hello\necho: second line\n"

@@ -29,8 +29,14 @@ def test_run_without_api_key_is_one_clear_error(llm_server: FakeLLMServer, tmp_p
 def test_run_exits_non_zero_when_every_adapter_stops(llm_server: FakeLLMServer, tmp_path: Path) -> None:
     """A supervisor (systemd, Docker) restarts a bot that exits with an error, not one that exits 0."""
     with FakeSlack(bot_token="xoxb-the-right-token") as slack:
-        env = base_env(llm_server.base_url, tmp_path / "data", SLACK_BOT_TOKEN="xoxb-a-wrong-token",
-                       SLACK_SIGNING_SECRET="s", SLACK_API_URL=slack.api_url, SLACK_HTTP_PORT="0")
+        env = base_env(
+            llm_server.base_url,
+            tmp_path / "data",
+            SLACK_BOT_TOKEN="xoxb-a-wrong-token",
+            SLACK_SIGNING_SECRET="s",
+            SLACK_API_URL=slack.api_url,
+            SLACK_HTTP_PORT="0",
+        )
         for name in ("DISCORD_TOKEN", "SLACK_APP_TOKEN", "MONGODB_URI"):
             env.pop(name, None)
         result = memgpt("run", env=env, cwd=tmp_path)

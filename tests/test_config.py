@@ -6,8 +6,8 @@ from pathlib import Path
 
 from bot.config import Settings
 from bot.runtime import default_store
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 
 
 def test_mongodb_uri_selects_mongodb_and_sqlite_is_the_default(tmp_path: Path) -> None:

@@ -68,16 +68,21 @@ class InteractionHTTP(AsyncWebhookAdapter):
         self.app_user = app_user
         self.calls: list[Call] = []
 
-    async def request(self, route: Route, session: Any, *, payload: dict[str, Any] | None = None,
-                      **kwargs: Any) -> Any:
+    async def request(self, route: Route, session: Any, *, payload: dict[str, Any] | None = None, **kwargs: Any) -> Any:
         call = Call(route.method, route.path, payload or {}, next(snowflakes))
         self.calls.append(call)
         if route.path.endswith("/callback"):
-            return {"interaction": {"id": str(route.webhook_id), "type": call.body["type"],
-                                    "response_message_id": str(call.message_id),
-                                    "response_message_ephemeral": call.ephemeral}}
-        return message_payload(call.message_id, self.app_user, call.data.get("content") or "",
-                               call.data.get("flags", 0))
+            return {
+                "interaction": {
+                    "id": str(route.webhook_id),
+                    "type": call.body["type"],
+                    "response_message_id": str(call.message_id),
+                    "response_message_ephemeral": call.ephemeral,
+                }
+            }
+        return message_payload(
+            call.message_id, self.app_user, call.data.get("content") or "", call.data.get("flags", 0)
+        )
 
     def texts(self) -> list[str]:
         """What the person saw, in order: the content of each response, followup or edit."""
@@ -88,8 +93,9 @@ class InteractionHTTP(AsyncWebhookAdapter):
         for call in reversed(self.calls):
             rows = call.data.get("components") or []
             if rows:
-                return call.message_id, {button["label"]: button["custom_id"] for row in rows
-                                         for button in row["components"]}
+                return call.message_id, {
+                    button["label"]: button["custom_id"] for row in rows for button in row["components"]
+                }
         raise AssertionError("no response had buttons")
 
 
@@ -110,12 +116,26 @@ class Call:
         return bool((self.data.get("flags") or 0) & 64)
 
 
-def message_payload(message_id: int, author: dict[str, Any], content: str, flags: int = 0,
-                    channel_id: int = 0) -> dict[str, Any]:
-    return {"id": str(message_id), "channel_id": str(channel_id), "author": author, "content": content,
-            "timestamp": discord.utils.utcnow().isoformat(), "edited_timestamp": None, "tts": False,
-            "mention_everyone": False, "mentions": [], "mention_roles": [], "attachments": [], "embeds": [],
-            "pinned": False, "type": 0, "flags": flags}
+def message_payload(
+    message_id: int, author: dict[str, Any], content: str, flags: int = 0, channel_id: int = 0
+) -> dict[str, Any]:
+    return {
+        "id": str(message_id),
+        "channel_id": str(channel_id),
+        "author": author,
+        "content": content,
+        "timestamp": discord.utils.utcnow().isoformat(),
+        "edited_timestamp": None,
+        "tts": False,
+        "mention_everyone": False,
+        "mentions": [],
+        "mention_roles": [],
+        "attachments": [],
+        "embeds": [],
+        "pinned": False,
+        "type": 0,
+        "flags": flags,
+    }
 
 
 @dataclass
@@ -159,28 +179,49 @@ class Harness:
         self.client._connection.parse_interaction_create(payload)
         await settle()
 
-    def interaction(self, user: discord.abc.User, channel: discord.abc.Messageable, *, kind: int,
-                    data: dict[str, Any], message_id: int | None = None) -> dict[str, Any]:
+    def interaction(
+        self,
+        user: discord.abc.User,
+        channel: discord.abc.Messageable,
+        *,
+        kind: int,
+        data: dict[str, Any],
+        message_id: int | None = None,
+    ) -> dict[str, Any]:
         user_data = {"id": str(user.id), "username": user.name, "discriminator": "0001", "avatar": None}
         payload: dict[str, Any] = {
-            "id": str(next(snowflakes)), "application_id": str(self.me.id), "type": kind,
-            "token": f"interaction-token-{next(snowflakes)}", "version": 1, "data": data,
-            "attachment_size_limit": 8 * 1024 * 1024, "locale": "en-US", "app_permissions": "0",
+            "id": str(next(snowflakes)),
+            "application_id": str(self.me.id),
+            "type": kind,
+            "token": f"interaction-token-{next(snowflakes)}",
+            "version": 1,
+            "data": data,
+            "attachment_size_limit": 8 * 1024 * 1024,
+            "locale": "en-US",
+            "app_permissions": "0",
         }
         if isinstance(channel, discord.TextChannel):
-            payload |= {"guild_id": str(channel.guild.id), "context": 0,
-                        "channel": {"id": str(channel.id), "type": 0, "guild_id": str(channel.guild.id)},
-                        "member": {"user": user_data, "roles": [], "joined_at": discord.utils.utcnow().isoformat(),
-                                   "deaf": False, "mute": False, "flags": 0, "permissions": "0"}}
+            payload |= {
+                "guild_id": str(channel.guild.id),
+                "context": 0,
+                "channel": {"id": str(channel.id), "type": 0, "guild_id": str(channel.guild.id)},
+                "member": {
+                    "user": user_data,
+                    "roles": [],
+                    "joined_at": discord.utils.utcnow().isoformat(),
+                    "deaf": False,
+                    "mute": False,
+                    "flags": 0,
+                    "permissions": "0",
+                },
+            }
         else:
             payload |= {"context": 1, "user": user_data, "channel": {"id": str(getattr(channel, "id", 0)), "type": 1}}
         if message_id is not None:
             payload["message"] = message_payload(message_id, self.http.app_user, "", 64, int(payload["channel"]["id"]))
         return payload
 
-    async def slash(
-        self, name: str, user: discord.abc.User, channel: discord.abc.Messageable, **options: str
-    ) -> None:
+    async def slash(self, name: str, user: discord.abc.User, channel: discord.abc.Messageable, **options: str) -> None:
         data: dict[str, Any] = {"id": str(next(snowflakes)), "name": name, "type": 1}
         if options:
             data["options"] = [{"name": key, "type": 3, "value": value} for key, value in options.items()]
@@ -188,15 +229,21 @@ class Harness:
 
     async def press(self, label: str, user: discord.abc.User, channel: discord.abc.Messageable) -> None:
         message_id, buttons = self.http.buttons()
-        await self.interact(self.interaction(user, channel, kind=3, message_id=message_id,
-                                             data={"custom_id": buttons[label], "component_type": 2}))
+        await self.interact(
+            self.interaction(
+                user, channel, kind=3, message_id=message_id, data={"custom_id": buttons[label], "component_type": 2}
+            )
+        )
 
 
 async def settle() -> None:
     prefixes = ("CommandTree-invoker", "discord-ui-view-dispatch", "discord-ui-view-timeout")
     for _ in range(50):
-        pending = [task for task in asyncio.all_tasks()
-                   if task is not asyncio.current_task() and not task.done() and task.get_name().startswith(prefixes)]
+        pending = [
+            task
+            for task in asyncio.all_tasks()
+            if task is not asyncio.current_task() and not task.done() and task.get_name().startswith(prefixes)
+        ]
         if not pending:
             return
         await asyncio.gather(*pending)
@@ -240,16 +287,27 @@ async def discord_bot(
     client = adapter.client
     # dpytest never logs in, and discord.py 2.7 binds the client to its loop at login.
     await client._async_setup_hook()
-    dpytest.configure(client, guilds=["Gardeners"], text_channels=["general", "garden-chat"], voice_channels=0,
-                      members=["alice", "bob"])
+    dpytest.configure(
+        client,
+        guilds=["Gardeners"],
+        text_channels=["general", "garden-chat"],
+        voice_channels=0,
+        members=["alice", "bob"],
+    )
     # dpytest swaps in its own connection state: give it the running loop (discord.py 2.7 no
     # longer takes it from the constructor) and the command tree that was attached to the old one.
     client._connection.loop = asyncio.get_running_loop()
     client._connection._command_tree = adapter.tree
-    adapter.config.always_on_channels = frozenset({discord.utils.get(
-        dpytest.get_config().channels, name="garden-chat").id})
-    app_user = {"id": str(client.user.id), "username": client.user.name, "discriminator": "0001", "avatar": None,
-                "bot": True}
+    adapter.config.always_on_channels = frozenset(
+        {discord.utils.get(dpytest.get_config().channels, name="garden-chat").id}
+    )
+    app_user = {
+        "id": str(client.user.id),
+        "username": client.user.name,
+        "discriminator": "0001",
+        "avatar": None,
+        "bot": True,
+    }
     harness = Harness(runtime, adapter, llm_server, InteractionHTTP(app_user))
     token = async_context.set(harness.http)
 
@@ -290,8 +348,11 @@ async def test_a_dm_reaches_the_senders_agent_and_the_reply_arrives_in_the_dm(di
 async def test_a_mention_in_a_server_channel_is_answered_there_mentioning_the_user(discord_bot: Harness) -> None:
     discord_bot.llm.set_handler(lambda request: say("Plant garlic in October."))
     alice, general = discord_bot.member("alice"), discord_bot.channel("general")
-    await dpytest.message(f"<@{discord_bot.me.id}> when should I plant garlic, <@{discord_bot.member('bob').id}>?",
-                          channel=general, member=alice)
+    await dpytest.message(
+        f"<@{discord_bot.me.id}> when should I plant garlic, <@{discord_bot.member('bob').id}>?",
+        channel=general,
+        member=alice,
+    )
 
     [reply] = sent()
     assert reply.channel.id == general.id
@@ -339,7 +400,7 @@ async def test_a_long_reply_arrives_in_order_under_the_limit_with_code_fences_in
     assert all(len(chunk) <= 2_000 for chunk in chunks)
     assert chunks[0].startswith(f"<@{alice.id}> ") and not any(c.startswith("<@") for c in chunks[1:])
     assert all(len(FENCE_LINE.findall(chunk)) % 2 == 0 for chunk in chunks)
-    joined = "\n".join(chunks)[len(f"<@{alice.id}> "):]
+    joined = "\n".join(chunks)[len(f"<@{alice.id}> ") :]
 
     def content(text: str) -> str:
         return re.sub(r"\s+", "", FENCE_LINE.sub("", text))
@@ -426,8 +487,9 @@ async def test_a_greeting_falls_back_to_the_system_channel_when_dms_are_closed(d
 
     async def closed_dms(channel: Any) -> None:
         if isinstance(channel, discord.DMChannel):
-            raise discord.Forbidden(backend.FakeRequest(403, "Forbidden"),
-                                    {"code": 50007, "message": "Cannot send messages to this user"})
+            raise discord.Forbidden(
+                backend.FakeRequest(403, "Forbidden"), {"code": 50007, "message": "Cannot send messages to this user"}
+            )
 
     patch_http(discord_bot, "send_message", closed_dms)
     sam = await dpytest.member_join(discord_bot.guild, name="Sam")
@@ -440,16 +502,24 @@ async def test_events_from_elsewhere_are_answered_where_reply_to_says(discord_bo
     # The path a scheduled check-in takes: no Discord message to answer, only an address.
     discord_bot.llm.set_handler(lambda request: say("Good morning! Did the seedlings sprout?"))
     alice, chat = discord_bot.member("alice"), discord_bot.channel("garden-chat")
-    await discord_bot.adapter.run_event(ScheduledTick(
-        platform="discord", user_id=str(alice.id), reason="Daily check-in",
-        reply_to=dm_address(alice.id)))
+    await discord_bot.adapter.run_event(
+        ScheduledTick(platform="discord", user_id=str(alice.id), reason="Daily check-in", reply_to=dm_address(alice.id))
+    )
     [dm] = sent()
     assert in_dm_with(dm, alice) and dm.content == "Good morning! Did the seedlings sprout?"
     assert "[scheduled tick] Daily check-in" in last_user_text(discord_bot.llm.requests[0])
 
-    await discord_bot.adapter.deliver([BotReply(
-        text="Also: frost tonight.", platform="discord", user_id=str(alice.id), event_id="tick-2",
-        reply_to={"channel_id": chat.id, "guild": True, "user_id": alice.id})])
+    await discord_bot.adapter.deliver(
+        [
+            BotReply(
+                text="Also: frost tonight.",
+                platform="discord",
+                user_id=str(alice.id),
+                event_id="tick-2",
+                reply_to={"channel_id": chat.id, "guild": True, "user_id": alice.id},
+            )
+        ]
+    )
     [shared] = sent()
     assert shared.channel.id == chat.id and shared.content == f"<@{alice.id}> Also: frost tonight."
 
@@ -486,8 +556,12 @@ async def test_unsupported_or_oversized_attachments_are_refused_without_waking_t
     big.write_text("x" * 3_000)
     discord_bot.adapter.config.max_upload_bytes = 2_048
     alice, general = discord_bot.member("alice"), discord_bot.channel("general")
-    backend.make_message(f"<@{discord_bot.me.id}>", alice, general,
-                         attachments=[backend.make_attachment(program), backend.make_attachment(big)])
+    backend.make_message(
+        f"<@{discord_bot.me.id}>",
+        alice,
+        general,
+        attachments=[backend.make_attachment(program), backend.make_attachment(big)],
+    )
     await dpytest.run_all_events()
 
     assert [m.content for m in sent()] == [
@@ -585,15 +659,25 @@ def test_config_from_env() -> None:
     assert config.always_on_channels == {123, 456} and not config.sharded and config.command_guild_id is None
     assert config.max_upload_bytes == 5 * 1024 * 1024
     assert "secret" not in repr(config)
-    auto = DiscordConfig.from_env({"DISCORD_TOKEN": "t", "DISCORD_SHARD_COUNT": "auto",
-                                   "DISCORD_COMMAND_GUILD_ID": "99", "DISCORD_MAX_UPLOAD_BYTES": "1000"})
+    auto = DiscordConfig.from_env(
+        {
+            "DISCORD_TOKEN": "t",
+            "DISCORD_SHARD_COUNT": "auto",
+            "DISCORD_COMMAND_GUILD_ID": "99",
+            "DISCORD_MAX_UPLOAD_BYTES": "1000",
+        }
+    )
     assert auto is not None and auto.sharded and auto.shard_count is None
     assert auto.command_guild_id == 99 and auto.max_upload_bytes == 1000
     fixed = DiscordConfig.from_env({"DISCORD_TOKEN": "t", "DISCORD_SHARD_COUNT": "4", "DISCORD_SHARD_IDS": "0,1"})
     assert fixed is not None and fixed.shard_count == 4 and fixed.shard_ids == (0, 1)
-    for bad in ({"DISCORD_ALWAYS_ON_CHANNELS": "general"}, {"DISCORD_SHARD_COUNT": "0"},
-                {"DISCORD_SHARD_IDS": "0"}, {"DISCORD_SHARD_COUNT": "2", "DISCORD_SHARD_IDS": "2"},
-                {"DISCORD_MAX_UPLOAD_BYTES": "5MB"}):
+    for bad in (
+        {"DISCORD_ALWAYS_ON_CHANNELS": "general"},
+        {"DISCORD_SHARD_COUNT": "0"},
+        {"DISCORD_SHARD_IDS": "0"},
+        {"DISCORD_SHARD_COUNT": "2", "DISCORD_SHARD_IDS": "2"},
+        {"DISCORD_MAX_UPLOAD_BYTES": "5MB"},
+    ):
         with pytest.raises(ConfigError):
             DiscordConfig.from_env({"DISCORD_TOKEN": "t", **bad})
 
@@ -621,14 +705,23 @@ class CommandsHTTP:
         if self.fail:
             raise discord.HTTPException(backend.FakeRequest(429, "Too Many Requests"), "rate limited")
         self.synced.append((guild_id, payload))
-        return [{"id": str(next(snowflakes)), "application_id": "1234", "version": "1",
-                 "default_member_permissions": None, **command} for command in payload]
+        return [
+            {
+                "id": str(next(snowflakes)),
+                "application_id": "1234",
+                "version": "1",
+                "default_member_permissions": None,
+                **command,
+            }
+            for command in payload
+        ]
 
     async def bulk_upsert_global_commands(self, application_id: int, payload: list[dict[str, Any]]) -> Any:
         return self._answer(None, payload)
 
-    async def bulk_upsert_guild_commands(self, application_id: int, guild_id: int,
-                                         payload: list[dict[str, Any]]) -> Any:
+    async def bulk_upsert_guild_commands(
+        self, application_id: int, guild_id: int, payload: list[dict[str, Any]]
+    ) -> Any:
         return self._answer(guild_id, payload)
 
 

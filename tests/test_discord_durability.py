@@ -1,4 +1,4 @@
-"""Crash safety on Discord (bot/journal.py): events journaled before work and redone at
+"""Crash safety on Discord (bot/durable/journal.py): events journaled before work and redone at
 restart, replies reported, retried and never sent twice.
 
 The same set-up as tests/test_discord_adapter.py: dpytest drives discord.py's real
@@ -26,9 +26,9 @@ import pytest
 from discord.ext.test import backend
 
 from adapters.discord_adapter import DiscordAdapter, nonce_of
+from bot.durable.journal import OutboxRetrier
 from bot.events import Event, UserMessage
 from bot.events import Reply as BotReply
-from bot.journal import OutboxRetrier
 from bot.runtime import Runtime
 from tests import test_discord_adapter as base
 from tests.conftest import RuntimeFactory
@@ -75,8 +75,9 @@ def server_error() -> discord.DiscordServerError:
 
 
 def cannot_dm() -> discord.Forbidden:
-    return discord.Forbidden(backend.FakeRequest(403, "Forbidden"),
-                             {"code": 50007, "message": "Cannot send messages to this user"})
+    return discord.Forbidden(
+        backend.FakeRequest(403, "Forbidden"), {"code": 50007, "message": "Cannot send messages to this user"}
+    )
 
 
 def restarted(harness: Harness, bot: Any) -> DiscordAdapter:
@@ -147,8 +148,14 @@ async def test_a_message_cut_short_by_a_crash_is_redone_once_at_restart(
 
     assert pending_at_handle == [[str(message.id)]]  # journaled before the bot saw it
     [entry] = await runtime.store.journal_pending("discord")
-    assert entry.payload == {"kind": "message", "event_id": str(message.id), "user_id": str(alice.id),
-                             "channel_id": str(dm.id), "guild_id": None, "message_id": str(message.id)}
+    assert entry.payload == {
+        "kind": "message",
+        "event_id": str(message.id),
+        "user_id": str(alice.id),
+        "channel_id": str(dm.id),
+        "guild_id": None,
+        "message_id": str(message.id),
+    }
     assert sent() == []
 
     discord_bot.llm.set_handler(lambda request: say("Sow tomatoes indoors in March."))
@@ -244,10 +251,12 @@ async def test_a_send_that_fails_with_500_is_retried_later_by_the_outbox_retrier
 
 async def test_after_a_failure_the_persons_later_replies_wait_and_go_out_in_order(discord_bot: Harness) -> None:
     runtime = discord_bot.runtime
-    discord_bot.llm.script(reply_tool_calls(
-        tool_call("send_message", {"message": "First."}, call_id="a"),
-        tool_call("send_message", {"message": "Second."}, call_id="b"),
-    ))
+    discord_bot.llm.script(
+        reply_tool_calls(
+            tool_call("send_message", {"message": "First."}, call_id="a"),
+            tool_call("send_message", {"message": "Second."}, call_id="b"),
+        )
+    )
     failures = [server_error()]
 
     async def fail_once(channel: Any) -> None:

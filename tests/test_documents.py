@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.chunking import chunk_document, chunk_sections, chunk_text
-from memory.documents import (
+from memory.ingest.chunking import chunk_document, chunk_sections, chunk_text
+from memory.ingest.documents import (
     Document,
     DocumentError,
     Section,
@@ -119,8 +119,11 @@ def test_html_keeps_text_and_headings_and_drops_page_chrome() -> None:
     text = document.text
     for gone in ("SECRET", "color: red", "Home", "Shop", "invisible", "Related posts", "(c) 2024", "alert", "Garden"):
         assert gone not in text
-    assert [s.position for s in document.sections] == ["Install & set up", "Install & set up > Linux",
-                                                       "Install & set up > Windows"]
+    assert [s.position for s in document.sections] == [
+        "Install & set up",
+        "Install & set up > Linux",
+        "Install & set up > Windows",
+    ]
     assert document.sections[0].text == "# Install & set up\n\nRead this first."
     assert "## Linux" in document.sections[1].text and "- Debian" in document.sections[1].text
     assert "apt  install\n  garden" in document.sections[1].text  # <pre> keeps its spacing
@@ -210,9 +213,7 @@ def test_words_longer_than_a_chunk_and_lines_without_sentences_are_cut() -> None
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    text=st.text(
-        alphabet=st.sampled_from(list("abcdefgh  ..!?\n\n#é漢🙂")), min_size=0, max_size=1500
-    ),
+    text=st.text(alphabet=st.sampled_from(list("abcdefgh  ..!?\n\n#é漢🙂")), min_size=0, max_size=1500),
     max_tokens=st.integers(16, 120),
     overlap=st.integers(0, 60),
 )

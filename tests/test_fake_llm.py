@@ -57,12 +57,8 @@ def server(module_server: FakeLLMServer) -> FakeLLMServer:
     return module_server
 
 
-def make_client(
-    server: FakeLLMServer, *, max_retries: int = 0, timeout: float = 5.0
-) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(
-        base_url=server.base_url, api_key="sk-test", max_retries=max_retries, timeout=timeout
-    )
+def make_client(server: FakeLLMServer, *, max_retries: int = 0, timeout: float = 5.0) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=server.base_url, api_key="sk-test", max_retries=max_retries, timeout=timeout)
 
 
 @pytest.fixture
@@ -79,9 +75,7 @@ async def create(client: openai.AsyncOpenAI, **kw: Any) -> Any:
 # ------------------------------------------------------------------ happy paths
 
 
-async def test_single_tool_call_is_parsed(
-    server: FakeLLMServer, client: openai.AsyncOpenAI
-) -> None:
+async def test_single_tool_call_is_parsed(server: FakeLLMServer, client: openai.AsyncOpenAI) -> None:
     server.script(reply_tool_calls(tool_call("send_message", {"message": "hi!"}, call_id="c1")))
     resp = await create(client)
 
@@ -101,9 +95,7 @@ async def test_single_tool_call_is_parsed(
     assert server.pending == 0
 
 
-async def test_multiple_tool_calls_and_verbatim_arguments(
-    server: FakeLLMServer, client: openai.AsyncOpenAI
-) -> None:
+async def test_multiple_tool_calls_and_verbatim_arguments(server: FakeLLMServer, client: openai.AsyncOpenAI) -> None:
     server.script(
         reply_tool_calls(
             tool_call("core_memory_append", {"name": "human", "content": "likes tea"}),
@@ -184,9 +176,7 @@ async def test_429_then_success_is_retried(server: FakeLLMServer) -> None:
     assert len(server.requests) == 3
 
 
-async def test_429_without_retries_raises_rate_limit(
-    server: FakeLLMServer, client: openai.AsyncOpenAI
-) -> None:
+async def test_429_without_retries_raises_rate_limit(server: FakeLLMServer, client: openai.AsyncOpenAI) -> None:
     server.script(fault_status(429))
     with pytest.raises(openai.RateLimitError):
         await create(client)
@@ -229,9 +219,7 @@ async def test_malformed_json_raises(server: FakeLLMServer, client: openai.Async
         await create(client)
 
 
-async def test_disconnect_raises_connection_error(
-    server: FakeLLMServer, client: openai.AsyncOpenAI
-) -> None:
+async def test_disconnect_raises_connection_error(server: FakeLLMServer, client: openai.AsyncOpenAI) -> None:
     server.script(fault_disconnect(), reply_text("after"))
     with pytest.raises(openai.APIConnectionError) as exc_info:
         await create(client)
@@ -263,9 +251,7 @@ async def test_exhausted_script_is_a_loud_500(server: FakeLLMServer) -> None:
     assert len(server.requests) == 1  # x-should-retry: false -> not retried
 
 
-async def test_handler_exception_is_a_loud_500(
-    server: FakeLLMServer, client: openai.AsyncOpenAI
-) -> None:
+async def test_handler_exception_is_a_loud_500(server: FakeLLMServer, client: openai.AsyncOpenAI) -> None:
     def handler(_req: dict[str, Any]) -> Reply:
         raise RuntimeError("boom in handler")
 

@@ -39,8 +39,8 @@ from bot.events import FileUploaded, UserMessage, agent_key
 from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from memory.types import Message, Passage
 from tests.conftest import make_settings
@@ -81,9 +81,15 @@ class Person:
 
     def event(self, text: str) -> UserMessage:
         # Durable, as adapters that report deliveries make them: the replies go
-        # through the outbox (bot/journal.py).
-        return UserMessage(platform=PLATFORM, user_id=self.user_id, text=text, display_name=self.words["name"],
-                           reply_to={"channel": self.words["channel"]}, durable=True)
+        # through the outbox (bot/durable/journal.py).
+        return UserMessage(
+            platform=PLATFORM,
+            user_id=self.user_id,
+            text=text,
+            display_name=self.words["name"],
+            reply_to={"channel": self.words["channel"]},
+            durable=True,
+        )
 
 
 # -- what the user leaves in storage ------------------------------------------
@@ -94,12 +100,21 @@ def script_turn(llm: FakeLLMServer, person: Person) -> None:
     words = person.words
     llm.script(
         reply_tool_calls(
-            *(tool_call("archival_memory_insert", {"content": f"Fact {n} about them: {words['archival']} {n}.",
-                                                   "request_heartbeat": False}) for n in range(PASSAGES)),
-            tool_call("core_memory_append", {"name": "human", "content": f"Goes by {words['block']}.",
-                                             "request_heartbeat": False}),
-            tool_call("schedule_reminder", {"when": "in 3 hours", "note": f"Ask about {words['reminder']}.",
-                                            "request_heartbeat": True}),
+            *(
+                tool_call(
+                    "archival_memory_insert",
+                    {"content": f"Fact {n} about them: {words['archival']} {n}.", "request_heartbeat": False},
+                )
+                for n in range(PASSAGES)
+            ),
+            tool_call(
+                "core_memory_append",
+                {"name": "human", "content": f"Goes by {words['block']}.", "request_heartbeat": False},
+            ),
+            tool_call(
+                "schedule_reminder",
+                {"when": "in 3 hours", "note": f"Ask about {words['reminder']}.", "request_heartbeat": True},
+            ),
         ),
         reply_tool_calls(
             tool_call("conversation_search", {"query": words["said"], "request_heartbeat": True}),
@@ -120,9 +135,14 @@ async def populate(runtime: Runtime, llm: FakeLLMServer, person: Person, collect
     await runtime.receive(PLATFORM, message.event_id, person.user_id, {"text": message.text, "user": person.user_id})
     replies = await runtime.handle(message)
     assert [reply.text for reply in replies] == [f"Noted, {words['reply']}."]
-    upload = FileUploaded(platform=PLATFORM, user_id=person.user_id, filename=f"{words['upload']}.md",
-                          data=f"# Notes\n\nThe upload says {words['upload']}.\n".encode(),
-                          reply_to={"channel": words["channel"]}, durable=True)
+    upload = FileUploaded(
+        platform=PLATFORM,
+        user_id=person.user_id,
+        filename=f"{words['upload']}.md",
+        data=f"# Notes\n\nThe upload says {words['upload']}.\n".encode(),
+        reply_to={"channel": words["channel"]},
+        durable=True,
+    )
     await runtime.receive(PLATFORM, upload.event_id, person.user_id, {"file": upload.filename})
     replies = await runtime.handle(upload)
     assert replies[0].text.startswith(f"Saved {words['upload']}.md")
@@ -267,8 +287,20 @@ def labels(hits: set[str]) -> set[str]:
 
 # Tables the scenario must have put something of the user in (where the schema
 # has them): the scan of the other tables is only as good as the scenario.
-EXPECTED_TABLES = {"agents", "blocks", "messages", "messages_fts_content", "passages", "schedules", "checkin_prefs",
-                   "documents", "source_attachments", "event_journal", "outbox", "usage_hits"}
+EXPECTED_TABLES = {
+    "agents",
+    "blocks",
+    "messages",
+    "messages_fts_content",
+    "passages",
+    "schedules",
+    "checkin_prefs",
+    "documents",
+    "source_attachments",
+    "event_journal",
+    "outbox",
+    "usage_hits",
+}
 
 
 def assert_covered(db: Path, before: set[str]) -> None:
@@ -293,8 +325,13 @@ def settings_for(data: Path) -> Settings:
 
 
 async def open_runtime(settings: Settings, store: Store, llm: FakeLLMServer, embedder: Embedder) -> Runtime:
-    client = LLMClient(settings.model, api_key=settings.openai_api_key, base_url=llm.base_url,
-                       timeout=settings.llm_timeout, max_retries=settings.llm_max_retries)
+    client = LLMClient(
+        settings.model,
+        api_key=settings.openai_api_key,
+        base_url=llm.base_url,
+        timeout=settings.llm_timeout,
+        max_retries=settings.llm_max_retries,
+    )
     return await Runtime.create(settings, store=store, llm=client, embedder=embedder)
 
 
@@ -424,8 +461,9 @@ async def test_forget_of_someone_who_only_set_check_ins(
         for command in ("daily 09:00", "tz Europe/Paris"):
             await runtime.checkin_command(PLATFORM, person.user_id, command, {"channel": person.words["channel"]})
         assert await runtime.store.find_agent(person.key) is None
-        needles = Needles({"user id": text_patterns(person.user_id),
-                           "'channel' text": text_patterns(person.words["channel"])}, {})
+        needles = Needles(
+            {"user id": text_patterns(person.user_id), "'channel' text": text_patterns(person.words["channel"])}, {}
+        )
         checkpoint(db)
         assert labels(sqlite_hits(db, needles) | file_hits(data, needles)) == set(needles.patterns)
         assert await runtime.forget_user(PLATFORM, person.user_id)

@@ -44,9 +44,7 @@ async def test_nested_kv_through_the_agent_follows_every_chain(
         assert score.pages == [level + 3] * 2
     # Chained by heartbeats: every follow-up request carries the previous result.
     follow_ups = [r for r in llm_server.requests if r["messages"][-1]["role"] == "tool"]
-    assert follow_ups and all(
-        json.loads(r["messages"][-1]["content"])["status"] == "OK" for r in follow_ups
-    )
+    assert follow_ups and all(json.loads(r["messages"][-1]["content"])["status"] == "OK" for r in follow_ups)
     assert any("call again with page=1" in r["messages"][-1]["content"] for r in follow_ups)
 
 

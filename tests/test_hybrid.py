@@ -29,8 +29,8 @@ from bot.agent import EventResult
 from bot.events import UserMessage
 from bot.runtime import Runtime
 from memory.embeddings import Embedder, bundled_model_path
-from memory.hybrid import STOPWORDS, coverage, fuse, keyword_query, tokens
-from memory.sqlite_store import SQLiteStore
+from memory.search.hybrid import STOPWORDS, coverage, fuse, keyword_query, tokens
+from memory.sqlite.store import SQLiteStore
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Block, Passage
 from tests.conftest import RuntimeFactory

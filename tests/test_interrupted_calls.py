@@ -21,8 +21,12 @@ def call(call_id: str, name: str) -> dict[str, object]:
 def test_only_the_last_steps_unanswered_calls_are_interrupted() -> None:
     answered = Message(role="assistant", tool_calls=[call("a", "send_message")])
     tail = Message(role="assistant", tool_calls=[call("b", "core_memory_append"), call("c", "send_message")])
-    history = [answered, Message(role="tool", tool_call_id="a", content="{}"), tail,
-               Message(role="tool", tool_call_id="b", content="{}")]
+    history = [
+        answered,
+        Message(role="tool", tool_call_id="a", content="{}"),
+        tail,
+        Message(role="tool", tool_call_id="b", content="{}"),
+    ]
     assert interrupted_calls(history) == [call("c", "send_message")]
     assert interrupted_calls(history[:2]) == []
     assert interrupted_calls([Message(role="user", content="hi")]) == []
@@ -35,10 +39,12 @@ async def test_a_restart_closes_calls_a_crash_left_open(
     runtime = await make_runtime(data)
     agent = await runtime.agent("terminal:alice")
     # What a kill between recording a step's calls and running them leaves behind.
-    await agent.record_messages([
-        Message(role="user", content="remember my cat", name="user_message"),
-        Message(role="assistant", tool_calls=[call("call_1", "core_memory_append")]),
-    ])
+    await agent.record_messages(
+        [
+            Message(role="user", content="remember my cat", name="user_message"),
+            Message(role="assistant", tool_calls=[call("call_1", "core_memory_append")]),
+        ]
+    )
     await runtime.close(close_embedder=False)
 
     restarted = await make_runtime(data)

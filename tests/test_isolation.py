@@ -37,10 +37,32 @@ from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
 
 # Words that, in a parameter name, would let the model choose whose memory a call touches.
-SELECTOR_WORDS = frozenset({
-    "id", "ids", "uid", "uuid", "user", "users", "username", "agent", "agents", "key", "keys", "owner",
-    "account", "person", "platform", "team", "guild", "channel", "tenant", "namespace", "who", "as",
-})
+SELECTOR_WORDS = frozenset(
+    {
+        "id",
+        "ids",
+        "uid",
+        "uuid",
+        "user",
+        "users",
+        "username",
+        "agent",
+        "agents",
+        "key",
+        "keys",
+        "owner",
+        "account",
+        "person",
+        "platform",
+        "team",
+        "guild",
+        "channel",
+        "tenant",
+        "namespace",
+        "who",
+        "as",
+    }
+)
 
 USERS = 100
 OTHERS_PER_USER = 20  # each secret is asked for by exactly this many other users
@@ -77,8 +99,18 @@ def test_the_selector_check_catches_id_like_names() -> None:
     # The check below is only as good as this: prove it bites.
     for bad in ("user_id", "agent", "agent_key", "id", "userId", "target-user", "owner", "platform", "channelID"):
         assert selects_someone(bad), bad
-    for fine in ("query", "page", "content", "name", "message", "old_content", "start_date", "when", "note",
-                 "request_heartbeat"):
+    for fine in (
+        "query",
+        "page",
+        "content",
+        "name",
+        "message",
+        "old_content",
+        "start_date",
+        "when",
+        "note",
+        "request_heartbeat",
+    ):
         assert not selects_someone(fine), fine
 
 
@@ -99,7 +131,8 @@ async def test_no_agent_function_can_name_an_agent_or_a_user(make_runtime: Runti
     # argument from the model is refused, not silently passed along.
     for name in ("archival_memory_search", "conversation_search"):
         outcome = await runtime.services.functions.run(
-            await runtime.agent("terminal:probe"), name,
+            await runtime.agent("terminal:probe"),
+            name,
             json.dumps({"query": "x", "request_heartbeat": False, "user_id": "terminal:other"}),
         )
         assert not outcome.ok and "unexpected argument" in outcome.result
@@ -169,8 +202,11 @@ class Model:
             wanted = self.plan[asker.name][int(asked.group(2))]
             calls = []
             for other in wanted:
-                calls.append(tool_call("archival_memory_search", {"query": f"the {other.handle} code",
-                                                                  "request_heartbeat": True}))
+                calls.append(
+                    tool_call(
+                        "archival_memory_search", {"query": f"the {other.handle} code", "request_heartbeat": True}
+                    )
+                )
                 calls.append(tool_call("conversation_search", {"query": other.handle, "request_heartbeat": True}))
             self.searches += len(calls)  # one server thread per request: += on an int is atomic enough under the GIL
             return reply_tool_calls(*calls)
@@ -184,7 +220,7 @@ class Model:
             return send("Saved, I will keep it safe.")
         # Forward every search hit to the person: a leaked record would reach them.
         hits: list[str] = []
-        for message in messages[start + 1:]:
+        for message in messages[start + 1 :]:
             if message["role"] == "tool":
                 result = json.loads(message["content"])["result"]
                 hits.extend(line[2:] for line in result.split("\n")[1:] if line.startswith("- "))
@@ -209,7 +245,7 @@ async def test_a_hundred_users_never_see_each_others_secrets(
     plan: dict[str, list[list[Person]]] = {}
     for person in crowd:
         others = [crowd[(person.number + offset) % USERS] for offset in offsets]
-        rounds = [others[k * PER_ROUND:(k + 1) * PER_ROUND] for k in range(ROUNDS)]
+        rounds = [others[k * PER_ROUND : (k + 1) * PER_ROUND] for k in range(ROUNDS)]
         rounds[0] = [person, *rounds[0]]  # their own secret too: proves hits do reach the reply
         plan[person.name] = rounds
     model = Model(crowd, plan)

@@ -169,8 +169,7 @@ async def test_the_summarizer_call_is_counted_too(make_runtime: RuntimeFactory, 
 async def test_exempt_users_by_setting_are_never_held(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.set_handler(answer)
     clock = Clock()
-    runtime = await limited(make_runtime, clock, rate_limit_per_minute=1, daily_token_budget=10,
-                            unlimited_users=(KEY,))
+    runtime = await limited(make_runtime, clock, rate_limit_per_minute=1, daily_token_budget=10, unlimited_users=(KEY,))
     for n in range(3):
         assert [r.text for r in await runtime.handle(message(f"message {n}"))] == ["answered"]
     # Still counted, for `limits show`.
@@ -214,11 +213,21 @@ async def test_forget_deletes_the_counters(make_runtime: RuntimeFactory, llm_ser
 
 def limits_cli(*args: str, data_dir: Path, **env: str) -> str:
     environment = {
-        "PATH": "/usr/bin:/bin", "HOME": str(data_dir.parent), "MEMGPT_DATA_DIR": str(data_dir),
-        "MEMGPT_MODEL": "test-model", "HF_HUB_OFFLINE": "1", **env,
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(data_dir.parent),
+        "MEMGPT_DATA_DIR": str(data_dir),
+        "MEMGPT_MODEL": "test-model",
+        "HF_HUB_OFFLINE": "1",
+        **env,
     }
-    done = subprocess.run([sys.executable, "-m", "bot.cli", "limits", *args], env=environment, cwd=data_dir.parent,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "cli.main", "limits", *args],
+        env=environment,
+        cwd=data_dir.parent,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     return done.stdout

@@ -300,8 +300,15 @@ WRONG_SHAPES: list[object] = [
     message(content=None, tool_calls=[None, 3, {"function": None}, {"id": "c1"}]),
     message(content=None, tool_calls=[{"id": 7, "type": "function", "function": {"name": 5, "arguments": 6}}]),
     # Some OpenAI-compatible servers send the arguments as an object, not a JSON string.
-    message(tool_calls=[{"id": "c2", "type": "function", "function": {"name": "send_message",
-                                                                        "arguments": {"message": f"{ANSWER}obj"}}}]),
+    message(
+        tool_calls=[
+            {
+                "id": "c2",
+                "type": "function",
+                "function": {"name": "send_message", "arguments": {"message": f"{ANSWER}obj"}},
+            }
+        ]
+    ),
 ]
 
 
@@ -515,7 +522,9 @@ async def run_scenario(rig: Rig, scenario: Scenario) -> list[str]:
         for _ in range(1 + scenario.max_retries):
             TALLY.serve(REFUSED)
     TALLY.end_event(
-        survived=not broken, answered=bool(texts) and not troubles, trouble=len(troubles) == 1,
+        survived=not broken,
+        answered=bool(texts) and not troubles,
+        trouble=len(troubles) == 1,
         capped=result.hit_step_cap,
     )
     return broken
@@ -567,8 +576,9 @@ async def test_endless_heartbeats_end_at_the_cap_with_one_note(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     # Found by the property: the chain stopped at the cap and the person got nothing.
-    llm_server.set_handler(lambda request: calls(("core_memory_append", args(name="human", content="x",
-                                                                             request_heartbeat=True))))
+    llm_server.set_handler(
+        lambda request: calls(("core_memory_append", args(name="human", content="x", request_heartbeat=True)))
+    )
     runtime = await make_runtime()
     result = await runtime.handle_with_details(say("hello"))
     assert result.hit_step_cap and result.steps == runtime.settings.max_steps_per_event
@@ -595,10 +605,21 @@ async def test_a_function_that_raises_is_a_failed_call_not_a_crash(
 @pytest.mark.parametrize(
     "body",
     [
-        message(tool_calls=[{"id": "c2", "type": "function",
-                             "function": {"name": "send_message", "arguments": {"message": "as an object"}}}]),
-        message(content=["as a ", {"type": "text", "text": "list"}], tool_calls=[
-            {"id": 7, "type": "function", "function": {"name": "send_message", "arguments": '{"message": "ok"}'}}]),
+        message(
+            tool_calls=[
+                {
+                    "id": "c2",
+                    "type": "function",
+                    "function": {"name": "send_message", "arguments": {"message": "as an object"}},
+                }
+            ]
+        ),
+        message(
+            content=["as a ", {"type": "text", "text": "list"}],
+            tool_calls=[
+                {"id": 7, "type": "function", "function": {"name": "send_message", "arguments": '{"message": "ok"}'}}
+            ],
+        ),
     ],
 )
 async def test_odd_but_readable_completions_are_coerced(body: object, llm_server: FakeLLMServer) -> None:

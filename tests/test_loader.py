@@ -16,8 +16,8 @@ import pytest
 from bot.events import UserMessage
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
-from memory.loader import load_document, load_paths
-from memory.sqlite_store import SQLiteStore
+from memory.ingest.loader import load_document, load_paths
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from memory.types import AgentRecord, Block
 from tests.conftest import RuntimeFactory
@@ -85,7 +85,9 @@ async def test_a_folder_of_every_format_loads_with_sources_and_positions(
     assert ("docs/notes.txt", None, "Basil wants warm nights and morning water.") in rows
     assert ("docs/page.html", "Pests", "# Pests\n\nAphids hate garlic spray.") in rows
     assert [(pos, text) for src, pos, text in rows if src == "docs/sub/book.pdf"] == [
-        ("page 1", "Chapter one: seeds."), ("page 2", "Chapter two: soil."), ("page 3", "Frost kills peppers.")
+        ("page 1", "Chapter one: seeds."),
+        ("page 2", "Chapter two: soil."),
+        ("page 3", "Frost kills peppers."),
     ]
     assert not any("not for loading" in text or "track()" in text or "Menu" in text for _, _, text in rows)
     # Vectors were written with the passages: nothing waits for background embedding.
@@ -103,8 +105,9 @@ async def test_every_passage_carries_source_position_and_load_time(
     path = tmp_path / "long.md"
     path.write_text("# Planting\n\n" + "\n\n".join(prose(6, n) for n in range(12)) + "\n\n# Harvest\n\n" + prose(30, 5))
     before = time.time()
-    report = await load_paths(archival, agent.id, [path], counter=COUNTER, max_tokens=60, overlap_tokens=12,
-                              progress=False)
+    report = await load_paths(
+        archival, agent.id, [path], counter=COUNTER, max_tokens=60, overlap_tokens=12, progress=False
+    )
     passages = await store.list_passages(agent.id, 1000)
     assert len(passages) == report.passages_added > 8
     assert {p.source for p in passages} == {"long.md"}
@@ -152,14 +155,19 @@ async def test_a_corrupt_pdf_is_reported_by_name_and_the_rest_load(
     report = await load_paths(archival, agent.id, paths, counter=COUNTER, progress=False)
 
     assert {r.name: r.status for r in report.files} == {
-        str(tmp_path / "missing.txt"): "failed", "a.md": "loaded", "broken.pdf": "failed", "c.txt": "loaded",
+        str(tmp_path / "missing.txt"): "failed",
+        "a.md": "loaded",
+        "broken.pdf": "failed",
+        "c.txt": "loaded",
         "d.pdf": "loaded",
     }
     failures = {r.name: r.reason for r in report.failed}
     assert "not a readable PDF" in failures["broken.pdf"]
     assert failures[str(tmp_path / "missing.txt")] == "no such file or folder"
     assert sorted(text for _, _, text in await stored(store, agent.id)) == [
-        "# A\n\nFirst good file.", "A good PDF.", "Third good file."
+        "# A\n\nFirst good file.",
+        "A good PDF.",
+        "Third good file.",
     ]
 
 
@@ -185,8 +193,14 @@ async def test_an_interrupted_load_resumes_to_exact_counts_without_duplicates(
     folder.mkdir()
     for n in range(5):
         (folder / f"book{n}.md").write_text(f"# Book {n}\n\n" + "\n\n".join(prose(4, n * 10 + k) for k in range(4)))
-    options: dict[str, Any] = {"counter": COUNTER, "max_tokens": 40, "overlap_tokens": 8, "progress": False,
-                               "embed_batch": 8, "write_batch": 16}
+    options: dict[str, Any] = {
+        "counter": COUNTER,
+        "max_tokens": 40,
+        "overlap_tokens": 8,
+        "progress": False,
+        "embed_batch": 8,
+        "write_batch": 16,
+    }
     reference = await new_agent(store, "terminal:reference")
     clean = await load_paths(store, reference.id, [folder], embedder=embedder, **options)
     assert clean.passages_added > 40
@@ -210,7 +224,6 @@ async def test_an_interrupted_load_resumes_to_exact_counts_without_duplicates(
     assert Counter(rows) == Counter(await stored(store, reference.id))  # same passages, none twice
     assert len(await store.list_documents(agent.id)) == 5
     assert await store.passages_without_embedding(agent.id) == []
-
 
 
 # -- uploads -----------------------------------------------------------------------
@@ -263,9 +276,17 @@ async def test_a_large_load_never_stalls_the_bots_replies(
             last = now
 
     ticking = asyncio.create_task(ticker())
-    load = asyncio.create_task(load_paths(
-        runtime.archival, source.id, [folder], counter=COUNTER, max_tokens=24, overlap_tokens=4, progress=False,
-    ))
+    load = asyncio.create_task(
+        load_paths(
+            runtime.archival,
+            source.id,
+            [folder],
+            counter=COUNTER,
+            max_tokens=24,
+            overlap_tokens=4,
+            progress=False,
+        )
+    )
     answered_during_load = 0
     for turn in range(1, 13):
         await chat(turn)

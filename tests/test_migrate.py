@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
-from memory.loader import passage_hash
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from cli.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
+from memory.ingest.loader import passage_hash
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 from memory.store import DocumentRecord, Store
 from memory.types import Block, Message, Passage
 from tests.mongo_server import MongoTarget, mongo_target
@@ -36,19 +36,28 @@ async def fill(store: Store) -> None:
             Message("system", "You are MemGPT.", created_at=T0),
             Message("user", "hi ünïcode 🦄", name="alice", created_at=T0 + timedelta(seconds=1)),
             Message("assistant", None, tool_calls=[CALL], created_at=T0 + timedelta(seconds=2)),
-            Message("tool", '{"ok": true}', tool_call_id="call_1", name="archival_memory_search",
-                    created_at=datetime(2024, 5, 17, 11, 30, 18, 5, tzinfo=timezone(timedelta(hours=2)))),
+            Message(
+                "tool",
+                '{"ok": true}',
+                tool_call_id="call_1",
+                name="archival_memory_search",
+                created_at=datetime(2024, 5, 17, 11, 30, 18, 5, tzinfo=timezone(timedelta(hours=2))),
+            ),
             *(Message("user", f"message {n}", created_at=T0 + timedelta(minutes=n)) for n in range(5, 12)),
         ],
     )
     await store.update_queue(alice.id, "Alice likes tea.", 4, T0 + timedelta(hours=1))
     await store.insert_passages(
         alice.id,
-        [Passage("saved by the agent", created_at=T0, embedding=[0.6, 0.8]),
-         Passage("not embedded yet", source="notes.md", position="p2", created_at=T0 + timedelta(1))],
+        [
+            Passage("saved by the agent", created_at=T0, embedding=[0.6, 0.8]),
+            Passage("not embedded yet", source="notes.md", position="p2", created_at=T0 + timedelta(1)),
+        ],
     )
-    loaded = [Passage("chunk one", source="guide.md", position="1", created_at=T0, embedding=[1.0, 0.0]),
-              Passage("chunk two", source="guide.md", position="2", created_at=T0, embedding=[0.0, 1.0])]
+    loaded = [
+        Passage("chunk one", source="guide.md", position="1", created_at=T0, embedding=[1.0, 0.0]),
+        Passage("chunk two", source="guide.md", position="2", created_at=T0, embedding=[0.0, 1.0]),
+    ]
     await store.insert_hashed_passages(alice.id, loaded, [passage_hash(p.text) for p in loaded])
     await store.record_document(alice.id, DocumentRecord("a" * 64, "guide.md", 2, T0 + timedelta(seconds=30)))
 
@@ -131,8 +140,12 @@ async def test_agents_already_in_the_target_are_left_alone_and_reported(tmp_path
         report = await migrate(source, mongo, progress=False)
         assert not report.ok
         statuses = {agent.key: agent.status for agent in report.agents}
-        assert statuses == {"discord:alice": "skipped", "slack:T1:U2": "copied", "source:docs": "copied",
-                            "source:faq": "copied"}
+        assert statuses == {
+            "discord:alice": "skipped",
+            "slack:T1:U2": "copied",
+            "source:docs": "copied",
+            "source:faq": "copied",
+        }
         assert "discord:alice: skipped: already in the target" in report.summary()
         assert [b.value for b in await mongo.load_blocks(mine.id)] == ["another Alice"]
         assert await mongo.count_messages(mine.id) == 0
@@ -150,8 +163,9 @@ async def test_the_command_copies_between_specs(
     parser = argparse.ArgumentParser(prog="memgpt-bot")
     add_migrate_command(parser.add_subparsers(dest="command"))
     database = mongo_target.database_name()
-    args = parser.parse_args(["migrate", "--from", f"sqlite:{tmp_path / 'source.db'}", "--to",
-                              f"{mongo_target.uri.rstrip('/')}/{database}"])
+    args = parser.parse_args(
+        ["migrate", "--from", f"sqlite:{tmp_path / 'source.db'}", "--to", f"{mongo_target.uri.rstrip('/')}/{database}"]
+    )
     assert args.func is cmd_migrate
     assert await args.func(args) == 0
     captured = capsys.readouterr()
@@ -168,8 +182,11 @@ async def test_the_command_copies_between_specs(
 
 async def test_specs() -> None:
     assert parse_spec("sqlite:~/x.db")[0] == "sqlite" and not parse_spec("sqlite:~/x.db")[1].startswith("~")
-    assert parse_spec("mongodb://u:p@h1,h2/bot?replicaSet=rs0") == ("mongodb", "mongodb://u:p@h1,h2/bot?replicaSet=rs0",
-                                                                    "bot")
+    assert parse_spec("mongodb://u:p@h1,h2/bot?replicaSet=rs0") == (
+        "mongodb",
+        "mongodb://u:p@h1,h2/bot?replicaSet=rs0",
+        "bot",
+    )
     assert parse_spec("mongodb+srv://cluster.example.net/")[2] == "memgpt"
     assert isinstance(open_store("sqlite:/tmp/x.db"), SQLiteStore)
     assert isinstance(open_store("mongodb://localhost/db"), MongoStore)

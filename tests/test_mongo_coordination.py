@@ -1,4 +1,4 @@
-"""MongoDB-specific parts of process coordination (memory/mongo_coordination.py)
+"""MongoDB-specific parts of process coordination (memory/mongo/coordination.py)
 that the shared conformance suite cannot reach: a ticket number handed out
 twice, the server clock, the TTL index fallback."""
 
@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pymongo.asynchronous.collection import AsyncCollection
 
-from memory.mongo_store import MongoStore
+from memory.mongo.store import MongoStore
 from tests.mongo_server import MongoTarget, mongo_target
 
 __all__ = ["mongo_target"]  # the session fixture, imported to be found here

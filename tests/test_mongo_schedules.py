@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from memory.mongo_schedules import CLAIM_GRACE, MongoScheduleStore
-from memory.mongo_store import MongoStore
-from memory.schedule_store import Schedule, schedule_store_for
+from memory.mongo.schedules import CLAIM_GRACE, MongoScheduleStore
+from memory.mongo.store import MongoStore
+from memory.schedules import Schedule, schedule_store_for
 from tests.mongo_server import MongoTarget, mongo_target
 
 __all__ = ["mongo_target"]  # the session fixture, imported to be found here
@@ -36,8 +36,15 @@ async def two(mongo_target: MongoTarget) -> AsyncIterator[tuple[MongoScheduleSto
 
 
 def daily(user: str) -> Schedule:
-    return Schedule(id="", agent_key=f"discord:{user}", platform="discord", user_id=user, kind="daily",
-                    time_of_day="09:00", next_fire_at=DUE)
+    return Schedule(
+        id="",
+        agent_key=f"discord:{user}",
+        platform="discord",
+        user_id=user,
+        kind="daily",
+        time_of_day="09:00",
+        next_fire_at=DUE,
+    )
 
 
 async def test_two_processes_claiming_one_tick_exactly_one_wins(
@@ -48,8 +55,10 @@ async def test_two_processes_claiming_one_tick_exactly_one_wins(
         schedule = await a.add(daily(str(round_)))
         nxt = DUE + timedelta(days=1)
         wins = await asyncio.gather(
-            a.claim(schedule.id, DUE, nxt, "a", fired_at=DUE), b.claim(schedule.id, DUE, nxt, "b", fired_at=DUE),
-            a.claim(schedule.id, DUE, nxt, "a2", fired_at=DUE), b.claim(schedule.id, DUE, nxt, "b2", fired_at=DUE),
+            a.claim(schedule.id, DUE, nxt, "a", fired_at=DUE),
+            b.claim(schedule.id, DUE, nxt, "b", fired_at=DUE),
+            a.claim(schedule.id, DUE, nxt, "a2", fired_at=DUE),
+            b.claim(schedule.id, DUE, nxt, "b2", fired_at=DUE),
         )
         assert sum(wins) == 1, (round_, wins)
         claimed = await b.get(schedule.id)
@@ -66,8 +75,14 @@ async def test_a_claim_whose_claimer_died_is_moved_along_unfired(
     nxt = DUE + timedelta(days=1)
     # A process recorded the claim and died before moving the schedule on.
     claims = a._store.collection("schedule_claims")
-    await claims.insert_one({"schedule_id": schedule.id, "due_at": DUE, "owner": "dead",
-                             "claimed_at": datetime.now(UTC) - CLAIM_GRACE - timedelta(seconds=1)})
+    await claims.insert_one(
+        {
+            "schedule_id": schedule.id,
+            "due_at": DUE,
+            "owner": "dead",
+            "claimed_at": datetime.now(UTC) - CLAIM_GRACE - timedelta(seconds=1),
+        }
+    )
     assert not await b.claim(schedule.id, DUE, nxt, "b", fired_at=DUE)  # at most once: not fired again
     moved = await a.get(schedule.id)
     assert moved is not None and (moved.next_fire_at, moved.unanswered) == (nxt, 0)

@@ -13,8 +13,8 @@ from datetime import UTC, datetime
 import pytest
 from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 
-from memory.capabilities import IN_PROCESS_VECTORS, RECALL_SEARCH, redact_uri, scrub, store_error
-from memory.mongo_store import ALL_INDEXES, MongoStore, bm25, words
+from memory.mongo.capabilities import IN_PROCESS_VECTORS, RECALL_SEARCH, redact_uri, scrub, store_error
+from memory.mongo.store import ALL_INDEXES, MongoStore, bm25, words
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
 from tests.mongo_server import MongoTarget, _free_port, mongo_target
@@ -52,7 +52,7 @@ async def test_capabilities_pick_the_fallbacks_on_ferretdb(
     if not mongo_target.is_ferretdb:
         pytest.skip("FerretDB-specific: MONGODB_TEST_URI names another server")
     backend = mongo_target.store()
-    with caplog.at_level(logging.INFO, logger="memory.mongo_store"):
+    with caplog.at_level(logging.INFO, logger="memory.mongo.store"):
         await backend.open()
     try:
         caps = backend.capabilities
@@ -134,8 +134,10 @@ def test_error_texts_name_the_problem_and_never_the_password() -> None:
     assert "authentication failed" in str(store_error(uri, "memgpt", "open", denied))
     down = ServerSelectionTimeoutError("db1:27017: timed out, Timeout: 0.5s, Topology Description: <...>")
     text = str(store_error(uri, "memgpt", "open", down))
-    assert text == "MongoDB mongodb://bot:***@db1:27017,db2:27017/memgpt?replicaSet=rs0 (database 'memgpt') " \
+    assert (
+        text == "MongoDB mongodb://bot:***@db1:27017,db2:27017/memgpt?replicaSet=rs0 (database 'memgpt') "
         "is unreachable: db1:27017: timed out"
+    )
 
 
 async def test_writes_for_a_missing_agent_are_refused(store: MongoStore) -> None:
@@ -201,18 +203,32 @@ async def test_a_crash_gap_in_seqs_breaks_nothing(store: MongoStore) -> None:
     await store.append_messages(agent.id, [Message("user", "before")])
     # A batch of three whose process died after its first message went in.
     await store._c("messages").insert_one(
-        {"agent_id": agent.id, "seq": 2, "batch_end": 4, "tok_total": 2, "role": "user", "content": "half",
-         "tool_calls": None, "tool_call_id": None, "name": None, "created_at": 0, "terms": ["half"]}
+        {
+            "agent_id": agent.id,
+            "seq": 2,
+            "batch_end": 4,
+            "tok_total": 2,
+            "role": "user",
+            "content": "half",
+            "tool_calls": None,
+            "tool_call_id": None,
+            "name": None,
+            "created_at": 0,
+            "terms": ["half"],
+        }
     )
     [after] = await store.append_messages(agent.id, [Message("user", "after the crash")])
     assert after.seq == 5
     assert [(m.seq, m.content) for m in await store.messages_since(agent.id, 0)] == [
-        (1, "before"), (2, "half"), (5, "after the crash"),
+        (1, "before"),
+        (2, "half"),
+        (5, "after the crash"),
     ]
     assert await store.count_messages(agent.id) == 3
     assert [m.seq for m in await store.messages_since(agent.id, 3)] == [5]
     assert [m.content for m in (await store.search_messages(agent.id, "crash half", 5)).items] == [
-        "half", "after the crash",
+        "half",
+        "after the crash",
     ]
 
 
@@ -241,8 +257,15 @@ async def test_open_finishes_an_interrupted_delete(store: MongoStore, mongo_targ
 async def test_an_agent_created_without_its_blocks_gets_them_next_time(store: MongoStore) -> None:
     # The process died between the agent document and its default blocks.
     await store._c("agents").insert_one(
-        {"_id": "half-made", "key": "discord:half", "created_at": 1, "summary": "", "queue_start_seq": 1,
-         "summary_updated_at": None, "ready": False}
+        {
+            "_id": "half-made",
+            "key": "discord:half",
+            "created_at": 1,
+            "summary": "",
+            "queue_start_seq": 1,
+            "summary_updated_at": None,
+            "ready": False,
+        }
     )
     agent, blocks = await store.get_or_create_agent("discord:half", BLOCKS)
     assert agent.id == "half-made" and [b.label for b in blocks] == ["persona", "human"]

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from bot.leases import lease_name
-from memory.mongo_store import MongoStore
-from memory.sqlite_coordination import CLEAR_EVERY
+from bot.durable.leases import lease_name
+from memory.mongo.store import MongoStore
+from memory.sqlite.coordination import CLEAR_EVERY
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
 from tests.mongo_server import MongoTarget, mongo_target
 
@@ -56,8 +56,14 @@ class Worker:
         log = folder / f"worker-{name}.log"
         with log.open("wb") as stderr:
             process = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tests.lease_worker", cwd=ROOT, env=env,
-                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=stderr,
+                sys.executable,
+                "-m",
+                "tests.lease_worker",
+                cwd=ROOT,
+                env=env,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=stderr,
             )
         worker = cls(name, process, log)
         worker._reader = asyncio.create_task(worker._read())
@@ -82,8 +88,10 @@ class Worker:
         try:
             return await asyncio.wait_for(asyncio.shield(self._future(op, event_id)), timeout=within)
         except TimeoutError:
-            raise AssertionError(f"worker {self.name}: no {op!r} for {event_id!r} in {within} s; log:\n"
-                                 + self.log.read_text(errors="replace")[-3000:]) from None
+            raise AssertionError(
+                f"worker {self.name}: no {op!r} for {event_id!r} in {within} s; log:\n"
+                + self.log.read_text(errors="replace")[-3000:]
+            ) from None
 
     async def send(self, request: dict[str, Any]) -> None:
         assert self.process.stdin is not None
@@ -149,11 +157,20 @@ async def database(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
         await store.close()
 
 
-def worker_env(mongo_target: MongoTarget, database: MongoStore, llm: FakeLLMServer, ttl: float, renew: float
-               ) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(ROOT), "MONGODB_URI": mongo_target.uri, "MONGODB_DB": database.database,
-            "LLM_BASE_URL": llm.base_url, "MEMGPT_LEASES": "on", "MEMGPT_LEASE_TTL": str(ttl),
-            "MEMGPT_LEASE_RENEW": str(renew), "MEMGPT_LEASE_WAIT": "60"}
+def worker_env(
+    mongo_target: MongoTarget, database: MongoStore, llm: FakeLLMServer, ttl: float, renew: float
+) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MONGODB_URI": mongo_target.uri,
+        "MONGODB_DB": database.database,
+        "LLM_BASE_URL": llm.base_url,
+        "MEMGPT_LEASES": "on",
+        "MEMGPT_LEASE_TTL": str(ttl),
+        "MEMGPT_LEASE_RENEW": str(renew),
+        "MEMGPT_LEASE_WAIT": "60",
+    }
 
 
 async def user_numbers(store: MongoStore, user: str) -> list[int]:
@@ -185,6 +202,7 @@ async def test_two_processes_answer_200_events_once_each_in_order(
         route[rng.randrange(per_user)] ^= 1 if len(set(route)) == 1 else 0  # both processes get some
         routes[user] = route
     try:
+
         async def session(user: str) -> None:
             for number, which in enumerate(routes[user], 1):
                 event_id = await workers[which].event(user, number)
@@ -198,8 +216,7 @@ async def test_two_processes_answer_200_events_once_each_in_order(
         await asyncio.gather(*(worker.stop() for worker in workers))
 
     # Every event answered exactly once, by the process it was sent to.
-    answered = Counter(event_id for worker in workers for event_id, replies in worker.replies.items()
-                       for _ in replies)
+    answered = Counter(event_id for worker in workers for event_id, replies in worker.replies.items() for _ in replies)
     assert set(answered) == {f"{u}-{n}" for u in users for n in range(1, per_user + 1)}
     assert set(answered.values()) == {1}
     for which, worker in enumerate(workers):

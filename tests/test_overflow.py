@@ -34,13 +34,15 @@ async def test_hundreds_of_turns_never_exceed_a_small_window(
         return reply_tool_calls(tool_call("send_message", {"message": f"ack {turn.group(1) if turn else '?'}"}))
 
     llm_server.set_handler(model)
-    runtime = await make_runtime(
-        context_window=WINDOW, response_reserve=128, persona_limit=300, human_limit=300
-    )
+    runtime = await make_runtime(context_window=WINDOW, response_reserve=128, persona_limit=300, human_limit=300)
     for turn in range(TURNS):
         replies = await runtime.handle(
-            UserMessage(platform="terminal", user_id="alice", display_name="alice",
-                        text=f"This is turn {turn}. I had a pleasant day and want to tell you about it in detail.")
+            UserMessage(
+                platform="terminal",
+                user_id="alice",
+                display_name="alice",
+                text=f"This is turn {turn}. I had a pleasant day and want to tell you about it in detail.",
+            )
         )
         assert [r.text for r in replies] == [f"ack {turn}"]
 
@@ -84,8 +86,9 @@ async def test_failed_summary_still_evicts(make_runtime: RuntimeFactory, llm_ser
         return reply_tool_calls(tool_call("send_message", {"message": "ok"}))
 
     llm_server.set_handler(model)
-    runtime = await make_runtime(context_window=WINDOW, response_reserve=128, persona_limit=300, human_limit=300,
-                                 llm_max_retries=0)
+    runtime = await make_runtime(
+        context_window=WINDOW, response_reserve=128, persona_limit=300, human_limit=300, llm_max_retries=0
+    )
     for turn in range(60):
         replies = await runtime.handle(
             UserMessage(platform="terminal", user_id="alice", text=f"Message number {turn} with some padding words.")

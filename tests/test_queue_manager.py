@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from bot.core_functions import build_core_functions
+from bot.functions.core import build_core_functions
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from memory.queue_manager import QueueManager
 from memory.tokens import TokenCounter, load_encoder
@@ -39,17 +39,20 @@ def test_unloadable_model_encoding_is_logged_not_silent(caplog: pytest.LogCaptur
 
 
 def make_queue(counter: TokenCounter, window: int = 4_096) -> QueueManager:
-    return QueueManager(
-        counter, SYSTEM_INSTRUCTIONS, build_core_functions().schemas, window, response_reserve=256
-    )
+    return QueueManager(counter, SYSTEM_INSTRUCTIONS, build_core_functions().schemas, window, response_reserve=256)
 
 
 def conversation(turns: int) -> list[Message]:
     messages: list[Message] = []
     seq = 1
     for turn in range(turns):
-        calls = [{"id": f"c{turn}", "type": "function",
-                  "function": {"name": "send_message", "arguments": f'{{"message": "answer {turn}"}}'}}]
+        calls = [
+            {
+                "id": f"c{turn}",
+                "type": "function",
+                "function": {"name": "send_message", "arguments": f'{{"message": "answer {turn}"}}'},
+            }
+        ]
         for message in (
             Message(role="user", content=f"question {turn}: " + "words " * 20),
             Message(role="assistant", content="thinking", tool_calls=calls),

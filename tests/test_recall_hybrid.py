@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from memory.embeddings import Embedder
-from memory.migrations import MIGRATIONS, migrate
 from memory.recall import BATCH, RecallMemory
-from memory.sqlite_recall import PENDING_WHERE
-from memory.sqlite_store import SQLiteStore
+from memory.sqlite.migrations import MIGRATIONS, migrate
+from memory.sqlite.recall import PENDING_WHERE
+from memory.sqlite.store import SQLiteStore
 from memory.types import Message
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call

@@ -65,8 +65,11 @@ async def test_every_event_kind_reaches_the_model_as_text(
     base = {"platform": "discord", "user_id": "7"}
     await runtime.handle(UserJoined(**base, display_name="Maya", place="the Gardening server"))
     await runtime.handle(SystemAlert(**base, text="Maintenance tonight at 22:00 UTC"))
-    await runtime.handle(ScheduledTick(**base, reason="Daily check-in", local_time="Mon 09:00 Europe/Paris",
-                                       since_last_conversation="2 days"))
+    await runtime.handle(
+        ScheduledTick(
+            **base, reason="Daily check-in", local_time="Mon 09:00 Europe/Paris", since_last_conversation="2 days"
+        )
+    )
     handbook = "# Watering\n\nWater tomatoes at dawn, never at noon.\n\n# Soil\n\nUse compost rich in nitrogen."
     replies = await runtime.handle(
         FileUploaded(**base, filename="garden.md", data=handbook.encode(), display_name="Maya")
@@ -91,8 +94,11 @@ async def test_every_event_kind_reaches_the_model_as_text(
 async def test_forget_removes_the_agent_and_a_new_one_starts_fresh(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
-    llm_server.set_handler(lambda request: reply_tool_calls(
-        tool_call("core_memory_append", {"name": "human", "content": "Likes jazz.", "request_heartbeat": False})))
+    llm_server.set_handler(
+        lambda request: reply_tool_calls(
+            tool_call("core_memory_append", {"name": "human", "content": "Likes jazz.", "request_heartbeat": False})
+        )
+    )
     runtime = await make_runtime()
     await runtime.handle(UserMessage(platform="terminal", user_id="zoe", text="I like jazz"))
     exported = await runtime.export("terminal:zoe")

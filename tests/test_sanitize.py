@@ -19,8 +19,31 @@ BAD = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 INVISIBLE = "\u200b\u200c\u200d\u200e\u200f\u2060\u2061\u2062\u2063\u2064\ufeff\ufe0f\u202a\u202e\u2066\u2069"
 INVISIBLE_RUN = re.compile(f"[{INVISIBLE}]{{{MAX_INVISIBLE_RUN + 1},}}")
 
-NASTY = ["\ud800", "\udfff", "\udcff", "\ud83d", "\ude00", "\x00", "\x07", "\x1b[31m", "\r", "\r\n", "\x7f", "\x85",
-         "\x9b", "\t", "\n", "\U000e0041", "\U000e007f", "\U0001f3f4", "\u2028", "\ufffe", "\U0010ffff", "é", "👍"]
+NASTY = [
+    "\ud800",
+    "\udfff",
+    "\udcff",
+    "\ud83d",
+    "\ude00",
+    "\x00",
+    "\x07",
+    "\x1b[31m",
+    "\r",
+    "\r\n",
+    "\x7f",
+    "\x85",
+    "\x9b",
+    "\t",
+    "\n",
+    "\U000e0041",
+    "\U000e007f",
+    "\U0001f3f4",
+    "\u2028",
+    "\ufffe",
+    "\U0010ffff",
+    "é",
+    "👍",
+]
 # Text with everything a chat platform, a terminal or a bad decoder can hand over.
 texts = st.lists(
     st.one_of(
@@ -73,13 +96,17 @@ def test_names_are_one_capped_line() -> None:
 
 
 def test_sanitize_event_cleans_every_text_field_in_place() -> None:
-    event = UserMessage(platform="discord", user_id="4\ud8002", text="hi\x00\ud800", display_name="A\nB",
-                        channel="#gen\u200b\u200b\u200b\u200b\u200b")
+    event = UserMessage(
+        platform="discord",
+        user_id="4\ud8002",
+        text="hi\x00\ud800",
+        display_name="A\nB",
+        channel="#gen\u200b\u200b\u200b\u200b\u200b",
+    )
     assert sanitize_event(event) is event
     cleaned = (event.text, event.display_name, event.channel, event.user_id)
     assert cleaned == ("hi\ufffd", "A B", "#gen\u200b", "4\ufffd2")
-    upload = FileUploaded(platform="slack", user_id="T1:U1", filename="evil\n.md\x00", data=b"\xff\xfe",
-                          text="\udcff")
+    upload = FileUploaded(platform="slack", user_id="T1:U1", filename="evil\n.md\x00", data=b"\xff\xfe", text="\udcff")
     sanitize_event(upload)
     assert (upload.filename, upload.text, upload.data) == ("evil .md", "\ufffd", b"\xff\xfe")
 
@@ -136,9 +163,7 @@ async def test_a_huge_message_is_stored_whole_and_shown_shortened(
     llm_server.set_handler(_echo)
     runtime = await make_runtime(max_message_tokens=300)
     huge = ("word " * 200_000) + "\u200b" * 100_000 + "\x00" * 1000 + "\ud800 THE END"
-    assert [r.text for r in await runtime.handle(UserMessage(platform="discord", user_id="1", text=huge))] == [
-        "got it"
-    ]
+    assert [r.text for r in await runtime.handle(UserMessage(platform="discord", user_id="1", text=huge))] == ["got it"]
     agent = await runtime.agent("discord:1")
     [stored] = [m for m in await runtime.store.messages_since(agent.id, 0) if m.role == "user"]
     assert stored.content is not None and "\ufffd THE END" in stored.content and len(stored.content) > 1_000_000

@@ -16,13 +16,13 @@ from typing import Any
 import pytest
 
 from bot.agent import EventResult
-from bot.checkin_commands import checkin_command
-from bot.checkin_functions import register_checkin_functions
-from bot.checkins import CheckinSettings
+from bot.checkins.commands import checkin_command
+from bot.checkins.functions import register_checkin_functions
+from bot.checkins.rules import CheckinSettings
+from bot.checkins.scheduler import CheckinScheduler, TickOutcome
 from bot.events import Event, Reply, UserMessage
 from bot.runtime import Runtime
-from bot.scheduler import CheckinScheduler, TickOutcome
-from memory.schedule_store import Schedule, ScheduleStore, schedule_store_for
+from memory.schedules import Schedule, ScheduleStore, schedule_store_for
 from memory.store import Store
 from memory.types import utc_now
 from tests.conftest import RuntimeFactory
@@ -52,8 +52,9 @@ class Rig:
     delivered: list[Reply] = field(default_factory=list)
 
     async def command(self, text: str, user: str = "42", reply_to: dict[str, Any] | None = None) -> str:
-        return await checkin_command("discord", user, text, reply_to or DM, self.schedules, self.clock,
-                                     settings=self.scheduler.settings)
+        return await checkin_command(
+            "discord", user, text, reply_to or DM, self.schedules, self.clock, settings=self.scheduler.settings
+        )
 
     async def run(self, now: datetime) -> list[TickOutcome]:
         self.clock.now = now
@@ -96,8 +97,11 @@ def greet(request: dict[str, Any]) -> Any:
 
 def ticks(llm_server: FakeLLMServer) -> list[str]:
     """The tick texts the model was woken with."""
-    return [r["messages"][-1]["content"] for r in llm_server.requests
-            if "[scheduled tick]" in (r["messages"][-1]["content"] or "")]
+    return [
+        r["messages"][-1]["content"]
+        for r in llm_server.requests
+        if "[scheduled tick]" in (r["messages"][-1]["content"] or "")
+    ]
 
 
 NO_BACKOFF = CheckinSettings(backoff_after=0)
@@ -191,12 +195,13 @@ async def test_a_message_on_the_tick_reaches_deliver_with_the_setup_channel(
     assert "Check-in the person asked for (daily at 08:00)" in tick and "Their local time: Mon 4 Jan 08:00 UTC" in tick
 
 
-async def test_a_silent_tick_sends_nothing_and_stays_in_recall(
-    make_rig: RigFactory, llm_server: FakeLLMServer
-) -> None:
+async def test_a_silent_tick_sends_nothing_and_stays_in_recall(make_rig: RigFactory, llm_server: FakeLLMServer) -> None:
     # Silent: the model looks something up and yields without send_message.
-    llm_server.set_handler(lambda request: reply_tool_calls(
-        tool_call("conversation_search", {"query": "interview", "request_heartbeat": False})))
+    llm_server.set_handler(
+        lambda request: reply_tool_calls(
+            tool_call("conversation_search", {"query": "interview", "request_heartbeat": False})
+        )
+    )
     rig = await make_rig(utc(2027, 1, 4, 7))
     await rig.command("daily 08:00")
     (outcome,) = await rig.run(utc(2027, 1, 4, 8))
@@ -245,16 +250,14 @@ async def test_a_tick_missed_while_down_fires_once_within_grace_and_is_skipped_b
     assert sorted((o.agent_key, o.fired) for o in outcomes) == [("discord:1", True), ("discord:2", True)]
     assert await after.run(utc(2027, 3, 1, 8, 11)) == []
     # Down again for the next one, back 2 hours late: skipped, logged, moved to the future.
-    with caplog.at_level(logging.WARNING, logger="bot.scheduler"):
+    with caplog.at_level(logging.WARNING, logger="bot.checkins.scheduler"):
         outcomes = await after.run(utc(2027, 3, 2, 10))
     assert [(o.fired, o.next_fire_at) for o in outcomes] == [(False, utc(2027, 3, 3, 8))] * 2
     assert sum("skipped the tick due at 2027-03-02T08:00:00+00:00" in r.getMessage() for r in caplog.records) == 2
     assert len(ticks(llm_server)) == 2 and len(after.delivered) == 2
 
 
-async def test_five_days_down_is_never_a_burst(
-    make_rig: RigFactory, llm_server: FakeLLMServer, tmp_path: Path
-) -> None:
+async def test_five_days_down_is_never_a_burst(make_rig: RigFactory, llm_server: FakeLLMServer, tmp_path: Path) -> None:
     llm_server.set_handler(greet)
     data = tmp_path / "data"
     before = await make_rig(utc(2027, 3, 1, 7), data_dir=data, settings=NO_BACKOFF)
@@ -351,8 +354,11 @@ async def test_schedule_reminder_errors_reach_the_model_and_a_reminder_fires_onc
     await rig.command("tz Europe/Paris")
 
     def remind(when: str, heartbeat: bool = True) -> Any:
-        return reply_tool_calls(tool_call(
-            "schedule_reminder", {"when": when, "note": "ask how the dentist went", "request_heartbeat": heartbeat}))
+        return reply_tool_calls(
+            tool_call(
+                "schedule_reminder", {"when": when, "note": "ask how the dentist went", "request_heartbeat": heartbeat}
+            )
+        )
 
     llm_server.script(
         remind("2027-05-01T09:00"),
@@ -362,8 +368,11 @@ async def test_schedule_reminder_errors_reach_the_model_and_a_reminder_fires_onc
         remind("tomorrow 09:00"),
         reply_tool_calls(tool_call("send_message", {"message": "I'll check in after your dentist visit."})),
     )
-    replies = await rig.runtime.handle(UserMessage(platform="discord", user_id="42", text="dentist at noon",
-                                                   reply_to={"channel": "C55", "thread": "t1"}))
+    replies = await rig.runtime.handle(
+        UserMessage(
+            platform="discord", user_id="42", text="dentist at noon", reply_to={"channel": "C55", "thread": "t1"}
+        )
+    )
     assert [r.text for r in replies] == ["I'll check in after your dentist visit."]
     results = [last_tool(request) for request in llm_server.requests[1:6]]
     assert [r["status"] for r in results] == ["Failed", "Failed", "Failed", "OK", "Failed"]
@@ -373,15 +382,19 @@ async def test_schedule_reminder_errors_reach_the_model_and_a_reminder_fires_onc
     assert "Mon 3 May 14:00 Europe/Paris" in results[3]["result"]
     assert "1 pending reminders, the most allowed" in results[4]["result"]
     (reminder,) = await rig.schedules.list_for_user("discord:42")
-    assert (reminder.kind, reminder.run_at, reminder.reply_to) == ("once", utc(2027, 5, 3, 12), {"channel": "C55",
-                                                                                               "thread": "t1"})
+    assert (reminder.kind, reminder.run_at, reminder.reply_to) == (
+        "once",
+        utc(2027, 5, 3, 12),
+        {"channel": "C55", "thread": "t1"},
+    )
     llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "How did the dentist go?"})))
     assert await rig.run(utc(2027, 5, 3, 11, 59)) == []
     (outcome,) = await rig.run(utc(2027, 5, 3, 12))
     assert outcome.fired and outcome.next_fire_at is None
     assert "ask how the dentist went" in ticks(llm_server)[0]
-    assert [(r.reply_to, r.text) for r in rig.delivered] == [({"channel": "C55", "thread": "t1"},
-                                                              "How did the dentist go?")]
+    assert [(r.reply_to, r.text) for r in rig.delivered] == [
+        ({"channel": "C55", "thread": "t1"}, "How did the dentist go?")
+    ]
     assert await rig.run(utc(2027, 5, 3, 12, 1)) == [] and await rig.run(utc(2027, 5, 4, 12)) == []
     assert await rig.schedules.list_for_user("discord:42") == []
 

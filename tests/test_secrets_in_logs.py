@@ -36,7 +36,7 @@ from aiohttp import web
 from bot.config import ConfigError, Settings
 from bot.events import UserMessage
 from bot.llm import LLMClient, LLMUnavailableError
-from memory.mongo_store import MongoStore
+from memory.mongo.store import MongoStore
 from memory.store import StoreError
 from tests import secrets_catalog as catalog
 from tests.conftest import RuntimeFactory
@@ -100,7 +100,7 @@ def test_settings_show_no_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 def test_platform_configs_show_no_secret() -> None:
     from adapters.discord_adapter import DiscordConfig
     from adapters.slack_adapter import SlackConfig
-    from bot.app import plan_adapters
+    from cli.app import plan_adapters
 
     discord_config = DiscordConfig.from_env(SECRET_ENV)
     slack_config = SlackConfig.from_env(SECRET_ENV)
@@ -119,9 +119,15 @@ def test_platform_configs_show_no_secret() -> None:
 def echoing(status: int) -> Reply:
     """An error that quotes the key back, as some OpenAI-compatible servers and
     proxies do (OpenAI itself shows all but the last four characters)."""
-    body = {"error": {"message": f"Incorrect API key provided: {catalog.OPENAI_API_KEY}. "
-                                 f"Header was 'Authorization: Bearer {catalog.OPENAI_API_KEY}'.",
-                      "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+    body = {
+        "error": {
+            "message": f"Incorrect API key provided: {catalog.OPENAI_API_KEY}. "
+            f"Header was 'Authorization: Bearer {catalog.OPENAI_API_KEY}'.",
+            "type": "invalid_request_error",
+            "param": None,
+            "code": "invalid_api_key",
+        }
+    }
     return fault_status(status, body=body, headers={**RETRY_NOW, "x-should-retry": "false"})
 
 
@@ -130,8 +136,9 @@ async def test_llm_errors_never_show_the_api_key(
     fault: int | str, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     llm_server.script(fault_disconnect() if fault == "disconnect" else echoing(int(fault)))
-    client = LLMClient("test-model", api_key=catalog.OPENAI_API_KEY, base_url=llm_server.base_url,
-                       timeout=5.0, max_retries=0)
+    client = LLMClient(
+        "test-model", api_key=catalog.OPENAI_API_KEY, base_url=llm_server.base_url, timeout=5.0, max_retries=0
+    )
     try:
         with caplog.at_level(logging.DEBUG), pytest.raises(LLMUnavailableError) as failed:
             await client.complete([{"role": "user", "content": "hi"}])
@@ -158,11 +165,26 @@ async def test_an_agent_whose_key_is_refused_logs_no_key(
 
 # -- Slack ------------------------------------------------------------------------
 def slack_event(text: str, **extra: Any) -> dict[str, Any]:
-    event = {"type": "message", "channel_type": "im", "channel": "DU1", "user": "U1", "team": "T1", "text": text,
-             "ts": f"{time.time():.6f}", **extra}
-    return {"token": "legacy", "team_id": "T1", "api_app_id": "A1", "event": event, "type": "event_callback",
-            "event_id": f"Ev{uuid.uuid4().hex[:12].upper()}", "event_time": int(time.time()),
-            "authorizations": [{"team_id": "T1", "user_id": "UBOT", "is_bot": True}]}
+    event = {
+        "type": "message",
+        "channel_type": "im",
+        "channel": "DU1",
+        "user": "U1",
+        "team": "T1",
+        "text": text,
+        "ts": f"{time.time():.6f}",
+        **extra,
+    }
+    return {
+        "token": "legacy",
+        "team_id": "T1",
+        "api_app_id": "A1",
+        "event": event,
+        "type": "event_callback",
+        "event_id": f"Ev{uuid.uuid4().hex[:12].upper()}",
+        "event_time": int(time.time()),
+        "authorizations": [{"team_id": "T1", "user_id": "UBOT", "is_bot": True}],
+    }
 
 
 async def test_slack_credential_failures_and_traffic_log_no_secret(
@@ -174,13 +196,21 @@ async def test_slack_credential_failures_and_traffic_log_no_secret(
     runtime = await make_runtime()
     adapters: list[SlackAdapter] = []
     errors: list[BaseException] = []
-    with FakeSlack(bot_token=catalog.SLACK_BOT_TOKEN, app_token=catalog.SLACK_APP_TOKEN) as slack, \
-            caplog.at_level(logging.DEBUG):
+    with (
+        FakeSlack(bot_token=catalog.SLACK_BOT_TOKEN, app_token=catalog.SLACK_APP_TOKEN) as slack,
+        caplog.at_level(logging.DEBUG),
+    ):
         slack.add_user("U1", "Alice")
 
         async def start(**settings: Any) -> SlackAdapter:
-            config = {"bot_token": catalog.SLACK_BOT_TOKEN, "signing_secret": catalog.SLACK_SIGNING_SECRET,
-                      "api_url": slack.api_url, "http_host": "127.0.0.1", "http_port": 0, **settings}
+            config = {
+                "bot_token": catalog.SLACK_BOT_TOKEN,
+                "signing_secret": catalog.SLACK_SIGNING_SECRET,
+                "api_url": slack.api_url,
+                "http_host": "127.0.0.1",
+                "http_port": 0,
+                **settings,
+            }
             adapter = SlackAdapter(runtime, SlackConfig(**config))
             adapters.append(adapter)
             await adapter.connect()
@@ -188,8 +218,10 @@ async def test_slack_credential_failures_and_traffic_log_no_secret(
 
         try:
             # Refused credentials, both kinds.
-            for wrong in ({"bot_token": catalog.WRONG_SLACK_BOT_TOKEN},
-                          {"app_token": catalog.WRONG_SLACK_APP_TOKEN, "signing_secret": None}):
+            for wrong in (
+                {"bot_token": catalog.WRONG_SLACK_BOT_TOKEN},
+                {"app_token": catalog.WRONG_SLACK_APP_TOKEN, "signing_secret": None},
+            ):
                 with pytest.raises(RuntimeError) as refused:
                     await start(**wrong)
                 errors.append(refused.value)
@@ -214,8 +246,7 @@ async def test_slack_credential_failures_and_traffic_log_no_secret(
             slack.fail("chat.postMessage", "channel_not_found")
             async with aiohttp.ClientSession() as session:
                 body = json.dumps(slack_event("once more"))
-                headers = {"Content-Type": "application/json",
-                           **signature_headers(body, catalog.SLACK_SIGNING_SECRET)}
+                headers = {"Content-Type": "application/json", **signature_headers(body, catalog.SLACK_SIGNING_SECRET)}
                 async with session.post(url, data=body.encode(), headers=headers) as response:
                     await response.read()
             await slack.wait_for("chat.postMessage", 3, within=60)
@@ -261,7 +292,7 @@ async def test_a_refused_discord_token_is_not_shown(
     make_runtime: RuntimeFactory, fake_discord_api: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
     from adapters.discord_adapter import DiscordAdapter, DiscordConfig
-    from bot.app import AdapterPlan, NoAdapterError, run_adapters
+    from cli.app import AdapterPlan, NoAdapterError, run_adapters
 
     config = DiscordConfig.from_env({"DISCORD_TOKEN": catalog.WRONG_DISCORD_TOKEN})
     assert config is not None
@@ -278,13 +309,16 @@ async def test_a_refused_discord_token_is_not_shown(
 
 # -- MongoDB ------------------------------------------------------------------------
 @pytest.mark.filterwarnings("ignore::UserWarning")  # pymongo warns about the bad options it is given
-@pytest.mark.parametrize("uri", [
-    catalog.MONGODB_URI,  # nothing listens on port 1
-    f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@127.0.0.1:99999/",  # no such port
-    f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@127.0.0.1:1/?authMechanism=NOPE",  # unknown mechanism
-    f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@127.0.0.1:1/?tls=maybe",  # bad option value
-    f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@",  # cut short
-])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        catalog.MONGODB_URI,  # nothing listens on port 1
+        f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@127.0.0.1:99999/",  # no such port
+        f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@127.0.0.1:1/?authMechanism=NOPE",  # unknown mechanism
+        f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@127.0.0.1:1/?tls=maybe",  # bad option value
+        f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@",  # cut short
+    ],
+)
 async def test_mongodb_errors_never_show_the_password(uri: str, caplog: pytest.LogCaptureFixture) -> None:
     store = MongoStore(uri, "memgpt", server_selection_timeout=0.3)
     with caplog.at_level(logging.DEBUG), pytest.raises(StoreError) as failed:
@@ -309,29 +343,49 @@ def test_cli_errors_show_no_secret(llm_server: FakeLLMServer, tmp_path: Path) ->
     runs: dict[str, list[str]] = {}
     # A bad setting beside every secret: one line naming the setting.
     data = tmp_path / "bad-setting"
-    bad = memgpt("-v", "memory", "show", "--user", "alice", cwd=tmp_path,
-                 env=cli_env(llm_server, data, MEMGPT_CONTEXT_WINDOW="lots"))
+    bad = memgpt(
+        "-v",
+        "memory",
+        "show",
+        "--user",
+        "alice",
+        cwd=tmp_path,
+        env=cli_env(llm_server, data, MEMGPT_CONTEXT_WINDOW="lots"),
+    )
     assert bad.returncode != 0 and "MEMGPT_CONTEXT_WINDOW" in bad.stderr
     runs["bad setting"] = outputs(bad, data)
     # A MongoDB URI that cannot work: named without its password.
     data = tmp_path / "bad-uri"
-    mongo = memgpt("-v", "memory", "show", "--user", "alice", cwd=tmp_path,
-                   env=cli_env(llm_server, data, MONGODB_URI=f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@h:99999/"))
+    mongo = memgpt(
+        "-v",
+        "memory",
+        "show",
+        "--user",
+        "alice",
+        cwd=tmp_path,
+        env=cli_env(llm_server, data, MONGODB_URI=f"mongodb://memgpt:{catalog.MONGODB_PASSWORD}@h:99999/"),
+    )
     assert mongo.returncode != 0 and "memgpt:***@" in mongo.stderr
     runs["bad MongoDB URI"] = outputs(mongo, data)
     # Chat on SQLite with a server that refuses the key and quotes it back.
     llm_server.set_handler(lambda request: echoing(401))
     data = tmp_path / "chat"
-    chat = memgpt("-v", "chat", "--user", "alice", stdin="hello\n", cwd=tmp_path,
-                  env=cli_env(llm_server, data, MONGODB_URI=""))
+    chat = memgpt(
+        "-v", "chat", "--user", "alice", stdin="hello\n", cwd=tmp_path, env=cli_env(llm_server, data, MONGODB_URI="")
+    )
     assert chat.returncode == 0 and "API key" in chat.stdout
     assert llm_server.raw_requests[-1].headers["authorization"] == f"Bearer {catalog.OPENAI_API_KEY}"
     runs["refused key"] = outputs(chat, data)
     # `run` with Slack credentials that Slack refuses (no Discord: it would go online).
     data = tmp_path / "run"
     with FakeSlack(bot_token=catalog.FAKE_SLACK_BOT_TOKEN) as slack:
-        run = memgpt("-v", "run", cwd=tmp_path, timeout=120, env=cli_env(
-            llm_server, data, MONGODB_URI="", DISCORD_TOKEN="", SLACK_API_URL=slack.api_url))
+        run = memgpt(
+            "-v",
+            "run",
+            cwd=tmp_path,
+            timeout=120,
+            env=cli_env(llm_server, data, MONGODB_URI="", DISCORD_TOKEN="", SLACK_API_URL=slack.api_url),
+        )
         assert slack.calls_to("auth.test")
     assert "SLACK_BOT_TOKEN" in run.stderr and "invalid_auth" in run.stderr
     runs["refused Slack token"] = outputs(run, data)
@@ -355,10 +409,12 @@ def test_the_scanner_finds_a_planted_secret_and_never_prints_it() -> None:
     # session's scan file, where a planted secret would fail CI.
     with tempfile.TemporaryDirectory(prefix="memgpt-scan-") as folder:
         root = Path(folder)
-        clean = plant(root, ["INFO bot.cli: settings {'openai_api_key': 'set'}", "DEBUG httpx: HTTP Request: POST"])
+        clean = plant(root, ["INFO cli.main: settings {'openai_api_key': 'set'}", "DEBUG httpx: HTTP Request: POST"])
         assert scanner(str(clean)).returncode == 0
-        for label, value in (("SLACK_BOT_TOKEN", catalog.SLACK_BOT_TOKEN),
-                             ("MONGODB_PASSWORD", catalog.MONGODB_PASSWORD)):
+        for label, value in (
+            ("SLACK_BOT_TOKEN", catalog.SLACK_BOT_TOKEN),
+            ("MONGODB_PASSWORD", catalog.MONGODB_PASSWORD),
+        ):
             dirty = plant(root / label, ["a clean line", f"DEBUG x: Authorization: Bearer {value} (oops)"])
             found = scanner(str(clean), str(dirty.parent))  # a folder: its *.log files
             assert found.returncode == 1

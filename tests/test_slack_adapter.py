@@ -53,15 +53,28 @@ def next_ts() -> str:
 
 
 def dm(text: str, *, user: str = "U1", team: str = "T1", channel: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"type": "message", "channel_type": "im", "channel": channel or f"D{user}", "user": user, "team": team,
-            "text": text, "ts": next_ts(), **extra}
+    return {
+        "type": "message",
+        "channel_type": "im",
+        "channel": channel or f"D{user}",
+        "user": user,
+        "team": team,
+        "text": text,
+        "ts": next_ts(),
+        **extra,
+    }
 
 
 def envelope(event: dict[str, Any], *, team: str = "T1", event_id: str | None = None) -> dict[str, Any]:
     return {
-        "token": "legacy-verification-token", "team_id": team, "api_app_id": "A1", "event": event,
-        "type": "event_callback", "event_id": event_id or f"Ev{uuid.uuid4().hex[:12].upper()}",
-        "event_time": int(time.time()), "authorizations": [{"team_id": team, "user_id": "UBOT", "is_bot": True}],
+        "token": "legacy-verification-token",
+        "team_id": team,
+        "api_app_id": "A1",
+        "event": event,
+        "type": "event_callback",
+        "event_id": event_id or f"Ev{uuid.uuid4().hex[:12].upper()}",
+        "event_time": int(time.time()),
+        "authorizations": [{"team_id": team, "user_id": "UBOT", "is_bot": True}],
     }
 
 
@@ -111,28 +124,54 @@ class SlackBot:
         async with self.session.post(self.url, data=body.encode(), headers=sent) as response:
             return response.status, await response.text()
 
-    async def event(self, event: dict[str, Any], *, team: str = "T1", event_id: str | None = None,
-                    headers: dict[str, str] | None = None) -> int:
+    async def event(
+        self,
+        event: dict[str, Any],
+        *,
+        team: str = "T1",
+        event_id: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> int:
         body = json.dumps(envelope(event, team=team, event_id=event_id))
         return (await self.post(body, "application/json", headers))[0]
 
     async def command(self, command: str, *, user: str = "U1", team: str = "T1", tag: str = "cmd") -> tuple[int, str]:
         fields = {
-            "token": "legacy", "team_id": team, "team_domain": "test", "channel_id": f"D{user}",
-            "channel_name": "directmessage", "user_id": user, "user_name": user.lower(), "command": command,
-            "text": "", "api_app_id": "A1", "response_url": self.slack.response_url(tag), "trigger_id": "1.2.3",
+            "token": "legacy",
+            "team_id": team,
+            "team_domain": "test",
+            "channel_id": f"D{user}",
+            "channel_name": "directmessage",
+            "user_id": user,
+            "user_name": user.lower(),
+            "command": command,
+            "text": "",
+            "api_app_id": "A1",
+            "response_url": self.slack.response_url(tag),
+            "trigger_id": "1.2.3",
         }
         return await self.post(urlencode(fields), "application/x-www-form-urlencoded")
 
     async def click(self, action_id: str, *, user: str = "U1", team: str = "T1", tag: str = "click") -> tuple[int, str]:
         payload = {
-            "type": "block_actions", "team": {"id": team, "domain": "test"},
-            "user": {"id": user, "username": user.lower(), "team_id": team}, "api_app_id": "A1",
-            "token": "legacy", "trigger_id": "1.2.3", "response_url": self.slack.response_url(tag),
+            "type": "block_actions",
+            "team": {"id": team, "domain": "test"},
+            "user": {"id": user, "username": user.lower(), "team_id": team},
+            "api_app_id": "A1",
+            "token": "legacy",
+            "trigger_id": "1.2.3",
+            "response_url": self.slack.response_url(tag),
             "container": {"type": "message", "message_ts": next_ts(), "channel_id": f"D{user}", "is_ephemeral": True},
             "channel": {"id": f"D{user}", "name": "directmessage"},
-            "actions": [{"type": "button", "action_id": action_id, "block_id": "memgpt_forget", "value": "x",
-                         "action_ts": next_ts()}],
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": action_id,
+                    "block_id": "memgpt_forget",
+                    "value": "x",
+                    "action_ts": next_ts(),
+                }
+            ],
         }
         return await self.post(urlencode({"payload": json.dumps(payload)}), "application/x-www-form-urlencoded")
 
@@ -161,8 +200,13 @@ async def start_bot(make_runtime: RuntimeFactory, fake_slack: FakeSlack) -> Asyn
 
     async def start(runtime: Any = None, **overrides: Any) -> SlackBot:
         runtime = runtime or await make_runtime()
-        settings: dict[str, Any] = {"bot_token": fake_slack.bot_token, "signing_secret": SECRET,
-                                    "api_url": fake_slack.api_url, "http_host": "127.0.0.1", "http_port": 0}
+        settings: dict[str, Any] = {
+            "bot_token": fake_slack.bot_token,
+            "signing_secret": SECRET,
+            "api_url": fake_slack.api_url,
+            "http_host": "127.0.0.1",
+            "http_port": 0,
+        }
         adapter = SlackAdapter(runtime, SlackConfig(**{**settings, **overrides}))
         adapters.append(adapter)
         await adapter.connect()
@@ -205,8 +249,14 @@ async def test_an_app_mention_is_answered_in_its_thread_mentioning_the_author(
     bot: SlackBot, llm_server: FakeLLMServer
 ) -> None:
     llm_server.script(say("Sure thing."))
-    mention = {"type": "app_mention", "channel": "C1", "user": "U2", "team": "T1", "ts": "1700000000.000200",
-               "text": "<@UBOT> can you help?"}
+    mention = {
+        "type": "app_mention",
+        "channel": "C1",
+        "user": "U2",
+        "team": "T1",
+        "ts": "1700000000.000200",
+        "text": "<@UBOT> can you help?",
+    }
     assert await bot.event(mention) == 200
     [post] = await bot.slack.wait_for("chat.postMessage")
     metadata = post.args.pop("metadata")
@@ -247,9 +297,7 @@ async def test_forged_and_stale_requests_are_rejected_and_reach_no_agent(
     assert await bot.runtime.store.find_agent("slack:T1:U1") is None
 
 
-async def test_the_bots_own_messages_edits_and_other_bots_are_ignored(
-    bot: SlackBot, llm_server: FakeLLMServer
-) -> None:
+async def test_the_bots_own_messages_edits_and_other_bots_are_ignored(bot: SlackBot, llm_server: FakeLLMServer) -> None:
     ignored = [
         dm("my own reply", user="UBOT"),
         {**dm("from another bot"), "bot_id": "B999"},
@@ -272,8 +320,9 @@ async def test_the_same_user_id_in_two_workspaces_has_two_memories(bot: SlackBot
     def model(request: dict[str, Any]) -> Reply:
         if "my favourite music is jazz" in last_user_line(request):
             return reply_tool_calls(
-                tool_call("core_memory_append",
-                          {"name": "human", "content": "Loves jazz.", "request_heartbeat": False}),
+                tool_call(
+                    "core_memory_append", {"name": "human", "content": "Loves jazz.", "request_heartbeat": False}
+                ),
                 tool_call("send_message", {"message": "Noted!"}),
             )
         knows = "Loves jazz." in request["messages"][0]["content"]
@@ -318,8 +367,9 @@ async def test_one_users_messages_are_answered_in_order(bot: SlackBot, llm_serve
     assert probe.most == 1
 
 
-async def test_different_users_are_served_concurrently(start_bot: Start, make_runtime: RuntimeFactory,
-                                                       llm_server: FakeLLMServer) -> None:
+async def test_different_users_are_served_concurrently(
+    start_bot: Start, make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
     # Each answer waits until three requests are in flight at once: users served one by one break the barrier.
     barrier = threading.Barrier(3, timeout=10)
 
@@ -336,7 +386,10 @@ async def test_different_users_are_served_concurrently(start_bot: Start, make_ru
         await bot.event(dm(f"number {number}", user=user))
     posts = await bot.slack.wait_for("chat.postMessage", 3)
     assert {(post.args["channel"], post.args["text"]) for post in posts} == {
-        ("DU1", "reply to 0"), ("DU2", "reply to 1"), ("DU3", "reply to 2")}
+        ("DU1", "reply to 0"),
+        ("DU2", "reply to 1"),
+        ("DU3", "reply to 2"),
+    }
 
 
 # --------------------------------------------------------------------------- replies
@@ -347,8 +400,9 @@ async def test_a_long_reply_is_split_in_order_and_markdown_becomes_mrkdwn(
 ) -> None:
     long = "\n\n".join(f"**Part {i}.** " + " ".join(["lorem ipsum dolor sit amet"] * 20) for i in range(20))
     styled = "# Plan\n**Water** the [garden](https://example.com/g?a=1&b=2) & rest < 5 min"
-    llm_server.script(reply_tool_calls(tool_call("send_message", {"message": long}),
-                                       tool_call("send_message", {"message": styled})))
+    llm_server.script(
+        reply_tool_calls(tool_call("send_message", {"message": long}), tool_call("send_message", {"message": styled}))
+    )
     await bot.event(dm("tell me everything"))
     await bot.adapter.drain()
     texts = await bot.texts(1)
@@ -381,13 +435,35 @@ async def test_failed_sends_are_logged_and_the_bot_carries_on(
 
 async def test_joins_are_answered_in_a_direct_message(bot: SlackBot, llm_server: FakeLLMServer) -> None:
     llm_server.set_handler(lambda request: say("Welcome!") if "joined" in last_user_line(request) else say("?"))
-    newcomer = {"id": "U7", "team_id": "T1", "name": "dana", "real_name": "Dana Scully",
-                "profile": {"display_name": "Dana", "real_name": "Dana Scully"}, "is_bot": False}
+    newcomer = {
+        "id": "U7",
+        "team_id": "T1",
+        "name": "dana",
+        "real_name": "Dana Scully",
+        "profile": {"display_name": "Dana", "real_name": "Dana Scully"},
+        "is_bot": False,
+    }
     await bot.event({"type": "team_join", "user": newcomer, "event_ts": next_ts()})
-    await bot.event({"type": "member_joined_channel", "user": "UBOT", "channel": "C1", "channel_type": "C",
-                     "team": "T1", "event_ts": next_ts()})
-    await bot.event({"type": "member_joined_channel", "user": "U1", "channel": "C1", "channel_type": "C",
-                     "team": "T1", "event_ts": next_ts()})
+    await bot.event(
+        {
+            "type": "member_joined_channel",
+            "user": "UBOT",
+            "channel": "C1",
+            "channel_type": "C",
+            "team": "T1",
+            "event_ts": next_ts(),
+        }
+    )
+    await bot.event(
+        {
+            "type": "member_joined_channel",
+            "user": "U1",
+            "channel": "C1",
+            "channel_type": "C",
+            "team": "T1",
+            "event_ts": next_ts(),
+        }
+    )
     posts = await bot.slack.wait_for("chat.postMessage", 2)
     assert sorted(post.args["channel"] for post in posts) == ["DU1", "DU7"]
     await bot.adapter.drain()
@@ -406,8 +482,15 @@ async def test_an_error_in_the_bot_gets_an_apology_and_the_next_message_an_answe
             self.calls += 1
             if self.calls == 1:
                 raise RuntimeError("the database went away")
-            return [BotReply(text="back again", platform=event.platform, user_id=event.user_id,
-                             reply_to=event.reply_to, event_id=event.event_id)]
+            return [
+                BotReply(
+                    text="back again",
+                    platform=event.platform,
+                    user_id=event.user_id,
+                    reply_to=event.reply_to,
+                    event_id=event.event_id,
+                )
+            ]
 
         async def memory_report(self, platform: str, user_id: str) -> str | None:
             return None
@@ -422,8 +505,9 @@ async def test_an_error_in_the_bot_gets_an_apology_and_the_next_message_an_answe
 
 
 async def test_slack_can_verify_the_request_url(bot: SlackBot) -> None:
-    status, text = await bot.post(json.dumps({"token": "t", "challenge": "c4ll3ng3", "type": "url_verification"}),
-                                  "application/json")
+    status, text = await bot.post(
+        json.dumps({"token": "t", "challenge": "c4ll3ng3", "type": "url_verification"}), "application/json"
+    )
     assert status == 200 and json.loads(text) == {"challenge": "c4ll3ng3"}
 
 
@@ -432,8 +516,13 @@ async def test_close_lets_answers_in_flight_finish_and_ends_start(
 ) -> None:
     release = threading.Event()
     llm_server.set_handler(lambda request: say("finished" if release.wait(10) else "never released"))
-    config = SlackConfig(bot_token=fake_slack.bot_token, signing_secret=SECRET, api_url=fake_slack.api_url,
-                         http_host="127.0.0.1", http_port=0)
+    config = SlackConfig(
+        bot_token=fake_slack.bot_token,
+        signing_secret=SECRET,
+        api_url=fake_slack.api_url,
+        http_host="127.0.0.1",
+        http_port=0,
+    )
     adapter = SlackAdapter(await make_runtime(), config)
     running = asyncio.create_task(adapter.start())
     await eventually(lambda: adapter.port is not None or running.done())
@@ -462,10 +551,15 @@ async def test_memory_command_answers_privately(bot: SlackBot, llm_server: FakeL
     assert empty.args["response_type"] == "ephemeral"
     assert empty.args["text"] == "I don't hold anything about you yet."
 
-    llm_server.script(reply_tool_calls(
-        tool_call("core_memory_append", {"name": "human", "content": "Loves jazz & <b>blues</b>.",
-                                         "request_heartbeat": False}),
-        tool_call("send_message", {"message": "Noted!"})))
+    llm_server.script(
+        reply_tool_calls(
+            tool_call(
+                "core_memory_append",
+                {"name": "human", "content": "Loves jazz & <b>blues</b>.", "request_heartbeat": False},
+            ),
+            tool_call("send_message", {"message": "Noted!"}),
+        )
+    )
     await bot.event(dm("I love jazz and blues"))
     await bot.texts(1)
     await bot.command("/memory", tag="after")
@@ -483,8 +577,9 @@ async def test_forget_command_asks_first_and_the_button_forgets(bot: SlackBot, l
     assert await bot.command("/forget", tag="ask") == (200, "")
     [question] = await bot.slack.wait_for("response_url")
     assert question.args["response_type"] == "ephemeral"
-    buttons = [element for block in question.args["blocks"] if block["type"] == "actions"
-               for element in block["elements"]]
+    buttons = [
+        element for block in question.args["blocks"] if block["type"] == "actions" for element in block["elements"]
+    ]
     assert [button["action_id"] for button in buttons] == [FORGET_CONFIRM, FORGET_CANCEL]
 
     assert (await bot.click(FORGET_CANCEL, tag="cancel"))[0] == 200
@@ -518,8 +613,15 @@ async def test_checkin_command_manages_check_ins_delivered_to_the_dm(start_bot: 
 
     checkins = CheckinBot()
     bot = await start_bot(checkins)
-    fields = {"token": "t", "team_id": "T1", "channel_id": "C1", "user_id": "U1", "command": "/checkin",
-              "text": " daily 09:00 water the plants ", "response_url": bot.slack.response_url("checkin")}
+    fields = {
+        "token": "t",
+        "team_id": "T1",
+        "channel_id": "C1",
+        "user_id": "U1",
+        "command": "/checkin",
+        "text": " daily 09:00 water the plants ",
+        "response_url": bot.slack.response_url("checkin"),
+    }
     assert await bot.post(urlencode(fields), "application/x-www-form-urlencoded") == (200, "")
     [answer] = await bot.slack.wait_for("response_url")
     assert answer.args["response_type"] == "ephemeral"
@@ -538,8 +640,10 @@ async def test_a_shared_markdown_file_is_saved_to_memory(bot: SlackBot, llm_serv
     await bot.event(dm("", subtype="file_share", files=[shared, check_later]))
     # A generous bound: the first upload of the session waits for the embedding model to load.
     assert await bot.texts(4, within=60) == [
-        "Saved garden.md to my memory (2 passages).", "Thanks for the notes!",
-        "Saved notes.txt to my memory (1 passage).", "Thanks for the notes!",
+        "Saved garden.md to my memory (2 passages).",
+        "Thanks for the notes!",
+        "Saved notes.txt to my memory (1 passage).",
+        "Thanks for the notes!",
     ]
     downloads = bot.slack.calls_to("file_download")
     assert len(downloads) == 2 and all(d.headers["Authorization"] == f"Bearer {bot.slack.bot_token}" for d in downloads)
@@ -594,15 +698,26 @@ def test_config_from_env() -> None:
         SlackConfig(bot_token="xoxb-1")  # HTTP mode without a secret would accept unsigned requests
     with pytest.raises(ValueError, match="SLACK_HTTP_PORT"):
         SlackConfig.from_env({"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_SIGNING_SECRET": "s", "SLACK_HTTP_PORT": "http"})
-    socket = SlackConfig.from_env({"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_APP_TOKEN": "xapp-1",
-                                   "SLACK_SIGNING_SECRET": ""})
+    socket = SlackConfig.from_env(
+        {"SLACK_BOT_TOKEN": "xoxb-1", "SLACK_APP_TOKEN": "xapp-1", "SLACK_SIGNING_SECRET": ""}
+    )
     assert socket is not None and socket.socket_mode and socket.signing_secret is None
-    http = SlackConfig.from_env({"SLACK_BOT_TOKEN": "xoxb-secret-token", "SLACK_SIGNING_SECRET": "shh",
-                                 "SLACK_API_URL": "http://127.0.0.1:9/api/", "SLACK_HTTP_PORT": "8080",
-                                 "SLACK_MAX_UPLOAD_BYTES": "1000"})
+    http = SlackConfig.from_env(
+        {
+            "SLACK_BOT_TOKEN": "xoxb-secret-token",
+            "SLACK_SIGNING_SECRET": "shh",
+            "SLACK_API_URL": "http://127.0.0.1:9/api/",
+            "SLACK_HTTP_PORT": "8080",
+            "SLACK_MAX_UPLOAD_BYTES": "1000",
+        }
+    )
     assert http is not None and not http.socket_mode
     assert (http.http_host, http.http_port, http.max_upload_bytes, http.api_url) == (
-        "0.0.0.0", 8080, 1000, "http://127.0.0.1:9/api/")
+        "0.0.0.0",
+        8080,
+        1000,
+        "http://127.0.0.1:9/api/",
+    )
     assert "xoxb-secret-token" not in repr(http) and "shh" not in repr(http)
 
 
@@ -620,7 +735,13 @@ async def test_recent_event_ids_forget_the_oldest() -> None:
     ids = RecentEventIds(capacity=2)
     # "c" pushes out "a", the oldest delivered: a retry of "a" after that counts as new.
     assert [await ids.seen(event_id) for event_id in ("a", "b", "a", "c", "b", "a")] == [
-        False, False, True, False, True, False]
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
 
 
 async def test_no_token_or_secret_reaches_the_logs(
@@ -629,8 +750,7 @@ async def test_no_token_or_secret_reaches_the_logs(
     llm_server.set_handler(lambda request: say("ok"))
     shared = bot.slack.add_file("a.md", "# A\n\nalpha")
     with caplog.at_level(logging.DEBUG):
-        await bot.post(json.dumps(envelope(dm("forged"))), "application/json",
-                       signed("x", secret="wrong"))
+        await bot.post(json.dumps(envelope(dm("forged"))), "application/json", signed("x", secret="wrong"))
         await bot.event(dm("", subtype="file_share", files=[shared]))
         await bot.event(dm("hello"))
         await bot.texts(3, within=60)
@@ -642,23 +762,26 @@ async def test_no_token_or_secret_reaches_the_logs(
 # --------------------------------------------------------------------------- formatting
 
 
-@pytest.mark.parametrize(("markdown", "mrkdwn"), [
-    ("**bold** and __also__", "*bold* and *also*"),
-    ("*italic* and _italic_ and ~~gone~~", "_italic_ and _italic_ and ~gone~"),
-    ("[text](https://a.b/c?x=1&y=2)", "<https://a.b/c?x=1&amp;y=2|text>"),
-    ("[**bold label**](https://a.b)", "<https://a.b|bold label>"),
-    ("<https://a.b> and ![alt](https://i/p.png)", "<https://a.b> and <https://i/p.png|alt>"),
-    ("## Heading **x**\ntext", "*Heading x*\ntext"),
-    ("a < b & c > d <!channel>", "a &lt; b &amp; c &gt; d &lt;!channel&gt;"),
-    ("- one\n* two\n  + three", "• one\n• two\n  • three"),
-    ("> quoted & kept", "> quoted &amp; kept"),
-    ("2 * 3 * 4 and snake_case_name", "2 * 3 * 4 and snake_case_name"),
-    ("use `**x** < y` here", "use `**x** &lt; y` here"),
-    ("```python\nif a < b:\n    print('**no**')\n```", "```\nif a &lt; b:\n    print('**no**')\n```"),
-    ("cut off\n```js\nlet x = 1 < 2", "cut off\n```\nlet x = 1 &lt; 2\n```"),
-    ("---", "──────────"),
-    ("[pipe](https://x.y/?q=a|b)", "<https://x.y/?q=a%7Cb|pipe>"),
-])
+@pytest.mark.parametrize(
+    ("markdown", "mrkdwn"),
+    [
+        ("**bold** and __also__", "*bold* and *also*"),
+        ("*italic* and _italic_ and ~~gone~~", "_italic_ and _italic_ and ~gone~"),
+        ("[text](https://a.b/c?x=1&y=2)", "<https://a.b/c?x=1&amp;y=2|text>"),
+        ("[**bold label**](https://a.b)", "<https://a.b|bold label>"),
+        ("<https://a.b> and ![alt](https://i/p.png)", "<https://a.b> and <https://i/p.png|alt>"),
+        ("## Heading **x**\ntext", "*Heading x*\ntext"),
+        ("a < b & c > d <!channel>", "a &lt; b &amp; c &gt; d &lt;!channel&gt;"),
+        ("- one\n* two\n  + three", "• one\n• two\n  • three"),
+        ("> quoted & kept", "> quoted &amp; kept"),
+        ("2 * 3 * 4 and snake_case_name", "2 * 3 * 4 and snake_case_name"),
+        ("use `**x** < y` here", "use `**x** &lt; y` here"),
+        ("```python\nif a < b:\n    print('**no**')\n```", "```\nif a &lt; b:\n    print('**no**')\n```"),
+        ("cut off\n```js\nlet x = 1 < 2", "cut off\n```\nlet x = 1 &lt; 2\n```"),
+        ("---", "──────────"),
+        ("[pipe](https://x.y/?q=a|b)", "<https://x.y/?q=a%7Cb|pipe>"),
+    ],
+)
 def test_markdown_to_mrkdwn(markdown: str, mrkdwn: str) -> None:
     assert markdown_to_mrkdwn(markdown) == mrkdwn
 

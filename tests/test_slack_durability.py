@@ -1,4 +1,4 @@
-"""Slack and the crash-safety protocol (bot/journal.py), in process: events
+"""Slack and the crash-safety protocol (bot/durable/journal.py), in process: events
 journaled before the ack, replies through the outbox, failed sends retried
 with backoff, undeliverable ones dropped, and resends that check Slack first.
 (tests/test_crash_harness.py kills a real bot process instead.)"""
@@ -11,7 +11,7 @@ import logging
 import pytest
 
 from adapters.slack_adapter import METADATA_TYPE
-from bot.journal import OutboxRetrier, retry_delay
+from bot.durable.journal import OutboxRetrier, retry_delay
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually, say
@@ -57,9 +57,7 @@ async def test_an_event_is_journaled_before_slack_gets_its_ack(bot: SlackBot, ll
     assert len(llm_server.requests) == 1
 
 
-async def test_a_replayed_event_is_answered_once_and_recorded_once(
-    start_bot: Start, llm_server: FakeLLMServer
-) -> None:
+async def test_a_replayed_event_is_answered_once_and_recorded_once(start_bot: Start, llm_server: FakeLLMServer) -> None:
     """A crash after the journal and the user message were written, before any
     answer: the restart redoes the steps without recording the message again."""
     bot = await start_bot()
@@ -67,11 +65,22 @@ async def test_a_replayed_event_is_answered_once_and_recorded_once(
     # What a killed run leaves behind: the event journaled, its message recorded, no reply.
     payload_event = dm("are you there?")
     bot.adapter._durable = True
-    await bot.runtime.receive("slack", "EvR1", "T1:U1", {
-        "kind": "message", "event": payload_event,
-        "origin": {"team": "T1", "user": "U1", "reply_to": {"channel": "DU1"}, "event_id": "EvR1",
-                   "created_at": "2026-11-30T10:00:00+00:00"},
-    })
+    await bot.runtime.receive(
+        "slack",
+        "EvR1",
+        "T1:U1",
+        {
+            "kind": "message",
+            "event": payload_event,
+            "origin": {
+                "team": "T1",
+                "user": "U1",
+                "reply_to": {"channel": "DU1"},
+                "event_id": "EvR1",
+                "created_at": "2026-11-30T10:00:00+00:00",
+            },
+        },
+    )
     from bot.events import UserMessage
     from memory.types import Message
 
@@ -86,9 +95,7 @@ async def test_a_replayed_event_is_answered_once_and_recorded_once(
     assert await bot.runtime.store.journal_pending("slack") == []
 
 
-async def test_a_reply_posted_but_unconfirmed_is_not_posted_again(
-    bot: SlackBot, llm_server: FakeLLMServer
-) -> None:
+async def test_a_reply_posted_but_unconfirmed_is_not_posted_again(bot: SlackBot, llm_server: FakeLLMServer) -> None:
     llm_server.script(say("only once please"))
     assert await bot.event(dm("hello"), event_id="EvP1") == 200
     assert await bot.texts(1) == ["only once please"]
@@ -153,11 +160,22 @@ async def test_a_reply_to_someone_gone_is_dropped_with_a_log_line(
 async def test_events_of_one_user_are_replayed_in_order(start_bot: Start, llm_server: FakeLLMServer) -> None:
     bot = await start_bot()
     for n in range(5):
-        await bot.runtime.receive("slack", f"EvO{n}", "T1:U1", {
-            "kind": "message", "event": dm(f"number {n}"),
-            "origin": {"team": "T1", "user": "U1", "reply_to": {"channel": "DU1"}, "event_id": f"EvO{n}",
-                       "created_at": "2026-11-30T10:00:00+00:00"},
-        })
+        await bot.runtime.receive(
+            "slack",
+            f"EvO{n}",
+            "T1:U1",
+            {
+                "kind": "message",
+                "event": dm(f"number {n}"),
+                "origin": {
+                    "team": "T1",
+                    "user": "U1",
+                    "reply_to": {"channel": "DU1"},
+                    "event_id": f"EvO{n}",
+                    "created_at": "2026-11-30T10:00:00+00:00",
+                },
+            },
+        )
     probe = InFlightProbe(lambda request: say("ok " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
     llm_server.set_handler(probe)
     assert await bot.adapter.recover() == 5
@@ -171,8 +189,9 @@ async def test_a_replayed_upload_neither_repeats_its_notice_nor_its_answer(
     bot: SlackBot, llm_server: FakeLLMServer
 ) -> None:
     llm_server.set_handler(lambda request: say("I read your notes."))
-    shared = bot.slack.add_file("notes.md", "# Garden\n\nBasil likes sun.", mimetype="text/markdown",
-                                filetype="markdown")
+    shared = bot.slack.add_file(
+        "notes.md", "# Garden\n\nBasil likes sun.", mimetype="text/markdown", filetype="markdown"
+    )
     assert await bot.event(dm("", subtype="file_share", files=[shared]), event_id="EvU1") == 200
     await bot.adapter.drain()
     first = [m["text"] for m in bot.slack.messages_in("DU1")]

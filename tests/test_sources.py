@@ -10,7 +10,7 @@ from typing import Any
 
 from bot.events import UserMessage
 from bot.runtime import Runtime
-from memory.loader import load_paths
+from memory.ingest.loader import load_paths
 from memory.store import SourceRecord
 from memory.types import Passage
 from tests.conftest import RuntimeFactory
@@ -88,8 +88,9 @@ async def test_an_agent_cannot_write_into_a_collection(
     await runtime.store.attach_source(source.id, alice.id)
     llm_server.script(
         reply_tool_calls(
-            tool_call("archival_memory_insert", {"content": "Alice waters at dusk instead.",
-                                                 "request_heartbeat": False}),
+            tool_call(
+                "archival_memory_insert", {"content": "Alice waters at dusk instead.", "request_heartbeat": False}
+            ),
             tool_call("send_message", {"message": "Noted."}),
         )
     )
@@ -149,8 +150,12 @@ async def test_a_chat_upload_goes_through_the_same_loader(
 
     llm_server.set_handler(lambda request: reply_tool_calls(tool_call("send_message", {"message": "ok"})))
     runtime = await make_runtime()
-    upload: dict[str, Any] = {"platform": "discord", "user_id": "7", "filename": "menu.pdf",
-                              "data": make_pdf(["Soup of the day.", "Lemon cake."])}
+    upload: dict[str, Any] = {
+        "platform": "discord",
+        "user_id": "7",
+        "filename": "menu.pdf",
+        "data": make_pdf(["Soup of the day.", "Lemon cake."]),
+    }
     replies = await runtime.handle(FileUploaded(**upload))
     assert replies[0].text == "Saved menu.pdf to my memory (2 passages)."
     again = await runtime.handle(FileUploaded(**upload))
@@ -187,10 +192,21 @@ def test_cli_sources_create_load_attach_list_and_search(llm_server: FakeLLMServe
     [listed] = json.loads(ok(memgpt("sources", "list", "--json", env=env, cwd=tmp_path)))
     assert (listed["name"], listed["passages"], listed["files"], listed["attach_all"]) == ("garden", 5, 2, True)
 
-    found = json.loads(ok(memgpt(
-        "memory", "search", "--user", "alice", "--archival", "where are the seeds? and dessert?", "--json",
-        env=env, cwd=tmp_path,
-    )))
+    found = json.loads(
+        ok(
+            memgpt(
+                "memory",
+                "search",
+                "--user",
+                "alice",
+                "--archival",
+                "where are the seeds? and dessert?",
+                "--json",
+                env=env,
+                cwd=tmp_path,
+            )
+        )
+    )
     assert found["total"] == 6
     sources = {item["source"] for item in found["results"]}
     assert {"notes.txt", "library/menu.pdf"} <= sources
@@ -211,10 +227,12 @@ def test_cli_sources_errors_and_management(llm_server: FakeLLMServer, tmp_path: 
     as_source = memgpt("load", "--user", "source:faq", str(tmp_path), env=env, cwd=tmp_path)
     assert as_source.returncode == 2 and "names a shared collection" in as_source.stderr
 
-    assert "Attached faq to discord:42" in ok(memgpt("sources", "attach", "faq", "--user", "discord:42",
-                                                     env=env, cwd=tmp_path))
-    assert "faq: 0 passages from 0 files; searched by discord:42" in ok(memgpt("sources", "list", env=env,
-                                                                                cwd=tmp_path))
+    assert "Attached faq to discord:42" in ok(
+        memgpt("sources", "attach", "faq", "--user", "discord:42", env=env, cwd=tmp_path)
+    )
+    assert "faq: 0 passages from 0 files; searched by discord:42" in ok(
+        memgpt("sources", "list", env=env, cwd=tmp_path)
+    )
     ok(memgpt("sources", "detach", "faq", "--user", "discord:42", env=env, cwd=tmp_path))
     assert "searched by nobody yet" in ok(memgpt("sources", "list", env=env, cwd=tmp_path))
     assert "--yes" in failed(memgpt("sources", "delete", "faq", env=env, cwd=tmp_path))

@@ -21,9 +21,16 @@ def content(text: str) -> str:
 words = st.text(alphabet=st.characters(blacklist_categories=("Cs",), blacklist_characters="`"), min_size=1, max_size=40)
 pieces = st.one_of(
     words,
-    st.just(" "), st.just("\n"), st.just("\n\n"), st.just(". "), st.just("! "),
-    st.builds(lambda lang, body: f"\n```{lang}\n{body}\n```\n", st.sampled_from(["", "python", "js"]),
-              st.text(min_size=0, max_size=600)),
+    st.just(" "),
+    st.just("\n"),
+    st.just("\n\n"),
+    st.just(". "),
+    st.just("! "),
+    st.builds(
+        lambda lang, body: f"\n```{lang}\n{body}\n```\n",
+        st.sampled_from(["", "python", "js"]),
+        st.text(min_size=0, max_size=600),
+    ),
     st.builds(lambda n: "x" * n, st.integers(min_value=50, max_value=3000)),
 )
 messages = st.lists(pieces, min_size=1, max_size=60).map("".join)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from memory.migrations import MIGRATIONS, migrate
-from memory.sqlite_store import SQLiteStore, fts_terms
+from memory.sqlite.migrations import MIGRATIONS, migrate
+from memory.sqlite.store import SQLiteStore, fts_terms
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
 
@@ -42,12 +42,17 @@ async def fill(store: SQLiteStore, key: str, word: str) -> str:
     """An agent with `word` in every kind of stored text; returns its id."""
     agent, _ = await store.get_or_create_agent(key, blocks())
     await store.save_block(agent.id, Block("notes", f"likes {word}", 100))
-    call = {"id": "c", "type": "function",
-            "function": {"name": "core_memory_append", "arguments": f'{{"content": "{word}"}}'}}
+    call = {
+        "id": "c",
+        "type": "function",
+        "function": {"name": "core_memory_append", "arguments": f'{{"content": "{word}"}}'},
+    }
     await store.append_messages(
         agent.id,
-        [Message("user", f"my {word} is blue", name=word, created_at=T0),
-         Message("assistant", None, tool_calls=[call], created_at=T0)]
+        [
+            Message("user", f"my {word} is blue", name=word, created_at=T0),
+            Message("assistant", None, tool_calls=[call], created_at=T0),
+        ]
         + [Message("user", f"filler {n} about {word}") for n in range(30)],
     )
     ids = await store.insert_passages(agent.id, [Passage(f"{word} facts", source=word)] * 3)
@@ -114,7 +119,9 @@ async def test_everything_survives_close_and_reopen(store: SQLiteStore, db_path:
         agent = await reopened.find_agent("slack:persist")
         assert agent is not None and agent.id == agent_id
         assert (agent.summary, agent.queue_start_seq, agent.summary_updated_at) == (
-            "summary mentions gooseberry", 3, T0,
+            "summary mentions gooseberry",
+            3,
+            T0,
         )
         assert await reopened.load_blocks(agent_id) == before_blocks
         assert await reopened.messages_since(agent_id, 1) == before_messages
@@ -140,9 +147,7 @@ async def test_migrations_recorded_once(store: SQLiteStore, db_path: Path) -> No
     await store.open()
     await store.open()  # idempotent
     raw = sqlite3.connect(db_path, isolation_level=None)
-    assert raw.execute("SELECT name, applied_at FROM _migrations ORDER BY rowid").fetchall() == (
-        recorded
-    )
+    assert raw.execute("SELECT name, applied_at FROM _migrations ORDER BY rowid").fetchall() == (recorded)
     assert migrate(raw, MIGRATIONS) == []
     raw.close()
 
@@ -178,8 +183,10 @@ async def test_connection_settings(store: SQLiteStore, db_path: Path) -> None:
         conn = store._db
         return (
             threading.current_thread().name,
-            *(str(conn.execute(f"PRAGMA {p}").fetchone()[0])
-              for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")),
+            *(
+                str(conn.execute(f"PRAGMA {p}").fetchone()[0])
+                for p in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
+            ),
         )
 
     thread, journal, synchronous, foreign_keys, busy = await store._call(settings)

@@ -1,4 +1,4 @@
-"""Store faults (bot/store_wait.py, bot/journal.py): SQLite busy/locked, a full
+"""Store faults (bot/durable/store_wait.py, bot/durable/journal.py): SQLite busy/locked, a full
 disk, MongoDB unreachable. Events wait (bounded) and resume, nothing
 acknowledged is lost or answered twice, and the person is told when the bot
 cannot keep up.
@@ -44,16 +44,16 @@ from urllib.parse import urlsplit
 import pytest
 
 from adapters.slack_adapter import APOLOGY
+from bot.durable.journal import OutboxRetrier
+from bot.durable.leases import AgentLeases, LeaseSettings, NoLeases
+from bot.durable.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from bot.events import Reply as BotReply
 from bot.events import UserMessage
-from bot.journal import OutboxRetrier
-from bot.leases import AgentLeases, LeaseSettings, NoLeases
 from bot.llm import LLMClient
 from bot.runtime import Runtime
-from bot.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from memory.embeddings import Embedder
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
 from memory.types import utc_now
 from tests.conftest import make_settings
@@ -244,7 +244,7 @@ class Rig:
         return say(f"answer {number}")
 
     async def notify(self, replies: list[BotReply]) -> None:
-        # What bot/app.py wires: Slack replies to the adapter, the others noted here.
+        # What cli/app.py wires: Slack replies to the adapter, the others noted here.
         slack = [reply for reply in replies if reply.platform == "slack"]
         self.direct += [reply for reply in replies if reply.platform != "slack"]
         if slack:
@@ -278,8 +278,9 @@ class Rig:
         self.through_slack.append(number)
         ok = answered == 1 and stored == 1 and APOLOGY not in new and done and told_right
         if not ok:
-            print(f"{self.name}: number {number} answered {answered}x, stored {stored}x, done {done}, "
-                  f"channel got {new}")
+            print(
+                f"{self.name}: number {number} answered {answered}x, stored {stored}x, done {done}, channel got {new}"
+            )
         return ok
 
     def tally(self, survived: bool) -> None:
@@ -362,8 +363,10 @@ class Rig:
         self.survived -= sum(1 for n in self.through_slack if texts.count(f"answer {n}") != 1)
         assert await self.witness.journal_pending("slack") == []
         TALLY[self.name] = (self.injected, self.survived)
-        report = f"store faults, {self.name}: {self.injected} injected, {self.survived} survived " \
-                 "(answered once, stored once, nothing left pending)"
+        report = (
+            f"store faults, {self.name}: {self.injected} injected, {self.survived} survived "
+            "(answered once, stored once, nothing left pending)"
+        )
         print("\n" + report)
         assert self.survived == self.injected, report
 
@@ -391,8 +394,13 @@ def rig_parts(llm_server: FakeLLMServer, embedder: Embedder) -> Iterator[Callabl
 
     async def build(store: Store, data_dir: Path, leases: Any = None) -> Runtime:
         settings = make_settings(data_dir, store_wait=STORE_WAIT)
-        llm = LLMClient(settings.model, api_key=settings.openai_api_key, base_url=llm_server.base_url,
-                        timeout=settings.llm_timeout, max_retries=settings.llm_max_retries)
+        llm = LLMClient(
+            settings.model,
+            api_key=settings.openai_api_key,
+            base_url=llm_server.base_url,
+            timeout=settings.llm_timeout,
+            max_retries=settings.llm_max_retries,
+        )
         await store.open()
         runtime = Runtime(settings, store, llm, embedder, leases=leases or NoLeases())
         runtime.store_wait.first_delay, runtime.store_wait.max_delay = 0.1, 0.4
@@ -410,8 +418,7 @@ async def rig(
 ) -> AsyncIterator[Callable[..., Awaitable[Rig]]]:
     rigs: list[Rig] = []
 
-    async def make(name: str, store: Store, witness: Store, fault: Fault, data_dir: Path,
-                   leases: Any = None) -> Rig:
+    async def make(name: str, store: Store, witness: Store, fault: Fault, data_dir: Path, leases: Any = None) -> Rig:
         runtime = await rig_parts(store, data_dir, leases)
         await witness.open()
         bot = await start_bot(runtime)
@@ -420,8 +427,9 @@ async def rig(
         runtime.store_wait.notify = built.notify
         # As `memgpt-bot run` does: the start-up replay, then the retrier (which replays deferred events).
         assert await bot.adapter.recover() == 0
-        built.retrier = OutboxRetrier(runtime.journal, {"slack": bot.adapter.deliver}, poll=0.1,
-                                      replayers={"slack": bot.adapter.recover})
+        built.retrier = OutboxRetrier(
+            runtime.journal, {"slack": bot.adapter.deliver}, poll=0.1, replayers={"slack": bot.adapter.recover}
+        )
         built.retrier.start()
         rigs.append(built)
         return built
@@ -443,8 +451,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     folder.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command: cannot make a small disk to fill")
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(folder)], capture_output=True, text=True, check=False
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs to fill (needs root or CAP_SYS_ADMIN): {done.stderr.strip()}")
     try:
@@ -489,7 +498,7 @@ async def test_sqlite_disk_full(rig: Callable[..., Awaitable[Rig]], small_disk: 
 
 
 # "on" once hung for good: a heartbeat cancelled inside a PyMongo call broke the
-# client's lock (bot/leases.py now stops it between renewals instead).
+# client's lock (bot/durable/leases.py now stops it between renewals instead).
 @pytest.mark.parametrize("leases", ["off", "on"])
 async def test_mongodb_unreachable_and_back(
     rig: Callable[..., Awaitable[Rig]], mongo_target: MongoTarget, tmp_path: Path, leases: str
@@ -507,8 +516,14 @@ async def test_mongodb_unreachable_and_back(
     # left by an attempt cut off mid-way holds the agent's line for 3 s at most.
     agent_leases = AgentLeases(store, LeaseSettings(mode="on", ttl=3.0, renew_every=1.0)) if leases == "on" else None
     try:
-        built = await rig("MongoDB down" + (" (leases on)" if agent_leases else ""), store, witness, proxy,
-                          tmp_path, leases=agent_leases)
+        built = await rig(
+            "MongoDB down" + (" (leases on)" if agent_leases else ""),
+            store,
+            witness,
+            proxy,
+            tmp_path,
+            leases=agent_leases,
+        )
         await built.run_rounds()
     finally:
         await proxy.listen()
@@ -562,8 +577,9 @@ async def test_the_notice_and_message_are_once_per_outage(
             await runtime.receive("slack", event_id, "T1:U1", {"kind": "message"})
         lock.inject()
         first, second = [
-            await runtime.handle_with_details(UserMessage(platform="slack", user_id="T1:U1", text=text,
-                                                          event_id=event_id, durable=True))
+            await runtime.handle_with_details(
+                UserMessage(platform="slack", user_id="T1:U1", text=text, event_id=event_id, durable=True)
+            )
             for text, event_id in (("one", "E1"), ("two", "E2"))
         ]
         assert [reply.text for reply in first.replies] == [KEPT_MESSAGE] and second.replies == []

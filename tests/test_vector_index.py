@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from memory.vector_index import VectorIndex
+from memory.search.vector_index import VectorIndex
 
 
 def brute_force(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from memory.mongo_store import MongoStore
-from memory.sqlite_store import SQLiteStore
+from memory.mongo.store import MongoStore
+from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from tests.mongo_server import close_shared, shared_target
 

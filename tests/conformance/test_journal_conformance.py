@@ -17,8 +17,15 @@ def entry(event_id: str, origin: str = "slack", key: str = "slack:T1:U1", **payl
 
 def reply(event_id: str, n: int, key: str = "slack:T1:U1", origin: str = "slack") -> OutboxEntry:
     return OutboxEntry(
-        f"{event_id}:{n}", event_id, n, key, origin, key.split(":", 1)[1], {"channel": "D1", "thread_ts": "1.2"},
-        f"reply {n} to {event_id}", utc_now(),
+        f"{event_id}:{n}",
+        event_id,
+        n,
+        key,
+        origin,
+        key.split(":", 1)[1],
+        {"channel": "D1", "thread_ts": "1.2"},
+        f"reply {n} to {event_id}",
+        utc_now(),
     )
 
 
@@ -59,7 +66,8 @@ async def test_outbox_records_each_reply_once_until_confirmed(store: Store) -> N
     assert await store.outbox_add(reply("Ev2", 0, key="slack:T1:U2"))
     replies = await store.outbox_for_event("Ev1")
     assert [(r.id, r.position, r.text) for r in replies] == [
-        ("Ev1:0", 0, "reply 0 to Ev1"), ("Ev1:1", 1, "reply 1 to Ev1")
+        ("Ev1:0", 0, "reply 0 to Ev1"),
+        ("Ev1:1", 1, "reply 1 to Ev1"),
     ]
     assert replies[0].reply_to == {"channel": "D1", "thread_ts": "1.2"} and replies[0].user_id == "T1:U1"
     assert [r.id for r in await store.outbox_pending("slack")] == ["Ev1:0", "Ev1:1", "Ev2:0"]

@@ -1,5 +1,5 @@
 """Agent leases on every backend: the store's owners and ticket lines
-(Store.lease_*) and the protocol on top of them (bot/leases.py), with two store
+(Store.lease_*) and the protocol on top of them (bot/durable/leases.py), with two store
 instances standing for two bot processes. Real processes, killed mid-event:
 tests/test_multiprocess.py."""
 
@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from bot.leases import AgentLeases, LeaseLostError, LeaseSettings, LeaseTimeoutError, NoLeases, leases_for
-from memory.mongo_store import MongoStore
+from bot.durable.leases import AgentLeases, LeaseLostError, LeaseSettings, LeaseTimeoutError, NoLeases, leases_for
+from memory.mongo.store import MongoStore
 from memory.store import Store, StoreError
 
 
@@ -89,7 +89,7 @@ async def test_swap_holder_returns_the_previous_holder(store: Store, twin: Store
     assert await store.lease_swap_holder("other", "a#1") is None
 
 
-# -- the protocol (bot/leases.py) ---------------------------------------------------
+# -- the protocol (bot/durable/leases.py) ---------------------------------------------------
 def fast(**overrides: float) -> LeaseSettings:
     values = {"ttl": 2.0, "renew_every": 0.3, "max_wait": 10.0, **overrides}
     return LeaseSettings(mode="on", **values)  # type: ignore[arg-type]

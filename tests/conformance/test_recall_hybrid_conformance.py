@@ -148,4 +148,3 @@ async def test_hybrid_search_stays_within_the_agent(store: Store) -> None:
     assert await store.messages_without_embedding(agent_id, 10) == []
     page = await store.search_messages(agent_id, "order", 10, query_vector=unit(2))
     assert page.items == [] and page.total == 0
-

@@ -45,9 +45,7 @@ async def test_get_or_create_creates_once_and_finds(store: Store) -> None:
     assert agent.summary == "" and agent.queue_start_seq == 1
     assert agent.summary_updated_at is None
     assert_utc(agent.created_at)
-    assert [(b.label, b.value, b.limit) for b in blocks] == [
-        (b.label, b.value, b.limit) for b in default_blocks()
-    ]
+    assert [(b.label, b.value, b.limit) for b in blocks] == [(b.label, b.value, b.limit) for b in default_blocks()]
 
     again, blocks_again = await store.get_or_create_agent("discord:alice", [])
     assert again == agent
@@ -57,9 +55,7 @@ async def test_get_or_create_creates_once_and_finds(store: Store) -> None:
 
 
 async def test_concurrent_get_or_create_same_key_makes_one_agent(store: Store) -> None:
-    results = await asyncio.gather(
-        *(store.get_or_create_agent("slack:bob", default_blocks()) for _ in range(20))
-    )
+    results = await asyncio.gather(*(store.get_or_create_agent("slack:bob", default_blocks()) for _ in range(20)))
     assert len({agent.id for agent, _ in results}) == 1
     assert len(await store.list_agents()) == 1
     assert len(await store.load_blocks(results[0][0].id)) == 2
@@ -74,9 +70,7 @@ async def test_delete_agent_removes_everything(store: Store) -> None:
     doomed = await new_agent(store, "discord:doomed")
     kept = await new_agent(store, "discord:kept")
     for agent in (doomed, kept):
-        await store.append_messages(
-            agent.id, [Message("user", "remember the zeppelin", created_at=T0)]
-        )
+        await store.append_messages(agent.id, [Message("user", "remember the zeppelin", created_at=T0)])
         await store.save_block(agent.id, Block("notes", "zeppelin fan", 100))
         ids = await store.insert_passages(agent.id, [Passage("zeppelin facts"), Passage("x")])
         await store.set_embeddings(agent.id, {ids[0]: [1.0, 0.0]})
@@ -149,7 +143,9 @@ async def test_update_queue_round_trips(store: Store) -> None:
     found = await store.find_agent(agent.key)
     assert found is not None
     assert (found.summary, found.queue_start_seq, found.summary_updated_at) == (
-        "The user likes trains.", 42, when,
+        "The user likes trains.",
+        42,
+        when,
     )
     assert found.summary_updated_at is not None
     assert_utc(found.summary_updated_at)
@@ -260,7 +256,8 @@ async def test_search_ranks_by_relevance_not_insertion_order(store: Store) -> No
     page = await store.search_messages(agent.id, "purple giraffe", 10)
     assert page.total == 2  # "giraffes" is a different word from "giraffe"
     assert contents(page.items) == [
-        "I saw a purple giraffe eating leaves", "my favourite colour is purple",
+        "I saw a purple giraffe eating leaves",
+        "my favourite colour is purple",
     ]
 
     # A rare term outweighs a common one, even in a longer message: "zoo" is in
@@ -297,8 +294,11 @@ async def test_search_covers_tool_call_arguments_and_ignores_accents_and_case(
     }
     await store.append_messages(
         agent.id,
-        [*(Message("user", t) for t in FILLER), Message("assistant", None, tool_calls=[call]),
-         Message("user", "Meet me at the Café Noir")],
+        [
+            *(Message("user", t) for t in FILLER),
+            Message("assistant", None, tool_calls=[call]),
+            Message("user", "Meet me at the Café Noir"),
+        ],
     )
     page = await store.search_messages(agent.id, "rhubarb", 10)
     assert page.total == 1 and page.items[0].tool_calls == [call]
@@ -308,9 +308,29 @@ async def test_search_covers_tool_call_arguments_and_ignores_accents_and_case(
 
 
 WEIRD_QUERIES = [
-    '"', '""', '"unbalanced', "AND", "OR NOT", "*", "tea*", "-tea", "NEAR(tea cake)",
-    "content:tea", "(((", "tea) OR (", "'; DROP TABLE messages; --", "🦄", "ünïcödé",
-    "!!!???", "\\", "\x00", "tea" * 400, "a " * 500, "^tea", "{tea}", "tea + cake",
+    '"',
+    '""',
+    '"unbalanced',
+    "AND",
+    "OR NOT",
+    "*",
+    "tea*",
+    "-tea",
+    "NEAR(tea cake)",
+    "content:tea",
+    "(((",
+    "tea) OR (",
+    "'; DROP TABLE messages; --",
+    "🦄",
+    "ünïcödé",
+    "!!!???",
+    "\\",
+    "\x00",
+    "tea" * 400,
+    "a " * 500,
+    "^tea",
+    "{tea}",
+    "tea + cake",
 ]
 
 
@@ -340,9 +360,7 @@ async def test_empty_queries_find_nothing(store: Store) -> None:
 async def test_messages_between_start_inclusive_end_exclusive(store: Store) -> None:
     agent = await new_agent(store)
     hours = [T0 + timedelta(hours=h) for h in range(4)]
-    await store.append_messages(
-        agent.id, [Message("user", f"h{n}", created_at=at) for n, at in enumerate(hours)]
-    )
+    await store.append_messages(agent.id, [Message("user", f"h{n}", created_at=at) for n, at in enumerate(hours)])
     page = await store.messages_between(agent.id, hours[1], hours[3], 10)
     assert contents(page.items) == ["h1", "h2"] and page.total == 2
     page = await store.messages_between(agent.id, hours[1], hours[1], 10)
@@ -381,9 +399,7 @@ async def test_agents_never_see_each_others_memory(store: Store) -> None:
                 *(Message("user", f"filler {who} {n}", created_at=T0) for n in range(3)),
             ],
         )
-        ids = await store.insert_passages(
-            agent.id, [Passage(f"banana fact by {who}"), Passage(f"pending {who}")]
-        )
+        ids = await store.insert_passages(agent.id, [Passage(f"banana fact by {who}"), Passage(f"pending {who}")])
         await store.set_embeddings(agent.id, {ids[0]: [0.6, 0.8]})
 
     for agent, who, other in ((alice, "alice", "bob"), (bob, "bob", "alice")):
@@ -421,8 +437,7 @@ async def test_insert_passages_returns_ids_in_order(store: Store) -> None:
     assert await store.count_passages(agent.id) == 3
     listed = await store.list_passages(agent.id, 10)
     assert [(p.id, p.text, p.source, p.position, p.created_at) for p in listed] == [
-        (i, p.text, p.source, p.position, p.created_at)
-        for i, p in zip(ids, passages, strict=True)
+        (i, p.text, p.source, p.position, p.created_at) for i, p in zip(ids, passages, strict=True)
     ]
     assert_utc(listed[0].created_at)
     assert [p.text for p in await store.list_passages(agent.id, 2, 1)] == ["second", "third"]
@@ -452,7 +467,10 @@ async def test_search_passages_ranks_by_cosine(store: Store) -> None:
     page = await store.search_passages(agent.id, "", [2.0, 0.0, 0.0], 10)
     assert page.total == 4
     assert [p.text for p, _ in page.items] == [
-        "same direction, longer", "close", "orthogonal", "opposite",
+        "same direction, longer",
+        "close",
+        "orthogonal",
+        "opposite",
     ]
     scores = [score for _, score in page.items]
     for got, want in zip(scores, [1.0, 0.8, 0.0, -1.0], strict=True):
@@ -461,9 +479,7 @@ async def test_search_passages_ranks_by_cosine(store: Store) -> None:
 
 async def test_passage_embedding_given_at_insert_is_searchable(store: Store) -> None:
     agent = await new_agent(store)
-    ids = await store.insert_passages(
-        agent.id, [Passage("ready", embedding=[0.0, 1.0]), Passage("later")]
-    )
+    ids = await store.insert_passages(agent.id, [Passage("ready", embedding=[0.0, 1.0]), Passage("later")])
     page = await store.search_passages(agent.id, "", [0.0, 1.0], 10)
     assert [p.id for p, _ in page.items] == [ids[0]]
     assert [p.id for p in await store.passages_without_embedding(agent.id)] == [ids[1]]
@@ -473,9 +489,7 @@ async def test_search_passages_paging(store: Store) -> None:
     agent = await new_agent(store)
     angles = [n * 0.1 for n in range(10)]
     ids = await store.insert_passages(agent.id, [Passage(f"angle {a:.1f}") for a in angles])
-    await store.set_embeddings(
-        agent.id, {i: [math.cos(a), math.sin(a)] for i, a in zip(ids, angles, strict=True)}
-    )
+    await store.set_embeddings(agent.id, {i: [math.cos(a), math.sin(a)] for i, a in zip(ids, angles, strict=True)})
     full = await store.search_passages(agent.id, "", [1.0, 0.0], 10)
     assert [p.id for p, _ in full.items] == ids
     seen: list[int] = []
@@ -566,8 +580,10 @@ async def test_search_passages_keyword_bonus_needs_an_embedding_and_respects_age
 async def test_hybrid_pages_are_disjoint_and_cover_every_embedded_passage(store: Store) -> None:
     agent = await new_agent(store)
     rng = random.Random(5)
-    texts = [f"note {n} about {rng.choice(['apples', 'pears', 'plums'])} and {rng.choice(['tea', 'milk'])}"
-             for n in range(17)]
+    texts = [
+        f"note {n} about {rng.choice(['apples', 'pears', 'plums'])} and {rng.choice(['tea', 'milk'])}"
+        for n in range(17)
+    ]
     ids = await store.insert_passages(agent.id, [Passage(t) for t in texts])
     angles = [rng.uniform(0, math.pi) for _ in ids]
     await store.set_embeddings(agent.id, {i: [math.cos(a), math.sin(a)] for i, a in zip(ids, angles, strict=True)})

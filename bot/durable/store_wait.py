@@ -1,0 +1,155 @@
+"""Store faults: events wait out a busy, full or unreachable database.
+
+An event that meets a StoreError (SQLite busy or locked past its busy
+timeout, a full disk, MongoDB unreachable, a lease lost with it) is redone
+whole after a pause that doubles from 0.5 s up to 8 s, until
+MEMGPT_STORE_WAIT seconds after it arrived. Redoing is safe (bot/durable/journal.py):
+a durable event's message is recorded once (Message.event_id) and its replies
+once (the outbox); the runtime drops its cached agent before each redo,
+since a failed write can leave that copy ahead of the store.
+
+- Order: the user's *line* is held across attempts, so their later events
+  wait behind this one. The lease and the agent lock are let go between
+  attempts (another process, or /forget, may go ahead meanwhile).
+- The person: after the first failed attempt at a message or upload they get
+  one notice (TROUBLE_NOTICE) through `notify`, which `memgpt-bot run` wires
+  to the adapters' deliver (cli/app.py). Replies only leave at the end of an
+  event, so the notice cannot travel with them. One per user until storage
+  answers again, however many of their events wait.
+- Giving up: the result is `unfinished`, and its trouble text says what
+  happens next. A durable event stays pending in the journal (Journal.defer:
+  the adapter's `finished` leaves it so) and is replayed in this run once
+  storage answers (OutboxRetrier), or at the next start. The person is told
+  so once per outage. A non-durable event was never kept, so its sender is
+  asked to send it again, every time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+
+from bot.agent import ANSWERED_KINDS, EventResult
+from bot.durable.journal import Journal, Sender
+from bot.events import Event, Reply
+from memory.store import StoreError
+
+log = logging.getLogger(__name__)
+
+FIRST_DELAY = 0.5  # seconds before the first redo; doubles per attempt...
+MAX_DELAY = 8.0  # ...up to this
+TROUBLE_NOTICE = "I'm having trouble saving right now; I'll answer as soon as I can."
+KEPT_MESSAGE = (
+    "I can't reach my memory storage right now. I got your message and will answer it as soon as my storage is back."
+)
+LOST_MESSAGE = (
+    "I can't reach my memory storage right now, so I couldn't take your message in. "
+    "Please send it again in a few minutes."
+)
+
+Attempt = Callable[[], Awaitable[EventResult]]
+
+
+class StoreWait:
+    def __init__(
+        self,
+        journal: Journal,
+        wait: float,
+        *,
+        first_delay: float = FIRST_DELAY,
+        max_delay: float = MAX_DELAY,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.journal = journal
+        self.wait = wait  # MEMGPT_STORE_WAIT
+        self.first_delay = first_delay
+        self.max_delay = max_delay
+        self.clock = clock
+        # Sends replies that answer no event (set by `memgpt-bot run`); None: no interim notice.
+        self.notify: Sender | None = None
+        self._lines: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._noticed: set[str] = set()  # users sent TROUBLE_NOTICE since storage last answered
+        self._told: set[str] = set()  # users told KEPT_MESSAGE since storage last answered
+
+    async def run(self, event: Event, attempt: Attempt) -> EventResult:
+        """`attempt()` until it gets through the store or the wait is over."""
+        key = event.agent_key
+        # Counted from arrival, not from the head of the line: each event of a
+        # user gives up at most MEMGPT_STORE_WAIT after it came, however many
+        # of theirs wait ahead of it.
+        deadline = self.clock() + self.wait
+        delay = self.first_delay
+        tries = 0
+        async with self._line(key):  # free: no suspension, so arrival order holds
+            while True:
+                tries += 1
+                try:
+                    result = await attempt()
+                except StoreError as error:
+                    left = deadline - self.clock()
+                    if left <= 0:
+                        return self._give_up(event, error, tries)
+                    pause = min(delay, left)
+                    log.warning(
+                        "event %s of %s: storage failed (%s); trying again in %.1f s", event.event_id, key, error, pause
+                    )
+                    await self._notice(event)
+                    await asyncio.sleep(pause)
+                    delay = min(delay * 2, self.max_delay)
+                    continue
+                if tries > 1:
+                    log.info("event %s of %s went through after %d attempts", event.event_id, key, tries)
+                self._noticed.discard(key)
+                self._told.discard(key)
+                # Storage answers: events deferred earlier need not wait for their timer.
+                self.journal.storage_answered()
+                return result
+
+    def _line(self, key: str) -> asyncio.Lock:
+        # Kept alive by the tasks holding or awaiting it; gone when unused.
+        lock = self._lines.get(key)
+        if lock is None:
+            lock = self._lines[key] = asyncio.Lock()
+        return lock
+
+    async def _notice(self, event: Event) -> None:
+        key = event.agent_key
+        # Only someone waiting for an answer is told (not a join, nor a check-in tick).
+        if self.notify is None or event.kind not in ANSWERED_KINDS or key in self._noticed:
+            return
+        self._noticed.add(key)
+        try:
+            await self.notify([_reply(event, TROUBLE_NOTICE)])
+        except Exception:  # a notice that cannot be sent must not stop the wait
+            log.exception("could not send the storage-trouble notice to %s", key)
+
+    def _give_up(self, event: Event, error: StoreError, tries: int) -> EventResult:
+        key, kept = event.agent_key, event.durable
+        log.error(
+            "event %s of %s: storage unreachable for %.0f s (%d attempts; last: %s); %s",
+            event.event_id,
+            key,
+            self.wait,
+            tries,
+            error,
+            "it stays pending in the journal for a replay" if kept else "it was not kept",
+        )
+        if kept:
+            self.journal.defer(event)
+        text = KEPT_MESSAGE if kept else LOST_MESSAGE
+        result = EventResult(trouble=text, unfinished=True)
+        if event.kind in ANSWERED_KINDS and not (kept and key in self._told):
+            # Not through the outbox: it lives in the very store that fails.
+            result.replies = [_reply(event, text)]
+            if kept:
+                self._told.add(key)
+        return result
+
+
+def _reply(event: Event, text: str) -> Reply:
+    return Reply(
+        text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
+    )

@@ -1,0 +1,190 @@
+"""What each core function does, on one agent's memory.
+
+None of them takes an agent or user id: a function can only ever reach the
+memory of the agent that called it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, time, timedelta
+from typing import TYPE_CHECKING, Any
+
+from bot.functions.registry import CORE_SCHEMAS, FunctionError, FunctionSet
+from memory.types import Message, Passage
+from memory.working_context import MemoryEditError
+
+if TYPE_CHECKING:
+    from bot.agent import Agent
+
+MAX_ARCHIVAL_INSERT_CHARS = 8_000
+# A shortened result keeps at least this much: enough for a UUID and its context.
+MIN_ITEM_TOKENS = 40
+
+
+async def send_message(agent: Agent, args: dict[str, Any]) -> str:
+    text = args["message"].strip()
+    if not text:
+        raise FunctionError("message is empty; write something for the person to read.")
+    await agent.send(text)
+    return "Sent."
+
+
+async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
+    try:
+        block = agent.working_context.append(args["name"], args["content"])
+    except MemoryEditError as error:
+        raise FunctionError(str(error)) from None
+    await agent.save_block(block)
+    return f"Appended. {block.label}: {len(block.value)}/{block.limit} chars."
+
+
+async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
+    try:
+        block = agent.working_context.replace(args["name"], args["old_content"], args["new_content"])
+    except MemoryEditError as error:
+        raise FunctionError(str(error)) from None
+    await agent.save_block(block)
+    return f"Replaced. {block.label}: {len(block.value)}/{block.limit} chars."
+
+
+async def archival_memory_insert(agent: Agent, args: dict[str, Any]) -> str:
+    content = args["content"].strip()
+    if not content:
+        raise FunctionError("content is empty.")
+    if len(content) > MAX_ARCHIVAL_INSERT_CHARS:
+        raise FunctionError(
+            f"content is {len(content)} characters; save at most {MAX_ARCHIVAL_INSERT_CHARS} per call "
+            "(split it into several self-contained passages)."
+        )
+    await agent.services.archival.insert(agent.id, [Passage(text=content, source="agent")])
+    agent.archival_count += 1
+    return f"Saved to archival storage ({agent.archival_count} passages)."
+
+
+async def archival_memory_search(agent: Agent, args: dict[str, Any]) -> str:
+    query, page = _query_and_page(args)
+    size = agent.services.search_page_size
+    found = await agent.services.archival.search(agent.id, query, size, page * size)
+    items = [_passage_line(passage, score) for passage, score in found.items]
+    return _page_text(agent, "archival storage", query, page, size, found.total, items)
+
+
+async def conversation_search(agent: Agent, args: dict[str, Any]) -> str:
+    query, page = _query_and_page(args)
+    size = agent.services.search_page_size
+    # By meaning and keywords; the agent's messages are embedded on its first searches (memory/recall.py).
+    found = await agent.services.recall.search(agent.id, query, size, page * size)
+    items = [_message_line(message) for message in found.items]
+    return _page_text(agent, "recall storage", query, page, size, found.total, items)
+
+
+async def conversation_search_date(agent: Agent, args: dict[str, Any]) -> str:
+    start = parse_date(args["start_date"], end=False)
+    end = parse_date(args["end_date"], end=True)
+    if end <= start:
+        raise FunctionError("end_date must not be before start_date.")
+    page = int(args.get("page", 0))
+    size = agent.services.search_page_size
+    found = await agent.store.messages_between(agent.id, start, end, size, page * size)
+    items = [_message_line(message) for message in found.items]
+    label = f"{args['start_date']} to {args['end_date']}"
+    return _page_text(agent, "recall storage", label, page, size, found.total, items)
+
+
+def build_core_functions() -> FunctionSet:
+    implementations = {
+        "send_message": send_message,
+        "core_memory_append": core_memory_append,
+        "core_memory_replace": core_memory_replace,
+        "conversation_search": conversation_search,
+        "conversation_search_date": conversation_search_date,
+        "archival_memory_insert": archival_memory_insert,
+        "archival_memory_search": archival_memory_search,
+    }
+    functions = FunctionSet()
+    for schema in CORE_SCHEMAS:
+        functions.register(schema, implementations[schema["function"]["name"]])
+    return functions
+
+
+# -- helpers ---------------------------------------------------------------
+def _query_and_page(args: dict[str, Any]) -> tuple[str, int]:
+    query = args["query"].strip()
+    if not query:
+        raise FunctionError("query is empty.")
+    return query, int(args.get("page", 0))
+
+
+def parse_date(text: str, *, end: bool) -> datetime:
+    """YYYY-MM-DD (a whole day, UTC) or an ISO time. `end` dates are inclusive,
+    so a bare end date means up to the end of that day."""
+    raw = text.strip()
+    try:
+        if len(raw) == 10:
+            day = datetime.strptime(raw, "%Y-%m-%d").date()
+            moment = datetime.combine(day, time.min, tzinfo=UTC)
+            return moment + timedelta(days=1) if end else moment
+        moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise FunctionError(f"Cannot read the date {text!r}; use YYYY-MM-DD.") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment + timedelta(microseconds=1) if end else moment
+
+
+def _message_line(message: Message) -> str:
+    stamp = message.created_at.strftime("%Y-%m-%d %H:%M")
+    if message.tool_calls:
+        calls = ", ".join(c.get("function", {}).get("name", "?") for c in message.tool_calls)
+        body = f"(called {calls}) {message.content or ''}".strip()
+        for call in message.tool_calls:
+            function = call.get("function", {})
+            if function.get("name") == "send_message":
+                body = f"said: {function.get('arguments', '')}"
+        return f"[{stamp}] agent {body}"
+    return f"[{stamp}] {message.role}: {message.content}"
+
+
+def _passage_line(passage: Passage, score: float) -> str:
+    origin = passage.source or "archival"
+    collection = getattr(passage, "collection", None)
+    if collection:  # a shared collection attached to this agent, read-only
+        origin = f"collection {collection}: {origin}"
+    if passage.position:
+        origin += f", {passage.position}"
+    return f"[{passage.created_at:%Y-%m-%d}] ({origin}; relevance {score:.2f}) {passage.text}"
+
+
+def _page_text(agent: Agent, where: str, query: str, page: int, size: int, total: int, items: list[str]) -> str:
+    pages = max(1, -(-total // size))
+    if not items:
+        if total and page >= pages:
+            return f"No page {page} for {query!r} in {where}: {total} results on pages 0-{pages - 1}."
+        return f"Nothing found for {query!r} in {where}."
+    counter = agent.services.counter
+    first = page * size + 1
+    remaining = max(0, total - page * size - len(items))
+    more = f" {remaining} more: call again with page={page + 1}." if remaining else " No more results."
+    header = (
+        f"Page {page} of pages 0-{pages - 1}: results {first}-{first + len(items) - 1} of {total} "
+        f"from {where} for {query!r}.{more}"
+    )
+    # The header and each line's "- " come out of the same budget as the items.
+    room = agent.page_token_budget() - counter.count(header) - 4 * len(items) - 40
+    fit = max(1, min(len(items), room // MIN_ITEM_TOKENS))
+    if fit < len(items):
+        # Too little room for every result of the page: show fewer, say so, never cut them to nothing.
+        header += (
+            f" Only the first {fit} of this page fit in your context now; the other {len(items) - fit} "
+            "were left out: search more specifically to see them."
+        )
+        items = items[:fit]
+    per_item = max(MIN_ITEM_TOKENS, room // fit)
+    shown = []
+    for item in items:
+        tokens = counter.count(item)
+        if tokens > per_item:
+            note = f" [... shortened from {tokens} tokens]"
+            item = counter.truncate(item, per_item - counter.count(note)) + note
+        shown.append(f"- {item}")
+    return header + "\n" + "\n".join(shown)

@@ -1,0 +1,217 @@
+"""`memgpt-bot run`: every configured platform adapter in one process, sharing
+one runtime. Says which adapters started and which were skipped, and why."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from itertools import groupby
+from typing import TYPE_CHECKING, Any, Protocol
+
+from bot.durable.journal import OutboxRetrier
+from bot.events import Reply
+from bot.ports import BotPort
+from memory.store import StoreError
+from memory.types import utc_now
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+READY_TIMEOUT = 60.0
+
+
+class Adapter(Protocol):
+    async def start(self) -> None: ...
+
+    async def wait_ready(self) -> None:
+        """Return once the adapter can send (connected)."""
+        ...
+
+    async def deliver(self, replies: list[Reply]) -> None:
+        """Send replies that answer no platform message (check-ins, reminders,
+        outbox retries), reporting each durable one to the bot."""
+        ...
+
+    async def recover(self) -> int:
+        """Replay the events a crash left unfinished (bot/durable/journal.py) and wait
+        for them; how many. Called once ready, before check-ins start."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+@dataclass(slots=True)
+class AdapterPlan:
+    name: str
+    adapter: Adapter | None
+    reason: str  # why it starts (its mode) or why it was skipped
+
+
+class NoAdapterError(Exception):
+    """No platform has credentials configured, or every adapter stopped with an error."""
+
+
+def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
+    from adapters.discord_adapter import DiscordAdapter, DiscordConfig
+
+    config = DiscordConfig.from_env(env)
+    if config is None:
+        return AdapterPlan("discord", None, "DISCORD_TOKEN is not set")
+    sharding = f", sharded ({env.get('DISCORD_SHARD_COUNT')})" if env.get("DISCORD_SHARD_COUNT") else ""
+    return AdapterPlan("discord", DiscordAdapter(bot, config), f"gateway connection{sharding}")
+
+
+def _slack(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
+    from adapters.slack_adapter import SlackAdapter, SlackConfig
+
+    try:
+        config = SlackConfig.from_env(env)
+    except ValueError as error:
+        return AdapterPlan("slack", None, str(error))
+    if config is None:
+        return AdapterPlan("slack", None, "SLACK_BOT_TOKEN is not set")
+    if env.get("SLACK_APP_TOKEN"):
+        mode = "Socket Mode (SLACK_APP_TOKEN)"
+    else:
+        host, port = env.get("SLACK_HTTP_HOST", "0.0.0.0"), env.get("SLACK_HTTP_PORT", "3000")
+        mode = f"HTTP mode on {host}:{port}/slack/events (SLACK_SIGNING_SECRET)"
+    # Retries are recognised across processes (and restarts) by the bot's event journal.
+    return AdapterPlan("slack", SlackAdapter(bot, config), mode)
+
+
+PLANNERS: dict[str, Callable[[BotPort, Mapping[str, str]], AdapterPlan]] = {"discord": _discord, "slack": _slack}
+
+
+def plan_adapters(bot: BotPort, env: Mapping[str, str] | None = None) -> list[AdapterPlan]:
+    env = os.environ if env is None else env
+    plans = []
+    for name, planner in PLANNERS.items():
+        try:
+            plans.append(planner(bot, env))
+        except ImportError as error:  # a platform library missing from this install
+            plans.append(AdapterPlan(name, None, f"cannot load its library ({error})"))
+    return plans
+
+
+async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[str, str] | None = None) -> None:
+    """Run the configured adapters on `runtime`, with the check-in scheduler
+    delivering through them, until a signal or until every adapter stops."""
+    from bot.checkins.scheduler import CheckinScheduler
+
+    plans = plan_adapters(runtime, env)
+    adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
+
+    async def deliver(replies: list[Reply]) -> None:
+        for platform, group in groupby(replies, key=lambda reply: reply.platform):
+            adapter = adapters.get(platform)
+            if adapter is None:
+                log.warning("a reply to a %s user, but the %s adapter is not running; not sent", platform, platform)
+                continue
+            await adapter.deliver(list(group))
+
+    scheduler = CheckinScheduler(runtime, runtime.schedules, deliver, utc_now, runtime.checkin_settings)
+    # The retrier also replays, through each adapter's recover path, the
+    # events that gave up waiting for storage (bot/durable/store_wait.py).
+    retrier = OutboxRetrier(
+        runtime.journal,
+        {name: adapter.deliver for name, adapter in adapters.items()},
+        replayers={name: adapter.recover for name, adapter in adapters.items()},
+    )
+    # While an event waits for storage, the person gets one notice through here.
+    runtime.store_wait.notify = deliver
+
+    async def start_scheduler() -> None:
+        # Missed ticks fire at start: wait until the adapters can send.
+        for name, adapter in adapters.items():
+            try:
+                await asyncio.wait_for(adapter.wait_ready(), timeout=READY_TIMEOUT)
+            except TimeoutError:
+                log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
+        # Crash recovery first: the events the last run left unfinished, in
+        # order, then the replies it left unconfirmed (the retrier's first round).
+        for name, adapter in adapters.items():
+            try:
+                replayed = await adapter.recover()
+            except StoreError as error:
+                # Storage is down at start: the retrier replays them once it can read the journal.
+                announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
+                continue
+            if replayed:
+                announce(f"{name}: replayed {replayed} events left unfinished by the last run")
+        retrier.start()
+        runtime.scheduler = scheduler
+        announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
+        await scheduler.start()
+        log.info("check-ins: %d schedules armed", len(scheduler.armed))
+
+    try:
+        await run_adapters(plans, announce, on_started=start_scheduler)
+    finally:
+        runtime.scheduler = None
+        runtime.store_wait.notify = None
+        await scheduler.stop()
+        await retrier.stop()
+
+
+async def run_adapters(
+    plans: list[AdapterPlan],
+    announce: Callable[[str], Any],
+    on_started: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    """Start every planned adapter and run until a signal or until all stop."""
+    for plan in plans:
+        announce(f"{plan.name}: {'starting, ' if plan.adapter else 'skipped: '}{plan.reason}")
+    active = [plan for plan in plans if plan.adapter is not None]
+    if not active:
+        raise NoAdapterError(
+            "no chat platform is configured: set DISCORD_TOKEN and/or SLACK_BOT_TOKEN "
+            "(with SLACK_APP_TOKEN or SLACK_SIGNING_SECRET); see README"
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(signum, stop.set)
+        except (NotImplementedError, RuntimeError):  # not the main thread, or not a Unix loop
+            pass
+    tasks = {asyncio.create_task(plan.adapter.start(), name=plan.name): plan for plan in active}  # type: ignore[union-attr]
+    stopper = asyncio.create_task(stop.wait(), name="stop")
+    started = asyncio.create_task(on_started(), name="on-started") if on_started else None
+    failures: list[str] = []
+    try:
+        pending: set[asyncio.Task[Any]] = set(tasks) | {stopper}
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            if stopper in done:
+                break
+            for task in done:
+                plan = tasks[task]
+                error = task.exception() if not task.cancelled() else None
+                if error is not None:
+                    # Announced (to the console), and in the log file with the others' start lines.
+                    log.info("%s adapter stopped: %s", plan.name, error)
+                    announce(f"{plan.name}: stopped: {error}")
+                    failures.append(f"{plan.name}: {error}")
+            if pending == {stopper}:
+                break
+    finally:
+        stopper.cancel()
+        if started is not None:
+            started.cancel()
+        for plan in active:
+            try:
+                await plan.adapter.close()  # type: ignore[union-attr]
+            except Exception:
+                log.exception("closing the %s adapter failed", plan.name)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    if failures and len(failures) == len(active):
+        # Nothing is left running: exit non-zero so a process supervisor notices and restarts.
+        raise NoAdapterError("every adapter stopped: " + "; ".join(failures))

@@ -1,0 +1,351 @@
+"""Copy everything from one store to another (SQLite <-> MongoDB, either way).
+
+    memgpt-bot migrate --from sqlite:data/memgpt.sqlite3 --to mongodb://db1,db2/memgpt?replicaSet=rs0
+
+Per agent: its blocks (with their times), summary and queue start, every
+message in seq order (same fields and timestamps), every passage with its
+embedding (and its content hash, so a later re-load of the same file still
+skips what is held), the files recorded as loaded; then the shared
+collections ("sources") and who they are attached to. Each agent is then
+read back from the target and compared with the source.
+
+Only through the Store interface, so the target assigns new ids: agent ids,
+passage ids, and message seqs 1..N (equal to the source's when the source has
+no gaps; a MongoDB history with a crash gap is renumbered and the queue start
+follows). An agent whose key already exists in the target is not touched and
+is reported: migrate into an empty store (or forget those agents there first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from tqdm import tqdm
+
+from memory.ingest.loader import passage_hash
+from memory.mongo.capabilities import redact_uri
+from memory.store import SOURCE_KEY_PREFIX, Store, StoreError
+from memory.types import AgentRecord, Message, Passage
+
+DEFAULT_MONGODB_DATABASE = "memgpt"
+MESSAGE_BATCH = 500  # messages per append (one transaction each)
+PASSAGE_BATCH = 256
+
+
+class MigrationError(StoreError):
+    """A bad store spec, or source and target being the same store."""
+
+
+@dataclass(slots=True)
+class AgentReport:
+    key: str
+    source_id: str
+    target_id: str = ""
+    blocks: int = 0
+    messages: int = 0
+    passages: int = 0
+    documents: int = 0
+    status: str = "copied"  # "copied", "skipped" (already in the target) or "mismatch"
+    problems: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class MigrationReport:
+    source: str
+    target: str
+    agents: list[AgentReport] = field(default_factory=list)
+    sources: int = 0
+    problems: list[str] = field(default_factory=list)  # not tied to one agent
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and all(agent.status == "copied" for agent in self.agents)
+
+    def summary(self) -> str:
+        copied = [a for a in self.agents if a.status == "copied"]
+        lines = [
+            f"{self.source} -> {self.target}: {len(copied)} of {len(self.agents)} agents copied "
+            f"({sum(a.messages for a in copied)} messages, {sum(a.passages for a in copied)} passages, "
+            f"{sum(a.documents for a in copied)} loaded files), {self.sources} shared collections"
+        ]
+        for agent in self.agents:
+            if agent.status != "copied":
+                lines.append(f"  {agent.key}: {agent.status}: {'; '.join(agent.problems)}")
+        lines.extend(f"  {problem}" for problem in self.problems)
+        lines.append("verified: every copied agent matches its source" if self.ok else "NOT everything was copied")
+        return "\n".join(lines)
+
+
+# -- store specs -----------------------------------------------------------------
+def parse_spec(spec: str) -> tuple[str, str, str]:
+    """("sqlite", path, "") or ("mongodb", uri, database)."""
+    if spec.startswith("sqlite:"):
+        path = spec.removeprefix("sqlite:").removeprefix("//")
+        if not path:
+            raise MigrationError(f"store spec {spec!r}: no path after 'sqlite:'")
+        return "sqlite", str(Path(path).expanduser()), ""
+    if spec.startswith(("mongodb://", "mongodb+srv://")):
+        database = unquote(urlsplit(spec).path.lstrip("/")) or DEFAULT_MONGODB_DATABASE
+        return "mongodb", spec, database
+    raise MigrationError(
+        f"store spec {describe_spec(spec)!r} is neither sqlite:PATH nor mongodb://HOST[:PORT]/[DATABASE][?OPTIONS]"
+    )
+
+
+def describe_spec(spec: str) -> str:
+    """The spec as it may be shown: a MongoDB password becomes ***."""
+    return redact_uri(spec)
+
+
+def open_store(spec: str) -> Store:
+    """A (not yet opened) store for a spec: `sqlite:PATH` or a MongoDB URI whose
+    path names the database (default "memgpt")."""
+    kind, location, database = parse_spec(spec)
+    if kind == "sqlite":
+        from memory.sqlite.store import SQLiteStore
+
+        return SQLiteStore(location)
+    from memory.mongo.store import MongoStore
+
+    return MongoStore(location, database)
+
+
+# -- migrate ---------------------------------------------------------------------
+async def migrate(source: Store, target: Store, progress: bool = True) -> MigrationReport:
+    """Copy every agent, collection and loaded-file record from `source` to
+    `target` (both open), then verify each agent. See the module docstring."""
+    report = MigrationReport(_name(source), _name(target))
+    agents = await source.list_agents()
+    sizes = {a.id: await source.count_messages(a.id) + await source.count_passages(a.id) for a in agents}
+    new_ids: dict[str, str] = {}
+    with tqdm(
+        total=sum(sizes.values()) + len(agents), unit="item", desc="migrate", file=sys.stderr, disable=not progress
+    ) as bar:
+        for agent in agents:
+            bar.set_postfix_str(agent.key, refresh=False)
+            agent_report = await _copy_agent(source, target, agent, bar)
+            report.agents.append(agent_report)
+            if agent_report.status != "skipped":
+                new_ids[agent.id] = agent_report.target_id
+            bar.update(1)
+    await _copy_sources(source, target, agents, new_ids, report)
+    return report
+
+
+def _name(store: Store) -> str:
+    path = getattr(store, "path", None)
+    return f"sqlite:{path}" if path is not None else repr(store)
+
+
+async def _copy_agent(source: Store, target: Store, agent: AgentRecord, bar: tqdm) -> AgentReport:
+    result = AgentReport(agent.key, agent.id)
+    existing = await target.find_agent(agent.key)
+    if existing is not None:
+        result.status, result.target_id = "skipped", existing.id
+        result.problems.append(f"already in the target (agent {existing.id}); left as it is")
+        bar.update(await source.count_messages(agent.id) + await source.count_passages(agent.id))
+        return result
+    blocks = await source.load_blocks(agent.id)
+    copy, _ = await target.get_or_create_agent(agent.key, blocks)
+    result.target_id = copy.id
+    for block in blocks:  # again, for their own updated_at times
+        await target.save_block(copy.id, block)
+
+    messages = await source.messages_since(agent.id, 0)
+    new_seq: dict[int, int] = {}
+    for start in range(0, len(messages), MESSAGE_BATCH):
+        originals = messages[start : start + MESSAGE_BATCH]
+        copies = await target.append_messages(copy.id, [_clone_message(m) for m in originals])
+        for old, new in zip(originals, copies, strict=True):
+            new_seq[old.seq] = new.seq
+        bar.update(len(originals))
+    if agent.summary or agent.queue_start_seq != 1 or agent.summary_updated_at is not None:
+        start_seq = next((new_seq[m.seq] for m in messages if m.seq >= agent.queue_start_seq), len(messages) + 1)
+        await target.update_queue(copy.id, agent.summary, start_seq, agent.summary_updated_at or agent.created_at)
+
+    passages = await _all_passages(source, agent.id)
+    hashes = [passage_hash(p.text) for p in passages]
+    known = await source.known_passage_hashes(agent.id, hashes) if passages else set()
+    # A hash the source holds goes with the first passage of that text (the
+    # one the loader stored); the others are plain passages. Runs of one kind
+    # are stored in source order, so list_passages orders them alike.
+    run: list[Passage] = []
+    run_hashes: list[str] | None = None
+    for passage, content_hash in zip(passages, hashes, strict=True):
+        hashed = content_hash in known
+        known.discard(content_hash)
+        if run and (len(run) >= PASSAGE_BATCH or hashed != (run_hashes is not None)):
+            await _store_run(target, copy.id, run, run_hashes, bar)
+            run, run_hashes = [], None
+        run.append(_clone_passage(passage))
+        if hashed:
+            run_hashes = [*(run_hashes or []), content_hash]
+    if run:
+        await _store_run(target, copy.id, run, run_hashes, bar)
+
+    documents = await source.list_documents(agent.id)
+    for document in documents:
+        await target.record_document(copy.id, document)
+
+    result.blocks, result.messages = len(blocks), len(messages)
+    result.passages, result.documents = len(passages), len(documents)
+    result.problems.extend(await _verify(source, target, agent, copy.id, messages, passages))
+    if result.problems:
+        result.status = "mismatch"
+    return result
+
+
+async def _copy_sources(
+    source: Store, target: Store, agents: Sequence[AgentRecord], new_ids: dict[str, str], report: MigrationReport
+) -> None:
+    """Collections after agents: their records, attach-to-all flags, single
+    attachments, and detaches that override attach-to-all."""
+    members = [a for a in agents if not a.key.startswith(SOURCE_KEY_PREFIX) and a.id in new_ids]
+    for record in await source.list_sources():
+        if record.id not in new_ids:
+            report.problems.append(f"collection {record.name!r} was not copied (its agent record was skipped)")
+            continue
+        copy, _ = await target.create_source(record.name)
+        if copy.id != new_ids[record.id]:
+            report.problems.append(f"collection {record.name!r}: the target keeps it under another record")
+            continue
+        report.sources += 1
+        if record.attach_all:
+            await target.attach_source(copy.id, None)
+        for agent_id in await source.source_attachments(record.id):
+            if agent_id in new_ids:
+                await target.attach_source(copy.id, new_ids[agent_id])
+        for agent in members:
+            sees = record.id in {s.id for s in await source.attached_sources(agent.id)}
+            if sees != (copy.id in {s.id for s in await target.attached_sources(new_ids[agent.id])}):
+                if sees:
+                    await target.attach_source(copy.id, new_ids[agent.id])
+                else:
+                    await target.detach_source(copy.id, new_ids[agent.id])
+
+
+async def _store_run(
+    target: Store, agent_id: str, passages: list[Passage], hashes: list[str] | None, bar: tqdm
+) -> None:
+    if hashes is None:
+        await target.insert_passages(agent_id, passages)
+    else:
+        await target.insert_hashed_passages(agent_id, passages, hashes)
+    bar.update(len(passages))
+
+
+async def _all_passages(store: Store, agent_id: str) -> list[Passage]:
+    passages: list[Passage] = []
+    while page := await store.list_passages(agent_id, PASSAGE_BATCH, len(passages)):
+        passages.extend(page)
+    return passages
+
+
+def _clone_message(m: Message) -> Message:
+    return Message(m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at)
+
+
+def _clone_passage(p: Passage) -> Passage:
+    embedding = None if p.embedding is None else list(p.embedding)
+    return Passage(p.text, source=p.source, position=p.position, created_at=p.created_at, embedding=embedding)
+
+
+def _message_fields(m: Message) -> tuple[object, ...]:
+    return (m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at)
+
+
+def _passage_fields(p: Passage) -> tuple[object, ...]:
+    return (p.created_at, p.text, p.source or "", p.position or "", p.source is None, p.position is None)
+
+
+def _same_vector(a: list[float] | None, b: list[float] | None) -> bool:
+    if a is None or b is None:
+        return a is b
+    return len(a) == len(b) and all(math.isclose(x, y, rel_tol=1e-6, abs_tol=1e-7) for x, y in zip(a, b, strict=True))
+
+
+async def _verify(
+    source: Store, target: Store, agent: AgentRecord, copy_id: str, messages: list[Message], passages: list[Passage]
+) -> list[str]:
+    """What differs between the agent in the source and its copy."""
+    problems: list[str] = []
+    copy = await target.find_agent(agent.key)
+    if copy is None or copy.id != copy_id:
+        return ["the copy is missing from the target"]
+    if (copy.summary, copy.summary_updated_at) != (agent.summary, agent.summary_updated_at):
+        problems.append("summary differs")
+    copied = await target.messages_since(copy_id, 0)
+    if await target.count_messages(copy_id) != len(messages) or len(copied) != len(messages):
+        problems.append(f"{len(copied)} messages in the target, {len(messages)} in the source")
+    elif [_message_fields(m) for m in copied] != [_message_fields(m) for m in messages]:
+        problems.append("message contents differ")
+    elif [m.seq for m in messages] == list(range(1, len(messages) + 1)):
+        if [m.seq for m in copied] != [m.seq for m in messages] or copy.queue_start_seq != agent.queue_start_seq:
+            problems.append("message seqs or the queue start differ")
+    blocks, copied_blocks = await source.load_blocks(agent.id), await target.load_blocks(copy_id)
+    if blocks != copied_blocks:
+        problems.append("working context blocks differ")
+    copied_passages = await _all_passages(target, copy_id)
+    if await target.count_passages(copy_id) != len(passages) or len(copied_passages) != len(passages):
+        problems.append(f"{len(copied_passages)} passages in the target, {len(passages)} in the source")
+    else:
+        pairs = zip(sorted(passages, key=_passage_fields), sorted(copied_passages, key=_passage_fields), strict=True)
+        same = (_passage_fields(a) == _passage_fields(b) and _same_vector(a.embedding, b.embedding) for a, b in pairs)
+        if not all(same):
+            problems.append("passage contents or embeddings differ")
+    if await target.list_documents(copy_id) != await source.list_documents(agent.id):
+        problems.append("loaded-file records differ")
+    return problems
+
+
+# -- command line ----------------------------------------------------------------
+def add_migrate_command(
+    subparsers: argparse._SubParsersAction,  # type: ignore[type-arg]
+    parents: Sequence[argparse.ArgumentParser] = (),
+) -> argparse.ArgumentParser:
+    """Register `migrate --from SPEC --to SPEC [--no-progress]`; the handler is cmd_migrate."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "migrate",
+        parents=list(parents),
+        help="copy all memory from one store to another (SQLite <-> MongoDB)",
+        description="Copy every agent (blocks, summary, messages, passages with embeddings, loaded-file records) "
+        "and every shared collection from one store to another, then verify each agent. "
+        "SPEC is sqlite:PATH or a MongoDB URI (mongodb://HOST/DATABASE?OPTIONS; database default 'memgpt').",
+    )
+    parser.add_argument("--from", dest="source", required=True, metavar="SPEC", help="the store to copy from")
+    parser.add_argument("--to", dest="target", required=True, metavar="SPEC", help="the store to copy into")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on standard error")
+    parser.set_defaults(func=cmd_migrate)
+    return parser
+
+
+def _same_store(a: tuple[str, str, str], b: tuple[str, str, str]) -> bool:
+    if a[0] == b[0] == "sqlite":
+        return Path(a[1]).resolve() == Path(b[1]).resolve()
+    return a == b
+
+
+async def cmd_migrate(args: argparse.Namespace, settings: object = None) -> int:
+    """Run the migration; the report goes to standard output. 0 if everything
+    was copied and verified, 1 otherwise. StoreError (unreachable server, bad
+    spec...) propagates for the CLI to print as one line."""
+    if _same_store(parse_spec(args.source), parse_spec(args.target)):
+        raise MigrationError("--from and --to name the same store")
+    source, target = open_store(args.source), open_store(args.target)
+    await source.open()
+    try:
+        await target.open()
+        try:
+            report = await migrate(source, target, progress=not args.no_progress)
+        finally:
+            await target.close()
+    finally:
+        await source.close()
+    print(report.summary(), flush=True)
+    return 0 if report.ok else 1

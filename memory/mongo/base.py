@@ -1,0 +1,150 @@
+"""Plumbing shared by the parts of the MongoDB backend (the design is told in
+memory/mongo/store.py): value conversions, the store's state, error mapping,
+transactions where the server has them, and the agent document.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import uuid
+import weakref
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any, TypeVar
+
+from pymongo import AsyncMongoClient
+from pymongo.asynchronous.client_session import AsyncClientSession
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
+
+from memory.mongo.capabilities import Capabilities, redact_uri, store_error
+from memory.search.vector_index import VectorIndex
+from memory.store import StoreError
+
+log = logging.getLogger("memory.mongo.store")
+
+T = TypeVar("T")
+Doc = dict[str, Any]
+Session = AsyncClientSession | None
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+MAX_ATTEMPTS = 100  # insert races lost in a row before giving up
+LIVE: Doc = {"deleting": {"$ne": True}}  # agents not being deleted
+
+
+def to_us(moment: datetime) -> int:
+    """Microseconds since the epoch: a BSON date would keep only milliseconds.
+    A naive datetime is taken as UTC, as the SQLite store does."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+def from_us(us: int) -> datetime:
+    return _EPOCH + timedelta(microseconds=us)
+
+
+class LostRace(Exception):
+    """Another writer inserted the keys we reserved first: read again and retry."""
+
+
+def lost_race(exc: BulkWriteError) -> bool:
+    """True when the insert failed only on duplicate keys (another writer won)."""
+    errors = exc.details.get("writeErrors", [])
+    return bool(errors) and all(error.get("code") == 11000 for error in errors)
+
+
+class MongoBase:
+    def __init__(
+        self,
+        uri: str,
+        database: str = "memgpt",
+        *,
+        server_selection_timeout: float = 10.0,
+        max_cached_indexes: int = 256,
+        vector_search_index: str | None = None,
+    ) -> None:
+        """`vector_search_index`: the name of an Atlas Vector Search index on
+        passages.embedding (with agent_id as a filter field, see
+        docs/mongodb.md); used when the server reports it queryable."""
+        self._uri = uri
+        self.database = database
+        self.redacted_uri = redact_uri(uri)
+        self._timeout_ms = max(int(server_selection_timeout * 1000), 1)
+        self._max_indexes = max(max_cached_indexes, 1)
+        self._vector_index = vector_search_index
+        self._client: AsyncMongoClient[Doc] | None = None
+        self._db: AsyncDatabase[Doc] | None = None
+        self.capabilities: Capabilities | None = None
+        # agent id -> (index, the agent's vector version it reflects)
+        self._indexes: OrderedDict[str, tuple[VectorIndex, int]] = OrderedDict()
+        # One append at a time per agent inside this process: the unique index
+        # settles races between processes, the lock spares us losing them here.
+        self._append_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._hash_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._id_lock = asyncio.Lock()
+        self._last_created = 0
+
+    def __repr__(self) -> str:
+        return f"MongoStore({self.redacted_uri!r}, {self.database!r})"
+
+    # -- plumbing ----------------------------------------------------------
+    def error(self, action: str, exc: PyMongoError) -> StoreError:
+        return store_error(self._uri, self.database, action, exc)
+
+    def _c(self, name: str) -> AsyncCollection[Doc]:
+        if self._db is None:
+            raise StoreError(f"MongoDB store {self.redacted_uri} is not open")
+        return self._db[name]
+
+    def collection(self, name: str) -> AsyncCollection[Doc]:
+        """A collection of this store's database, for modules that keep their
+        own documents beside memory (check-in schedules)."""
+        return self._c(name)
+
+    async def _atomic(self, work: Callable[[Session], Awaitable[T]]) -> T:
+        """Run `work` in a transaction where the server has them, else as is."""
+        if self._client is None or self.capabilities is None or not self.capabilities.transactions:
+            return await work(None)
+        async with self._client.start_session() as session:
+            return await session.with_transaction(work)
+
+    async def _require_agent(self, agent_id: str, session: Session = None) -> None:
+        # What the SQLite foreign keys do: nothing is stored for a missing agent.
+        if await self._c("agents").find_one({"_id": agent_id, **LIVE}, {"_id": 1}, session=session) is None:
+            raise StoreError(f"MongoDB store: no agent {agent_id!r}")
+
+    @staticmethod
+    async def _backoff(attempt: int) -> None:
+        await asyncio.sleep(random.uniform(0, min(0.002 * attempt, 0.05)))
+
+    async def _agent_doc(self, key: str, ready: bool = False) -> Doc:
+        """The agent document for `key`, inserted if missing (the unique key
+        index settles concurrent inserts: the losers read the winner's)."""
+        agents = self._c("agents")
+        for _ in range(MAX_ATTEMPTS):
+            doc = await agents.find_one({"key": key, **LIVE})
+            if doc is not None:
+                return doc
+            now = to_us(datetime.now(UTC))
+            self._last_created = max(now, self._last_created + 1)  # list_agents order, within a process
+            doc = {
+                "_id": uuid.uuid4().hex,
+                "key": key,
+                "created_at": self._last_created,
+                "summary": "",
+                "queue_start_seq": 1,
+                "summary_updated_at": None,
+                "ready": ready,
+            }
+            try:
+                await agents.insert_one(doc)
+                return doc
+            except DuplicateKeyError:
+                continue
+        raise StoreError(f"MongoDB store: could not create agent {key!r}")

@@ -1,0 +1,180 @@
+"""MongoStore's event journal and reply outbox: the `# -- crash safety` part of
+the Store interface (memory/store.py), as a mixin of MongoStore.
+
+    event_journal  {_id: event id, n, origin, agent_key, payload, received_at, state, attempts}
+    outbox         {_id: "<event id>:<n>", event_id, position, agent_key, origin, user_id,
+                    reply_to, text, created_at, state, attempts, next_try_at}
+
+Recording is an insert against `_id`, the one write every MongoDB-compatible
+server makes atomic (FerretDB has no transactions), so a repeat delivery or a
+redone send can never record twice. State changes have one writer (the process
+handling the event), so plain updates suffice. `n` (nanoseconds at receipt,
+made unique per process) orders redo; entries are swept a day after they finish.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo import ASCENDING, IndexModel
+from pymongo.errors import DuplicateKeyError
+
+from memory.mongo.base import Doc, MongoBase, from_us, to_us
+from memory.mongo.capabilities import guarded
+from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
+
+JOURNAL_INDEXES: dict[str, list[IndexModel]] = {
+    "event_journal": [
+        IndexModel([("origin", ASCENDING), ("state", ASCENDING), ("n", ASCENDING)], name="origin_state_n"),
+        IndexModel([("agent_key", ASCENDING)], name="agent_key"),
+    ],
+    "outbox": [
+        IndexModel([("event_id", ASCENDING), ("position", ASCENDING)], name="event_position"),
+        IndexModel([("origin", ASCENDING), ("state", ASCENDING), ("created_at", ASCENDING)], name="origin_state"),
+        IndexModel([("agent_key", ASCENDING)], name="agent_key"),
+    ],
+    "messages": [IndexModel([("agent_id", ASCENDING), ("event_id", ASCENDING)], sparse=True, name="agent_event")],
+}
+_SWEEP_EVERY = 300.0
+
+
+def _journal(doc: Doc) -> JournalEntry:
+    return JournalEntry(
+        doc["_id"],
+        doc["origin"],
+        doc["agent_key"],
+        doc["payload"],
+        from_us(doc["received_at"]),
+        doc["state"],
+        doc.get("attempts", 0),
+    )
+
+
+def _outbox(doc: Doc) -> OutboxEntry:
+    return OutboxEntry(
+        doc["_id"],
+        doc["event_id"],
+        doc["position"],
+        doc["agent_key"],
+        doc["origin"],
+        doc["user_id"],
+        doc["reply_to"],
+        doc["text"],
+        from_us(doc["created_at"]),
+        doc["state"],
+        doc.get("attempts", 0),
+        doc.get("next_try_at", 0.0),
+    )
+
+
+class MongoJournal(MongoBase):
+    _last_journal_sweep = 0.0
+    _last_n = 0
+
+    def _next_n(self) -> int:
+        # Arrival order across processes to within clock skew; strictly rising here.
+        self._last_n = max(time.time_ns(), self._last_n + 1)
+        return self._last_n
+
+    @guarded
+    async def journal_receive(self, entry: JournalEntry) -> bool:
+        now = time.time()
+        if now - self._last_journal_sweep > _SWEEP_EVERY:
+            self._last_journal_sweep = now
+            cutoff = to_us(datetime.fromtimestamp(now - DEDUP_TTL, UTC))
+            await self._c("event_journal").delete_many({"state": "done", "received_at": {"$lt": cutoff}})
+            await self._c("outbox").delete_many({"state": {"$ne": "pending"}, "created_at": {"$lt": cutoff}})
+        doc = {
+            "_id": entry.event_id,
+            "n": self._next_n(),
+            "origin": entry.origin,
+            "agent_key": entry.agent_key,
+            "payload": entry.payload,
+            "received_at": to_us(entry.received_at),
+            "state": entry.state,
+            "attempts": entry.attempts,
+        }
+        try:
+            await self._c("event_journal").insert_one(doc)
+        except DuplicateKeyError:
+            return False
+        return True
+
+    @guarded
+    async def journal_update(self, event_id: str, *, state: str | None = None, attempts: int | None = None) -> None:
+        fields: dict[str, Any] = {}
+        if state is not None:
+            fields["state"] = state
+        if attempts is not None:
+            fields["attempts"] = attempts
+        if fields:
+            await self._c("event_journal").update_one({"_id": event_id}, {"$set": fields})
+
+    @guarded
+    async def journal_pending(self, origin: str) -> list[JournalEntry]:
+        cursor = self._c("event_journal").find({"origin": origin, "state": "pending"}).sort("n", ASCENDING)
+        return [_journal(doc) async for doc in cursor]
+
+    @guarded
+    async def outbox_add(self, entry: OutboxEntry) -> bool:
+        doc = {
+            "_id": entry.id,
+            "event_id": entry.event_id,
+            "position": entry.position,
+            "agent_key": entry.agent_key,
+            "origin": entry.origin,
+            "user_id": entry.user_id,
+            "reply_to": entry.reply_to,
+            "text": entry.text,
+            "created_at": to_us(entry.created_at),
+            "state": entry.state,
+            "attempts": entry.attempts,
+            "next_try_at": entry.next_try_at,
+        }
+        try:
+            await self._c("outbox").insert_one(doc)
+        except DuplicateKeyError:
+            return False
+        return True
+
+    @guarded
+    async def outbox_update(
+        self, entry_id: str, *, state: str, attempts: int | None = None, next_try_at: float | None = None
+    ) -> None:
+        fields: dict[str, Any] = {"state": state}
+        if attempts is not None:
+            fields["attempts"] = attempts
+        if next_try_at is not None:
+            fields["next_try_at"] = next_try_at
+        await self._c("outbox").update_one({"_id": entry_id}, {"$set": fields})
+
+    @guarded
+    async def outbox_for_event(self, event_id: str) -> list[OutboxEntry]:
+        cursor = self._c("outbox").find({"event_id": event_id}).sort("position", ASCENDING)
+        return [_outbox(doc) async for doc in cursor]
+
+    @guarded
+    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
+        where: Doc = {"origin": origin, "state": "pending"}
+        if due_by is not None:
+            where["next_try_at"] = {"$lte": due_by}
+        cursor = (
+            self._c("outbox")
+            .find(where)
+            .sort([("created_at", ASCENDING), ("event_id", ASCENDING), ("position", ASCENDING)])
+        )
+        return [_outbox(doc) async for doc in cursor]
+
+    @guarded
+    async def journal_forget(self, agent_key: str) -> None:
+        await self._c("event_journal").delete_many({"agent_key": agent_key})
+        await self._c("outbox").delete_many({"agent_key": agent_key})
+
+    @guarded
+    async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
+        doc = await self._c("messages").find_one(
+            {"agent_id": agent_id, "event_id": event_id}, {"seq": 1}, sort=[("seq", ASCENDING)]
+        )
+        return None if doc is None else int(doc["seq"])

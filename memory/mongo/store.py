@@ -1,0 +1,528 @@
+"""The MongoDB storage backend, for production and for several bot processes
+sharing one database, through PyMongo's native asyncio client.
+
+The store is four layers, one class each: MongoBase (memory/mongo/base.py:
+values, state, errors, transactions), MongoArchival (memory/mongo/archival.py:
+passages and vectors), MongoSources (memory/mongo/sources.py: shared
+collections, loaded files) and MongoStore here (life cycle, agents, working
+context, recall storage). Collections (every document but the counters
+carries `agent_id`, and every query filters on it):
+
+    agents    {_id: agent id, key, created_at, summary, queue_start_seq,
+               summary_updated_at, ready, [deleting]}
+    blocks    {agent_id, label, value, limit, updated_at, position}
+    messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
+               tool_call_id, name, created_at, terms, [embedding]}
+    passages  {_id: int id, agent_id, text, source, position, created_at,
+               embedding, embedded, [hash], terms, words}
+    counters  {_id: "passage_id" | "vectors:<agent id>", value}
+    sources, source_attachments, documents (see memory/mongo/sources.py)
+    lease_owners, lease_tickets, lease_holders (memory/mongo/coordination.py)
+    event_journal, outbox (memory/mongo/journal.py)
+    schedules, schedule_claims, checkin_prefs (memory/mongo/schedules.py)
+    usage_hits, usage_exempt (memory/mongo/usage.py)
+
+Times are integers, microseconds since the Unix epoch (UTC): a BSON date keeps
+only milliseconds, and the store gives back exactly the instant it was given.
+
+Atomicity. The only write every MongoDB-compatible server makes atomic is one
+insert against a unique index (FerretDB, for one, runs findAndModify and
+update as read, then write: concurrent `$inc`s lose updates). So the message
+insert is the single source of truth for `seq`: an append reads the agent's
+newest message, and inserts its batch as seqs `batch_end + 1 ...`, every
+document carrying the batch's last seq as `batch_end`; the unique
+(agent_id, seq) index turns a race into a duplicate key on the batch's first
+document, and the loser re-reads and retries. Batches start only right after
+a `batch_end`, so two batches can never interleave. `count_messages` counts
+documents. Where transactions run (replica set, mongos) the read and the
+insert share one, so a batch is all or nothing; on a standalone server a crash
+in the middle of insert_many keeps the batch's first messages and leaves the
+rest of its seqs unused: a gap, which nothing relies on (seqs stay unique and
+ordered, the queue is still a suffix). See docs/mongodb.md.
+
+Search. Recall: each message stores its distinct folded words (`terms`, a
+multikey index); a query fetches the agent's messages sharing a word and ranks
+them with BM25 in Python; given a query vector, fused with the embeddings
+that recall search stores lazily on the messages (memory/recall.py), as
+archival search fuses them. `$text` is not used even where it exists: its
+textScore has no inverse document frequency (a rare word does not outweigh a
+common one) and it stems, both of which the shared conformance suite rejects.
+Archival: hybrid like the SQLite store, cosine plus a keyword bonus
+(memory.search.hybrid) whose BM25 side comes from the passages' `terms` the same way
+(memory/mongo/keywords.py). The cosine comes from `$vectorSearch` when a ready
+Atlas vector index is named, otherwise from an in-process VectorIndex per
+agent, built from the stored vectors and kept in step (across processes too)
+by a per-agent version counter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import logging
+import math
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, UpdateOne
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
+
+from memory.mongo.archival import ARCHIVAL_INDEXES
+from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us
+from memory.mongo.capabilities import detect, guarded, scrub
+from memory.mongo.coordination import COORDINATION_INDEXES, MongoCoordination
+from memory.mongo.journal import JOURNAL_INDEXES, MongoJournal
+from memory.mongo.schedules import SCHEDULE_INDEXES
+from memory.mongo.sources import SOURCE_INDEXES, MongoSources
+from memory.mongo.usage import USAGE_INDEXES, MongoUsage
+from memory.search.hybrid import STOPWORDS, coverage, fuse
+from memory.search.vector_index import VectorIndex, check_dimension, embedding_matrix
+from memory.store import Store, StoreError
+from memory.types import AgentRecord, Block, Message, SearchPage
+
+log = logging.getLogger(__name__)
+
+_WORD = re.compile(r"\w+")
+_MAX_TERM = 64  # longer words are cut, the same way in documents and queries
+_MAX_QUERY_TERMS = 32
+_BM25_K1, _BM25_B = 1.2, 0.75
+# Search-only fields, never sent back with a message.
+_NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0, "embedding": 0}
+# Hits taken from each side (keywords, meaning) in a hybrid recall search.
+_RECALL_POOL = 100
+
+INDEXES: dict[str, list[IndexModel]] = {
+    "agents": [
+        IndexModel([("key", ASCENDING)], unique=True, name="key_unique"),
+        IndexModel([("created_at", ASCENDING)], name="created_at"),
+        IndexModel([("deleting", ASCENDING)], name="deleting"),
+    ],
+    "blocks": [
+        IndexModel([("agent_id", ASCENDING), ("label", ASCENDING)], unique=True, name="agent_label_unique"),
+        IndexModel([("agent_id", ASCENDING), ("position", ASCENDING)], name="agent_position"),
+    ],
+    "messages": [
+        IndexModel([("agent_id", ASCENDING), ("seq", ASCENDING)], unique=True, name="agent_seq_unique"),
+        IndexModel([("agent_id", ASCENDING), ("created_at", ASCENDING), ("seq", ASCENDING)], name="agent_created"),
+        IndexModel([("agent_id", ASCENDING), ("terms", ASCENDING)], name="agent_terms"),
+    ],
+}
+
+# Every index the store creates at open(), by collection.
+ALL_INDEXES: dict[str, list[IndexModel]] = {}
+for _part in (
+    INDEXES,
+    ARCHIVAL_INDEXES,
+    SOURCE_INDEXES,
+    COORDINATION_INDEXES,
+    SCHEDULE_INDEXES,
+    JOURNAL_INDEXES,
+    USAGE_INDEXES,
+):
+    for _collection, _indexes in _part.items():
+        ALL_INDEXES.setdefault(_collection, []).extend(_indexes)
+
+
+# -- values ------------------------------------------------------------------
+def words(text: str) -> list[str]:
+    """Searchable words: \\w runs, case-folded, accents removed (café = CAFE)."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    return [word[:_MAX_TERM] for word in _WORD.findall(folded)]
+
+
+def bm25(docs: Sequence[Sequence[str]], query: Sequence[str], n_docs: int, avg_len: float) -> list[float]:
+    """Okapi BM25 of each document (a word list) for `query`, given every
+    document that contains any query word and the collection's size and mean
+    length. IDF is the always-positive form ln(1 + (N - df + .5) / (df + .5))."""
+    counts = [Counter(doc) for doc in docs]
+    n = max(n_docs, len(docs))
+    avg = avg_len if avg_len > 0 else max(sum(map(len, docs)) / max(len(docs), 1), 1.0)
+    idf = {}
+    for term in query:
+        df = sum(1 for count in counts if term in count)
+        idf[term] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    scores = []
+    for doc, count in zip(docs, counts, strict=True):
+        norm = _BM25_K1 * (1.0 - _BM25_B + _BM25_B * len(doc) / avg)
+        scores.append(sum(idf[t] * count[t] * (_BM25_K1 + 1.0) / (count[t] + norm) for t in query if t in count))
+    return scores
+
+
+def _agent(doc: Doc) -> AgentRecord:
+    summary_at = doc.get("summary_updated_at")
+    return AgentRecord(
+        doc["_id"],
+        doc["key"],
+        from_us(doc["created_at"]),
+        doc.get("summary", ""),
+        doc.get("queue_start_seq", 1),
+        None if summary_at is None else from_us(summary_at),
+    )
+
+
+def _block(doc: Doc) -> Block:
+    return Block(label=doc["label"], value=doc["value"], limit=doc["limit"], updated_at=from_us(doc["updated_at"]))
+
+
+def _message(doc: Doc) -> Message:
+    return Message(
+        seq=doc["seq"],
+        role=doc["role"],
+        content=doc.get("content"),
+        tool_calls=json.loads(doc["tool_calls"]) if doc.get("tool_calls") else None,
+        tool_call_id=doc.get("tool_call_id"),
+        name=doc.get("name"),
+        created_at=from_us(doc["created_at"]),
+        event_id=doc.get("event_id"),
+    )
+
+
+def _last_batch(newest: Doc | None) -> tuple[int, int]:
+    """(last seq handed out, words stored so far) from an agent's newest message."""
+    if newest is None:
+        return 0, 0
+    end = newest["batch_end"] if "batch_end" in newest else newest["seq"]
+    return int(end), int(newest.get("tok_total") or 0)
+
+
+async def _ensure_indexes(db: AsyncDatabase[Doc]) -> None:
+    """Create the missing indexes, one per call: FerretDB 1.24 drops the
+    connection on a createIndexes of several indexes that already exist."""
+    for name, models in ALL_INDEXES.items():
+        present = set(await db[name].index_information())
+        for model in models:
+            if model.document["name"] not in present:
+                await db[name].create_indexes([model])
+
+
+class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Store):
+    # -- life cycle --------------------------------------------------------
+    async def open(self) -> None:
+        if self._client is not None:
+            return
+        try:
+            client: AsyncMongoClient[Doc] = AsyncMongoClient(
+                self._uri, serverSelectionTimeoutMS=self._timeout_ms, appname="memgpt-bot"
+            )
+        except PyMongoError as exc:
+            raise self.error("open", exc) from exc
+        except (TypeError, ValueError) as exc:
+            detail = scrub(str(exc), self._uri)
+            raise StoreError(f"invalid MongoDB settings for {self.redacted_uri}: {detail}") from None
+        try:
+            db = client[self.database]
+            await db.command("ping")
+            await _ensure_indexes(db)
+            await self._prepare_coordination(db)
+            capabilities = await detect(db, self._vector_index)
+            await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)
+            self._client, self._db, self.capabilities = client, db, capabilities
+            # Finish deletions a crash interrupted (see delete_agent).
+            async for doc in db["agents"].find({"deleting": True}, {"_id": 1}):
+                log.info("finishing the interrupted deletion of agent %s", doc["_id"])
+                await self._purge(doc["_id"])
+        except BaseException as exc:
+            self._client = self._db = None
+            await client.close()
+            if isinstance(exc, PyMongoError):
+                raise self.error("open", exc) from exc
+            raise
+        log.info("MongoDB store %s, database %r: %s", self.redacted_uri, self.database, capabilities.describe())
+
+    async def close(self) -> None:
+        client, self._client, self._db = self._client, None, None
+        self._indexes.clear()
+        if client is not None:
+            await client.close()
+
+    # -- agents ------------------------------------------------------------
+    @guarded
+    async def get_or_create_agent(self, key: str, default_blocks: Sequence[Block]) -> tuple[AgentRecord, list[Block]]:
+        doc = await self._agent_doc(key)
+        if not doc.get("ready"):
+            # The agent document comes first and is marked ready once its
+            # default blocks exist, so a crash in between is finished by the
+            # next call; block inserts are idempotent (unique agent + label).
+            now = to_us(datetime.now(UTC))
+            blocks = [
+                {
+                    "agent_id": doc["_id"],
+                    "label": b.label,
+                    "value": b.value,
+                    "limit": b.limit,
+                    "updated_at": now,
+                    "position": n,
+                }
+                for n, b in enumerate(default_blocks, 1)
+            ]
+            if blocks:
+                try:
+                    await self._c("blocks").insert_many(blocks, ordered=False)
+                except BulkWriteError as exc:
+                    if not lost_race(exc):
+                        raise
+            await self._c("agents").update_one({"_id": doc["_id"]}, {"$set": {"ready": True}})
+        return _agent(doc), await self.load_blocks(doc["_id"])
+
+    @guarded
+    async def find_agent(self, key: str) -> AgentRecord | None:
+        doc = await self._c("agents").find_one({"key": key, **LIVE})
+        return None if doc is None else _agent(doc)
+
+    @guarded
+    async def list_agents(self) -> list[AgentRecord]:
+        cursor = self._c("agents").find(LIVE).sort([("created_at", ASCENDING), ("_id", ASCENDING)])
+        return [_agent(doc) async for doc in cursor]
+
+    @guarded
+    async def delete_agent(self, agent_id: str) -> None:
+        # Without transactions (and a history can be too big for one anyway):
+        # first a tombstone, one atomic write that hides the agent and frees its
+        # key; then the agent's documents go; the agent document goes last. A
+        # crash in between leaves a tombstone that the next open() finishes.
+        await self._c("agents").update_one(
+            {"_id": agent_id}, {"$set": {"deleting": True, "key": f"#deleted:{agent_id}"}}
+        )
+        await self._purge(agent_id)
+
+    async def _purge(self, agent_id: str) -> None:
+        for name in ("messages", "passages", "blocks"):
+            await self._c(name).delete_many({"agent_id": agent_id})
+        await self._c("counters").delete_one({"_id": f"vectors:{agent_id}"})
+        await self._purge_sources(agent_id)
+        await self._c("agents").delete_one({"_id": agent_id})
+        self._indexes.pop(agent_id, None)
+
+    # -- working context ---------------------------------------------------
+    @guarded
+    async def load_blocks(self, agent_id: str) -> list[Block]:
+        cursor = self._c("blocks").find({"agent_id": agent_id}).sort([("position", ASCENDING), ("_id", ASCENDING)])
+        return [_block(doc) async for doc in cursor]
+
+    @guarded
+    async def save_block(self, agent_id: str, block: Block) -> None:
+        await self._require_agent(agent_id)
+        blocks = self._c("blocks")
+        where = {"agent_id": agent_id, "label": block.label}
+        fields = {"value": block.value, "limit": block.limit, "updated_at": to_us(block.updated_at)}
+        # A new label goes last; an existing one keeps its place.
+        last = await blocks.find_one({"agent_id": agent_id}, {"position": 1}, sort=[("position", DESCENDING)])
+        position = (last["position"] if last else 0) + 1
+        try:
+            await blocks.update_one(where, {"$set": fields, "$setOnInsert": {"position": position}}, upsert=True)
+        except DuplicateKeyError:  # a concurrent save inserted the label first
+            await blocks.update_one(where, {"$set": fields})
+
+    # -- FIFO queue state --------------------------------------------------
+    @guarded
+    async def update_queue(
+        self, agent_id: str, summary: str, queue_start_seq: int, summary_updated_at: datetime
+    ) -> None:
+        fields = {"summary": summary, "queue_start_seq": queue_start_seq}
+        fields["summary_updated_at"] = to_us(summary_updated_at)
+        result = await self._c("agents").update_one({"_id": agent_id, **LIVE}, {"$set": fields})
+        if not result.matched_count:
+            raise StoreError(f"MongoDB store: no agent {agent_id!r}")
+
+    # -- recall storage ----------------------------------------------------
+    @guarded
+    async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
+        if not messages:
+            return []
+        texts = [words(m.searchable_text()) for m in messages]
+        docs = [
+            {
+                "agent_id": agent_id,
+                "role": m.role,
+                "content": m.content,
+                "tool_calls": m.tool_calls_json(),
+                "tool_call_id": m.tool_call_id,
+                "name": m.name,
+                "created_at": to_us(m.created_at),
+                "terms": sorted(set(t)),
+                **({"event_id": m.event_id} if m.event_id else {}),
+            }
+            for m, t in zip(messages, texts, strict=True)
+        ]
+        tokens = sum(map(len, texts))
+        lock = self._append_locks.setdefault(agent_id, asyncio.Lock())
+        async with lock:
+            for attempt in range(MAX_ATTEMPTS):
+                try:
+                    first = await self._atomic(functools.partial(self._append_once, agent_id, docs, tokens))
+                    break
+                except LostRace:
+                    await self._backoff(attempt)
+            else:
+                raise StoreError(f"MongoDB store: gave up appending to agent {agent_id!r} after {MAX_ATTEMPTS} races")
+        # Only now, so a failed append leaves the objects untouched.
+        for n, m in enumerate(messages):
+            m.seq = first + n
+        return list(messages)
+
+    async def _append_once(self, agent_id: str, docs: list[Doc], tokens: int, session: Session) -> int:
+        """Insert the batch after the agent's last batch and return its first
+        seq; LostRace if another writer took those seqs first (nothing of ours
+        is left behind then)."""
+        messages = self._c("messages")
+        await self._require_agent(agent_id, session)
+        last = await messages.find_one(
+            {"agent_id": agent_id},
+            {"seq": 1, "batch_end": 1, "tok_total": 1},
+            sort=[("seq", DESCENDING)],
+            session=session,
+        )
+        handed_out, words_so_far = _last_batch(last)
+        start, end, total = handed_out + 1, handed_out + len(docs), words_so_far + tokens
+        batch = [{**doc, "seq": start + n, "batch_end": end, "tok_total": total} for n, doc in enumerate(docs)]
+        try:
+            await messages.insert_many(batch, ordered=True, session=session)
+        except BulkWriteError as exc:
+            if not lost_race(exc):
+                raise
+            # Ordered: the first nInserted went in (none in a transaction, which
+            # is aborted). By construction a race is lost on the first document;
+            # if it ever is later, take ours back.
+            done = exc.details.get("nInserted", 0)
+            if done and session is None:
+                await messages.delete_many({"_id": {"$in": [doc["_id"] for doc in batch[:done]]}})
+            raise LostRace from exc
+        except DuplicateKeyError as exc:
+            raise LostRace from exc
+        return start
+
+    @guarded
+    async def messages_since(self, agent_id: str, seq: int) -> list[Message]:
+        cursor = self._c("messages").find({"agent_id": agent_id, "seq": {"$gte": seq}}, _NO_TERMS)
+        return [_message(doc) async for doc in cursor.sort("seq", ASCENDING)]
+
+    @guarded
+    async def count_messages(self, agent_id: str) -> int:
+        # Documents, not the last seq: a crash may have left a gap (see above).
+        return await self._c("messages").count_documents({"agent_id": agent_id})
+
+    @guarded
+    async def search_messages(
+        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
+    ) -> SearchPage:
+        if query_vector is not None:
+            return await self._hybrid_messages(agent_id, query, query_vector, limit, max(offset, 0))
+        terms = list(dict.fromkeys(words(query)))[:_MAX_QUERY_TERMS]
+        ranked, _ = await self._bm25_messages(agent_id, terms)
+        page = ranked[max(offset, 0) : max(offset, 0) + max(limit, 0)]
+        return SearchPage(items=[m for _, m in page], total=len(ranked))
+
+    async def _bm25_messages(self, agent_id: str, terms: list[str]) -> tuple[list[tuple[float, Message]], float]:
+        """The agent's messages holding any of `terms`, ranked by BM25 (score,
+        message; best first, ties by seq), and the sum of the terms' IDFs."""
+        if not terms:
+            return [], 0.0
+        messages = self._c("messages")
+        candidates = [doc async for doc in messages.find({"agent_id": agent_id, "terms": {"$in": terms}}, _NO_TERMS)]
+        if not candidates:
+            return [], 0.0
+        # Collection statistics from the newest batch: messages so far and
+        # their words (a crash gap makes these a little high; harmless).
+        last = await messages.find_one(
+            {"agent_id": agent_id}, {"seq": 1, "batch_end": 1, "tok_total": 1}, sort=[("seq", DESCENDING)]
+        )
+        n_docs, words_so_far = _last_batch(last)
+        avg_len = words_so_far / n_docs if n_docs else 0.0
+        found = [_message(doc) for doc in candidates]
+        texts = [words(m.searchable_text()) for m in found]
+        scores = bm25(texts, terms, n_docs, avg_len)
+        hits = [(score, m) for score, m in zip(scores, found, strict=True) if score > 0]
+        # The IDFs bm25() used, summed: the score of a message holding every term once.
+        n = max(n_docs, len(found))
+        idf_total = sum(
+            math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+            for df in (sum(1 for text in texts if term in text) for term in terms)
+        )
+        return sorted(hits, key=lambda hit: (-hit[0], hit[1].seq)), idf_total
+
+    async def _hybrid_messages(
+        self, agent_id: str, query: str, query_vector: Sequence[float], limit: int, offset: int
+    ) -> SearchPage:
+        """As memory/sqlite/recall.py: cosine + KEYWORD_WEIGHT x BM25 coverage
+        over the best keyword hits and the nearest embedded messages. The
+        vectors are read per search: only agents that search recall have any."""
+        pool = max(_RECALL_POOL, offset + limit)
+        # Content words only, as hybrid.keyword_query picks them: a shared
+        # "the" must not earn a bonus.
+        folded = list(dict.fromkeys(words(query)))
+        terms = ([w for w in folded if w not in STOPWORDS] or folded)[:_MAX_QUERY_TERMS]
+        ranked, idf_total = await self._bm25_messages(agent_id, terms)
+        keyword = coverage({m.seq: score for score, m in ranked[:pool]}, idf_total)
+        embedded = {"agent_id": agent_id, "embedding": {"$exists": True}}
+        cursor = self._c("messages").find(embedded, {"seq": 1, "embedding": 1})
+        rows = [(doc["seq"], doc["embedding"]) async for doc in cursor]
+        near: dict[int, float] = {}
+        if rows:
+            if len({len(vector) for _, vector in rows}) != 1:
+                raise StoreError(f"MongoDB store: agent {agent_id} has message embeddings of mixed lengths")
+            index = VectorIndex(capacity=len(rows))
+            index.add([seq for seq, _ in rows], [vector for _, vector in rows])
+            near.update(index.search(query_vector, pool))
+            near.update(index.similarity(query_vector, [seq for seq in keyword if seq not in near]))
+        for seq in keyword:
+            near.setdefault(seq, 0.0)  # a keyword hit without a vector yet: its bonus alone
+        fused = fuse(near, keyword)
+        seqs = [seq for seq, _ in fused[offset : offset + limit]] if limit > 0 else []
+        if not seqs:
+            return SearchPage(items=[], total=len(fused))
+        found = self._c("messages").find({"agent_id": agent_id, "seq": {"$in": seqs}}, _NO_TERMS)
+        by_seq = {doc["seq"]: _message(doc) async for doc in found}
+        return SearchPage(items=[by_seq[seq] for seq in seqs if seq in by_seq], total=len(fused))
+
+    @guarded
+    async def messages_without_embedding(self, agent_id: str, limit: int) -> list[Message]:
+        if limit <= 0:
+            return []
+        # People's and the agent's own words; tool results and system alerts
+        # (role user, name system_alert) are left to keyword search.
+        where = {
+            "agent_id": agent_id,
+            "role": {"$in": ["user", "assistant"]},
+            "content": {"$nin": [None, ""]},
+            "name": {"$ne": "system_alert"},
+            "embedding": {"$exists": False},
+        }
+        cursor = self._c("messages").find(where, _NO_TERMS).sort("seq", DESCENDING).limit(limit)
+        return [_message(doc) async for doc in cursor]
+
+    @guarded
+    async def set_message_embeddings(self, agent_id: str, vectors: Mapping[int, Sequence[float]]) -> None:
+        if not vectors:
+            return
+        seqs = [int(seq) for seq in vectors]
+        matrix = embedding_matrix([vectors[seq] for seq in vectors])
+        messages = self._c("messages")
+        stored = await messages.find_one({"agent_id": agent_id, "embedding": {"$exists": True}}, {"embedding": 1})
+        check_dimension(matrix, None if stored is None else len(stored["embedding"]))
+        # The agent_id condition keeps one agent from writing another's messages.
+        await messages.bulk_write(
+            [
+                UpdateOne({"agent_id": agent_id, "seq": seq}, {"$set": {"embedding": matrix[n].tolist()}})
+                for n, seq in enumerate(seqs)
+            ],
+            ordered=False,
+        )
+
+    @guarded
+    async def messages_between(
+        self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
+    ) -> SearchPage:
+        where = {"agent_id": agent_id, "created_at": {"$gte": to_us(start), "$lt": to_us(end)}}
+        messages = self._c("messages")
+        total = await messages.count_documents(where)
+        if limit <= 0 or offset >= total:
+            return SearchPage(items=[], total=total)
+        cursor = messages.find(where, _NO_TERMS).sort([("created_at", ASCENDING), ("seq", ASCENDING)])
+        cursor = cursor.skip(max(offset, 0)).limit(limit)
+        return SearchPage(items=[_message(doc) async for doc in cursor], total=total)

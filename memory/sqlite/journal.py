@@ -1,0 +1,182 @@
+"""SQLiteStore's event journal and reply outbox: the `# -- crash safety` part
+of the Store interface (memory/store.py), as a mixin of SQLiteStore.
+
+Each call is one transaction on the store's worker thread, so a journal entry,
+an outbox reply or a state change is either wholly written or not at all.
+Finished entries are kept a day (repeat deliveries are recognised meanwhile),
+then swept: the journal holds what people wrote, so it does not keep it longer
+than it needs to.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
+
+T = TypeVar("T")
+
+_SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
+_JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts"
+_OUTBOX_COLS = (
+    "id, event_id, position, agent_key, origin, user_id, reply_to, text, created_at, state, attempts, next_try_at"
+)
+
+
+def _journal(row: Sequence[Any]) -> JournalEntry:
+    return JournalEntry(row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), row[5], row[6])
+
+
+def _outbox(row: Sequence[Any]) -> OutboxEntry:
+    return OutboxEntry(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        row[4],
+        row[5],
+        json.loads(row[6]),
+        row[7],
+        datetime.fromtimestamp(row[8], UTC),
+        row[9],
+        row[10],
+        row[11],
+    )
+
+
+class SQLiteJournal:
+    _last_journal_sweep = 0.0
+
+    @abstractmethod
+    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
+
+    async def journal_receive(self, entry: JournalEntry) -> bool:
+        now = time.time()
+        sweep = now - self._last_journal_sweep > _SWEEP_EVERY
+        if sweep:
+            self._last_journal_sweep = now
+        row = (
+            entry.event_id,
+            entry.origin,
+            entry.agent_key,
+            json.dumps(entry.payload, ensure_ascii=False),
+            entry.received_at.timestamp(),
+            entry.state,
+            entry.attempts,
+        )
+
+        def job(conn: sqlite3.Connection) -> bool:
+            if sweep:
+                cutoff = now - DEDUP_TTL
+                conn.execute("DELETE FROM event_journal WHERE state = 'done' AND received_at < ?", (cutoff,))
+                conn.execute("DELETE FROM outbox WHERE state <> 'pending' AND created_at < ?", (cutoff,))
+            return bool(
+                conn.execute(
+                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (event_id) DO NOTHING",
+                    row,
+                ).rowcount
+            )
+
+        return await self.run_in_db(job, write=True)
+
+    async def journal_update(self, event_id: str, *, state: str | None = None, attempts: int | None = None) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE event_journal SET state = coalesce(?, state), attempts = coalesce(?, attempts)"
+                " WHERE event_id = ?",
+                (state, attempts, event_id),
+            )
+
+        await self.run_in_db(job, write=True)
+
+    async def journal_pending(self, origin: str) -> list[JournalEntry]:
+        def job(conn: sqlite3.Connection) -> list[JournalEntry]:
+            rows = conn.execute(
+                f"SELECT {_JOURNAL_COLS} FROM event_journal WHERE origin = ? AND state = 'pending' ORDER BY n",
+                (origin,),
+            ).fetchall()
+            return [_journal(row) for row in rows]
+
+        return await self.run_in_db(job)
+
+    async def outbox_add(self, entry: OutboxEntry) -> bool:
+        row = (
+            entry.id,
+            entry.event_id,
+            entry.position,
+            entry.agent_key,
+            entry.origin,
+            entry.user_id,
+            json.dumps(entry.reply_to),
+            entry.text,
+            entry.created_at.timestamp(),
+            entry.state,
+            entry.attempts,
+            entry.next_try_at,
+        )
+
+        def job(conn: sqlite3.Connection) -> bool:
+            return bool(
+                conn.execute(
+                    f"INSERT INTO outbox ({_OUTBOX_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (id) DO NOTHING",
+                    row,
+                ).rowcount
+            )
+
+        return await self.run_in_db(job, write=True)
+
+    async def outbox_update(
+        self, entry_id: str, *, state: str, attempts: int | None = None, next_try_at: float | None = None
+    ) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE outbox SET state = ?, attempts = coalesce(?, attempts),"
+                " next_try_at = coalesce(?, next_try_at) WHERE id = ?",
+                (state, attempts, next_try_at, entry_id),
+            )
+
+        await self.run_in_db(job, write=True)
+
+    async def outbox_for_event(self, event_id: str) -> list[OutboxEntry]:
+        def job(conn: sqlite3.Connection) -> list[OutboxEntry]:
+            rows = conn.execute(
+                f"SELECT {_OUTBOX_COLS} FROM outbox WHERE event_id = ? ORDER BY position", (event_id,)
+            ).fetchall()
+            return [_outbox(row) for row in rows]
+
+        return await self.run_in_db(job)
+
+    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
+        def job(conn: sqlite3.Connection) -> list[OutboxEntry]:
+            rows = conn.execute(
+                f"SELECT {_OUTBOX_COLS} FROM outbox WHERE origin = ? AND state = 'pending'"
+                " AND next_try_at <= ? ORDER BY created_at, event_id, position",
+                (origin, float("inf") if due_by is None else due_by),
+            ).fetchall()
+            return [_outbox(row) for row in rows]
+
+        return await self.run_in_db(job)
+
+    async def journal_forget(self, agent_key: str) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM event_journal WHERE agent_key = ?", (agent_key,))
+            conn.execute("DELETE FROM outbox WHERE agent_key = ?", (agent_key,))
+
+        await self.run_in_db(job, write=True)
+
+    async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
+        def job(conn: sqlite3.Connection) -> int | None:
+            row = conn.execute(
+                "SELECT min(seq) FROM messages WHERE agent_id = ? AND event_id = ?", (agent_id, event_id)
+            ).fetchone()
+            return None if row is None or row[0] is None else int(row[0])
+
+        return await self.run_in_db(job)
