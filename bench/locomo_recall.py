@@ -41,8 +41,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bench.locomo_data import CATEGORIES, DEFAULT_DATA, Conversation, load
 from memory.embeddings import Embedder
-from memory.hybrid import tokens
 from memory.recall import RecallMemory
+from memory.search.hybrid import tokens
 from memory.store import Store
 from memory.types import Message
 
@@ -85,11 +85,11 @@ def bm25_rank(conversation: Conversation, query: str, top: int) -> list[str]:
 
 async def open_store(backend: str, folder: Path, mongodb: str | None) -> Store:
     if backend == "sqlite":
-        from memory.sqlite_store import SQLiteStore
+        from memory.sqlite.store import SQLiteStore
 
         store: Store = SQLiteStore(folder / f"{uuid.uuid4().hex}.db")
     else:
-        from memory.mongo_store import MongoStore
+        from memory.mongo.store import MongoStore
 
         assert mongodb is not None
         store = MongoStore(mongodb, f"locomo_bench_{uuid.uuid4().hex[:12]}")

@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import Stemmer
 
-from memory.hybrid import STOPWORDS, tokens
+from memory.search.hybrid import STOPWORDS, tokens
 
 _STEMMER = Stemmer.Stemmer("english")
 # Contractions are not identifiers: "I'm" is not the term "i m".

@@ -12,7 +12,7 @@ except cosines:
 - keywords: BM25 coverage of the query's terms (memory/search/analysis.py:
   stemmed content words and whole identifiers) = the message's BM25 score
   divided by that of a message holding every term once, so the scale means the
-  same for every query (as memory.hybrid explains for archival search);
+  same for every query (as memory.search.hybrid explains for archival search);
 - context: the same coverage for the message together with its neighbours, up
   to WINDOW messages either side in the same stretch of conversation (no pause
   longer than SEGMENT_GAP). An answer is often a reply ("yes, in June") whose
@@ -43,9 +43,9 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import numpy.typing as npt
 
-from memory.hybrid import tokens
 from memory.search import when
 from memory.search.analysis import query_terms, terms
+from memory.search.hybrid import tokens
 from memory.types import Message
 
 
@@ -89,6 +89,11 @@ def conversational(message: Message) -> bool:
     return message.role in ("user", "assistant") and message.name != "system_alert"
 
 
+def embeddable(message: Message) -> bool:
+    """A turn that gets an embedding (memory/recall.py embeds content, not calls)."""
+    return conversational(message) and bool(message.content)
+
+
 @dataclass(frozen=True, slots=True)
 class Ranked:
     """Candidates as (seq, score), best first, and how many there are."""
@@ -107,6 +112,7 @@ class ConversationIndex:
         self._times: list[float] = []
         self._lengths: list[int] = []
         self._turn: list[bool] = []
+        self._embeddable: list[bool] = []
         self._speakers: list[str | None] = []
         self._postings: dict[str, tuple[list[int], list[int]]] = {}
         self._vectors = np.zeros((0, 0), dtype=F32)
@@ -144,6 +150,7 @@ class ConversationIndex:
             self._times.append(message.created_at.timestamp())
             self._lengths.append(len(found))
             self._turn.append(conversational(message) and bool(text))
+            self._embeddable.append(embeddable(message))
             self._speakers.append(speaker_of(message.content or ""))
         self._derived = None
         if self.dim is not None:
@@ -185,7 +192,7 @@ class ConversationIndex:
 
     def missing_vectors(self, limit: int) -> list[int]:
         """Seqs of turns without a vector, newest first (for a refresh from the store)."""
-        missing = np.flatnonzero(~self._mask() & self.derived.turn)[::-1][:limit]
+        missing = np.flatnonzero(~self._mask() & np.asarray(self._embeddable, dtype=bool))[::-1][:limit]
         return [self._seqs[position] for position in missing]
 
     @property
@@ -280,7 +287,8 @@ class ConversationIndex:
         if idf_total <= 0:
             return np.zeros(size, dtype=F32), np.zeros(size, dtype=F32)
         own = np.clip(own / idf_total, 0.0, 1.0)
-        window = np.where(derived.turn, np.clip(window / idf_total, 0.0, 1.0), own)
+        # Tool results and alerts are nobody's reply: they have no context.
+        window = np.where(derived.turn, np.clip(window / idf_total, 0.0, 1.0), 0.0)
         return own.astype(F32), window.astype(F32)
 
     def _speaker_signal(self, query: str) -> npt.NDArray[np.float32]:
@@ -328,7 +336,7 @@ class _Derived:
         # Turns in order; a pause longer than SEGMENT_GAP starts a new stretch.
         turns = np.flatnonzero(self.turn)
         self._turns = turns
-        gaps = np.diff(self.times[turns]) > SEGMENT_GAP if len(turns) else np.zeros(0, dtype=bool)
+        gaps = np.abs(np.diff(self.times[turns])) > SEGMENT_GAP if len(turns) else np.zeros(0, dtype=bool)
         segment = np.concatenate([[0], np.cumsum(gaps)]) if len(turns) else np.zeros(0, dtype=np.int64)
         index = np.arange(len(turns))
         first = np.searchsorted(segment, segment, side="left")
