@@ -21,7 +21,7 @@ from pymongo import ASCENDING
 from pymongo.asynchronous.collection import AsyncCollection
 
 from memory.mongo.base import Doc, from_us
-from memory.search.conversation import ConversationIndex, Ranked
+from memory.search.conversation import ConversationIndex, Ranked, Vector
 from memory.types import Message
 
 # Vectors of at most this many turns (the newest lacking one) are looked up per search.
@@ -90,7 +90,7 @@ class MessageIndexes:
     ) -> Ranked:
         return (await self.index(messages, agent_id)).rank(query, query_vector, limit, offset)
 
-    def added(self, agent_id: str, vectors: Mapping[int, Sequence[float]]) -> None:
+    def added(self, agent_id: str, vectors: Mapping[int, Vector]) -> None:
         """Vectors this process stored (an uncached agent reads them later)."""
         index = self._cache.get(agent_id)
         if index is not None:

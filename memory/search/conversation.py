@@ -39,6 +39,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -72,6 +73,8 @@ K1, B = 1.2, 0.75
 _SPEAKER = re.compile(r"^(?:\[[^\]\n]{1,40}\]\s*)?(?P<name>[^\W\d_][\w.' -]{0,40}?)(?:\s+in\s+[^:\n]{1,80})?:\s")
 
 F32 = np.float32
+# An embedding: a list of floats or a numpy row.
+Vector = Sequence[float] | npt.NDArray[np.floating[Any]]
 
 
 def speaker_of(text: str) -> str | None:
@@ -130,7 +133,7 @@ class ConversationIndex:
     def dim(self) -> int | None:
         return self._vectors.shape[1] if self._vectors.shape[1] else None
 
-    def add(self, messages: Iterable[Message], vectors: Mapping[int, Sequence[float]] | None = None) -> None:
+    def add(self, messages: Iterable[Message], vectors: Mapping[int, Vector] | None = None) -> None:
         """Messages newer than every one held (older or repeated seqs are skipped)."""
         for message in messages:
             if message.seq <= self.last_seq:
@@ -158,7 +161,7 @@ class ConversationIndex:
         if vectors:
             self.set_vectors(vectors)
 
-    def set_vectors(self, vectors: Mapping[int, Sequence[float]]) -> None:
+    def set_vectors(self, vectors: Mapping[int, Vector]) -> None:
         known = [(self._position[seq], vector) for seq, vector in vectors.items() if seq in self._position]
         if not known:
             return
@@ -203,7 +206,7 @@ class ConversationIndex:
 
     # -- ranking -----------------------------------------------------------
     def features(
-        self, query: str, query_vector: Sequence[float] | None, now: datetime | None = None
+        self, query: str, query_vector: Vector | None, now: datetime | None = None
     ) -> dict[str, npt.NDArray[np.float32]]:
         """Every signal for every message, by position (for `rank` and for tuning)."""
         size = len(self._seqs)
@@ -234,7 +237,7 @@ class ConversationIndex:
     def rank(
         self,
         query: str,
-        query_vector: Sequence[float] | None,
+        query_vector: Vector | None,
         limit: int,
         offset: int = 0,
         *,
@@ -301,7 +304,7 @@ class ConversationIndex:
         named = [code for name, code in speakers.codes.items() if f" {name} " in padded]
         if len(named) != 1:
             return np.zeros(len(self._seqs), dtype=F32)
-        return (speakers.by_position == named[0]).astype(F32)
+        return np.asarray(speakers.by_position == named[0], dtype=F32)
 
     def _time_signal(self, window: when.TimeWindow | None, derived: _Derived) -> npt.NDArray[np.float32]:
         size = len(self._seqs)

@@ -19,6 +19,7 @@ meaning and keyword parts of the ranking.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 
@@ -73,7 +74,7 @@ _BEFORE = re.compile(
     rf"\b(?:(?:the|a|last)\s+)?(?:(?P<weekday>{'|'.join(WEEKDAYS)})|(?:{_COUNT}\s+)?{_UNIT})\s+(?P<dir>before|after)\s*$"
 )
 _BARE_DIRECTION = re.compile(r"\b(?P<dir>before|after|by|since|until)\s*$")
-_RELATIVE = [
+_RELATIVE: list[tuple[re.Pattern[str], Callable[[datetime], tuple[datetime, datetime]]]] = [
     (re.compile(r"\byesterday\b"), lambda now: (now - timedelta(days=1), now)),
     (re.compile(r"\b(?:today|tonight|this morning|this evening)\b"), lambda now: (now, now + timedelta(days=1))),
     (re.compile(r"\blast night\b"), lambda now: (now - timedelta(days=1), now + timedelta(days=1))),
@@ -205,8 +206,8 @@ def parse(query: str, now: datetime) -> TimedQuery:
         window, start = _around(window, lowered[: found.start()])
         return TimedQuery(window, _cut(query, start, found.end()))
     moment = now.astimezone(UTC)
-    for pattern, make in _RELATIVE:
-        found = pattern.search(lowered)
+    for relative, make in _RELATIVE:
+        found = relative.search(lowered)
         if found is not None:
             start_at, end_at = make(moment)
             return TimedQuery(TimeWindow(start_at, end_at), _cut(query, found.start(), found.end()))
@@ -226,8 +227,8 @@ def parse(query: str, now: datetime) -> TimedQuery:
             and moment < _month_start(datetime(year, first, 1, tzinfo=UTC), months)
         ):
             year -= 1  # still in that season: "last summer" is the one before
-        start = datetime(year, first, 1, tzinfo=UTC)
-        return TimedQuery(TimeWindow(start, _month_start(start, months)), _cut(query, *found.span()))
+        season = datetime(year, first, 1, tzinfo=UTC)
+        return TimedQuery(TimeWindow(season, _month_start(season, months)), _cut(query, *found.span()))
     return TimedQuery(None, query)
 
 
