@@ -227,6 +227,9 @@ def test_parse_clock_weekday_zone_and_words() -> None:
         "2 hours",
         "3 days",
     ]
+    # A reminder "in 2 hours" is confirmed a moment later, 1:59:59 away: still "2 hours".
+    assert humanize(timedelta(hours=2) - timedelta(seconds=1)) == "2 hours"
+    assert humanize(timedelta(minutes=59, seconds=50)) == "1 hour"
 
 
 # -- the store -----------------------------------------------------------------

@@ -283,3 +283,16 @@ async def test_message_timestamps_survive_microseconds(store: SQLiteStore) -> No
 )
 def test_fts_terms(text: str, expected: str | None) -> None:
     assert fts_terms(text) == expected
+
+
+async def test_a_forget_gives_the_space_back_to_the_file_system(store: SQLiteStore, db_path: Path) -> None:
+    gone, _ = await store.get_or_create_agent("terminal:gone", blocks())
+    kept, _ = await store.get_or_create_agent("terminal:kept", blocks())
+    await store.insert_passages(gone.id, [Passage(f"passage {n} " + "x" * 2_000) for n in range(1_500)])
+    await store.insert_passages(kept.id, [Passage("a fact to keep")])
+    await store.flush_deleted()
+    full = await asyncio.to_thread(os.path.getsize, db_path)
+    await store.delete_agent(gone.id)
+    await store.flush_deleted()
+    assert await asyncio.to_thread(os.path.getsize, db_path) < full / 4, "the freed pages stayed in the file"
+    assert [p.text for p in await store.list_passages(kept.id, 10)] == ["a fact to keep"]

@@ -284,6 +284,12 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
         # The WAL still holds the pages as they were before the delete, and a
         # checkpoint alone leaves them there until overwritten: TRUNCATE copies
         # the new (secure_delete-zeroed) pages into the file and empties the WAL.
+        # VACUUM first: it rewrites the file without the freed pages (a forgotten
+        # archive otherwise keeps the file at its size), writing through the WAL.
+        try:
+            self._db.execute("VACUUM")
+        except sqlite3.OperationalError as error:  # another connection is writing: the space waits for the next forget
+            log.warning("SQLite store %s: could not reclaim the freed space (VACUUM: %s)", self.path, error)
         busy, _, _ = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
         if busy:  # another process reads an old snapshot: the old pages stay in the WAL until it is reused
             log.warning("SQLite store %s: the WAL could not be emptied after a forget (a reader is busy)", self.path)
