@@ -32,7 +32,6 @@ from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
 from memory.ingest.loader import load_document
 from memory.recall import RecallMemory
-from memory.schedules import schedule_store_for
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
@@ -98,7 +97,7 @@ class Runtime:
         self.leases = leases or leases_for(store, settings.leases)
         # Check-ins: the schedules live beside the memory, in the same store.
         self.checkin_settings = checkin_settings or settings.checkins
-        self.schedules = schedule_store_for(store)
+        self.schedules = store.schedules
         # Registered before any agent loads: each agent counts the schemas once.
         register_checkin_functions(
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed

@@ -33,7 +33,7 @@ from urllib.parse import unquote, urlsplit
 
 from tqdm import tqdm
 
-from memory.ingest.loader import passage_hash
+from memory.ingest.reading import passage_hash
 from memory.mongo.capabilities import redact_uri
 from memory.schedules import Schedule
 from memory.store import SOURCE_KEY_PREFIX, Store, StoreError
@@ -153,9 +153,7 @@ async def migrate(source: Store, target: Store, progress: bool = True) -> Migrat
 async def _copy_user_settings(source: Store, target: Store, keys: list[str], report: MigrationReport) -> None:
     """Check-ins and reminders (same ids, so `/checkin remove ID` still works),
     time zones and quiet hours, exemptions; then each is compared."""
-    from memory.schedules import schedule_store_for
-
-    source_schedules, target_schedules = schedule_store_for(source), schedule_store_for(target)
+    source_schedules, target_schedules = source.schedules, target.schedules
     taken = {schedule.id for schedule in await target_schedules.list_all()}
     schedules = await source_schedules.list_all()
     for schedule in schedules:

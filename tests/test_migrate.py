@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from cli.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
-from memory.ingest.loader import passage_hash
+from memory.ingest.reading import passage_hash
 from memory.mongo.store import MongoStore
-from memory.schedules import CheckinPrefs, Schedule, schedule_store_for
+from memory.schedules import CheckinPrefs, Schedule
 from memory.sqlite.store import SQLiteStore
 from memory.store import DocumentRecord, Store
 from memory.types import Block, Message, Passage
@@ -206,7 +206,7 @@ async def test_check_ins_preferences_and_exemptions_are_copied_and_verified(tmp_
     await last.open()
     try:
         await fill(first)
-        schedules = schedule_store_for(first)
+        schedules = first.schedules
         reminder = Schedule(
             id="",
             agent_key="discord:alice",
@@ -232,7 +232,7 @@ async def test_check_ins_preferences_and_exemptions_are_copied_and_verified(tmp_
         assert "2 check-ins and reminders, 1 users' time zone and quiet hours, 1 exemptions" in there.summary()
         back = await migrate(mongo, last, progress=False)
         assert back.ok, back.summary()
-        copied = schedule_store_for(last)
+        copied = last.schedules
         assert sorted((s.id, s.kind, s.note) for s in await copied.list_all()) == sorted(
             (s.id, s.kind, s.note) for s in await schedules.list_all()
         )

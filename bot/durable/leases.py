@@ -78,6 +78,7 @@ from typing import Literal, Protocol
 
 from bot.config import ConfigError
 from bot.durable.lanes import Lanes
+from memory.roles import LeaseStore
 from memory.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -213,7 +214,7 @@ class _Heartbeat:
 
 
 class AgentLeases:
-    def __init__(self, store: Store, settings: LeaseSettings | None = None, *, name: str | None = None) -> None:
+    def __init__(self, store: LeaseStore, settings: LeaseSettings | None = None, *, name: str | None = None) -> None:
         self.store = store
         self.settings = settings or LeaseSettings()
         self.name = name or process_name()  # owner ids are NAME/1, NAME/2...
