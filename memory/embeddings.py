@@ -20,6 +20,12 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 64
+# Batches up to this size (a search query, a few new messages) run on one
+# torch thread. torch's thread pool spins while it waits, and on a busy
+# machine (2 cores, load 14) one query took 700 ms on two threads and 41 ms on
+# one; on an idle one the second thread saves a millisecond or two. Larger
+# batches (documents, a recall backlog) keep every thread.
+SMALL_BATCH = 16
 
 _models: dict[str, Any] = {}
 _models_lock = threading.Lock()
@@ -79,9 +85,18 @@ class Embedder:
         """Synchronous encoding, for threads that are not the event loop (loaders, benches)."""
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        vectors = self._load().encode(
-            list(texts), batch_size=MAX_BATCH, normalize_embeddings=True, convert_to_numpy=True
-        )
+        model = self._load()
+        if len(texts) > SMALL_BATCH:
+            vectors = model.encode(list(texts), batch_size=MAX_BATCH, normalize_embeddings=True, convert_to_numpy=True)
+            return np.asarray(vectors, dtype=np.float32)
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            vectors = model.encode(list(texts), batch_size=MAX_BATCH, normalize_embeddings=True, convert_to_numpy=True)
+        finally:
+            torch.set_num_threads(threads)
         return np.asarray(vectors, dtype=np.float32)
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:

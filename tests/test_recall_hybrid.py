@@ -184,12 +184,13 @@ async def test_migration_adds_the_column_to_an_existing_history(tmp_path: Path) 
 
 
 async def test_keyword_statistics_follow_new_messages(store: SQLiteStore) -> None:
-    # The FTS row count is cached between searches: messages appended after a
-    # search (each holding the query word) must not push IDFs out of range.
-    agent_id = await chat(store, ["anything at all"])
+    # Each agent's index is read once and then kept up to date: messages
+    # appended after a search (each holding the query word) are candidates of
+    # the next one, and their word's statistics follow.
+    agent_id = await chat(store, ["zucchini at all"])
     vector = [1.0, 0.0, 0.0]
     await store.set_message_embeddings(agent_id, {1: vector})
-    assert (await store.search_messages(agent_id, "anything", 5, query_vector=vector)).total == 1
-    await store.append_messages(agent_id, [Message("user", f"anything {n}") for n in range(20)])
-    page = await store.search_messages(agent_id, "anything", 50, query_vector=vector)
+    assert (await store.search_messages(agent_id, "zucchini", 5, query_vector=vector)).total == 1
+    await store.append_messages(agent_id, [Message("user", f"zucchini {n}") for n in range(20)])
+    page = await store.search_messages(agent_id, "zucchini", 50, query_vector=vector)
     assert page.total == 21 and page.items[0].seq == 1

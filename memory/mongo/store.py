@@ -43,9 +43,10 @@ ordered, the queue is still a suffix). See docs/mongodb.md.
 
 Search. Recall: each message stores its distinct folded words (`terms`, a
 multikey index); a query fetches the agent's messages sharing a word and ranks
-them with BM25 in Python; given a query vector, fused with the embeddings
-that recall search stores lazily on the messages (memory/recall.py), as
-archival search fuses them. `$text` is not used even where it exists: its
+them with BM25 in Python. Given a query vector (conversation search), the
+agent's messages and the embeddings recall search stores lazily on them
+(memory/recall.py) are ranked in memory, as the SQLite store ranks them
+(memory/mongo/recall.py, memory/search/conversation.py). `$text` is not used even where it exists: its
 textScore has no inverse document frequency (a rare word does not outweigh a
 common one) and it stems, both of which the shared conformance suite rejects.
 Archival: hybrid like the SQLite store, cosine plus a keyword bonus
@@ -77,11 +78,11 @@ from memory.mongo.capabilities import detect, guarded, scrub
 from memory.mongo.coordination import MongoCoordination
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.journal import MongoJournal
+from memory.mongo.recall import MessageIndexes
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
 from memory.mongo.usage import MongoUsage
-from memory.search.hybrid import STOPWORDS, coverage, fuse
-from memory.search.vector_index import VectorIndex, check_dimension, embedding_matrix
+from memory.search.vector_index import check_dimension, embedding_matrix
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
 
@@ -93,8 +94,6 @@ _MAX_QUERY_TERMS = 32
 _BM25_K1, _BM25_B = 1.2, 0.75
 # Search-only fields, never sent back with a message.
 _NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0, "embedding": 0}
-# Hits taken from each side (keywords, meaning) in a hybrid recall search.
-_RECALL_POOL = 100
 
 
 # -- values ------------------------------------------------------------------
@@ -265,6 +264,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         await self._purge_sources(agent_id)
         await self._c("agents").delete_one({"_id": agent_id})
         self._indexes.pop(agent_id, None)
+        self._conversations.forget(agent_id)
 
     # -- working context ---------------------------------------------------
     @guarded
@@ -413,39 +413,22 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         )
         return sorted(hits, key=lambda hit: (-hit[0], hit[1].seq)), idf_total
 
+    @functools.cached_property
+    def _conversations(self) -> MessageIndexes:
+        return MessageIndexes(self._max_indexes)
+
     async def _hybrid_messages(
         self, agent_id: str, query: str, query_vector: Sequence[float], limit: int, offset: int
     ) -> SearchPage:
-        """As memory/sqlite/recall.py: cosine + KEYWORD_WEIGHT x BM25 coverage
-        over the best keyword hits and the nearest embedded messages. The
-        vectors are read per search: only agents that search recall have any."""
-        pool = max(_RECALL_POOL, offset + limit)
-        # Content words only, as hybrid.keyword_query picks them: a shared
-        # "the" must not earn a bonus.
-        folded = list(dict.fromkeys(words(query)))
-        terms = ([w for w in folded if w not in STOPWORDS] or folded)[:_MAX_QUERY_TERMS]
-        ranked, idf_total = await self._bm25_messages(agent_id, terms)
-        keyword = coverage({m.seq: score for score, m in ranked[:pool]}, idf_total)
-        embedded = {"agent_id": agent_id, "embedding": {"$exists": True}}
-        cursor = self._c("messages").find(embedded, {"seq": 1, "embedding": 1})
-        rows = [(doc["seq"], doc["embedding"]) async for doc in cursor]
-        near: dict[int, float] = {}
-        if rows:
-            if len({len(vector) for _, vector in rows}) != 1:
-                raise StoreError(f"MongoDB store: agent {agent_id} has message embeddings of mixed lengths")
-            index = VectorIndex(capacity=len(rows))
-            index.add([seq for seq, _ in rows], [vector for _, vector in rows])
-            near.update(index.search(query_vector, pool))
-            near.update(index.similarity(query_vector, [seq for seq in keyword if seq not in near]))
-        for seq in keyword:
-            near.setdefault(seq, 0.0)  # a keyword hit without a vector yet: its bonus alone
-        fused = fuse(near, keyword)
-        seqs = [seq for seq, _ in fused[offset : offset + limit]] if limit > 0 else []
+        """Conversation search ranking over the agent's messages (memory/mongo/recall.py)."""
+        messages = self._c("messages")
+        ranked = await self._conversations.rank(messages, agent_id, query, query_vector, limit, offset)
+        seqs = [seq for seq, _ in ranked.items]
         if not seqs:
-            return SearchPage(items=[], total=len(fused))
-        found = self._c("messages").find({"agent_id": agent_id, "seq": {"$in": seqs}}, _NO_TERMS)
+            return SearchPage(items=[], total=ranked.total)
+        found = messages.find({"agent_id": agent_id, "seq": {"$in": seqs}}, _NO_TERMS)
         by_seq = {doc["seq"]: _message(doc) async for doc in found}
-        return SearchPage(items=[by_seq[seq] for seq in seqs if seq in by_seq], total=len(fused))
+        return SearchPage(items=[by_seq[seq] for seq in seqs if seq in by_seq], total=ranked.total)
 
     @guarded
     async def messages_without_embedding(self, agent_id: str, limit: int) -> list[Message]:
@@ -480,6 +463,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
             ],
             ordered=False,
         )
+        self._conversations.added(agent_id, {seq: matrix[n] for n, seq in enumerate(seqs)})
 
     @guarded
     async def messages_between(

@@ -1,18 +1,17 @@
-"""Hybrid recall search for the SQLite store: FTS5 bm25 over messages fused
-with the embeddings of the messages that have one.
+"""Recall search for the SQLite store: conversation search ranking
+(memory/search/conversation.py) over the agent's messages and the embeddings
+of those that have one.
 
 Messages are embedded lazily (memory/recall.py), so an agent's history is in
-part embedded and in part not. The candidates of a search are the agent's
-best keyword hits (embedded or not) and its nearest embedded messages; each
-is ranked by the archival formula (memory.search.hybrid): cosine + KEYWORD_WEIGHT x
-BM25 coverage, a message without a vector counting cosine 0.
+part embedded and in part not; a message without a vector is ranked by its
+other signals (keywords, context, speaker, time). Each agent's messages are
+held in an LRU-bounded cache of ConversationIndexes, read from the database on
+first search and brought up to date on every search (messages with a higher
+seq, vectors the index lacks), so what another process wrote is seen too.
 
 Everything here runs on the store's worker thread (the one owning the
-connection). Vectors are keyed by seq and held per agent in an LRU-bounded
-cache of exact VectorIndexes, loaded from the BLOBs on first search. Known
-limit: vectors another process stores for an agent this process has cached
-are missed until the entry is evicted; those messages are still found by
-their keywords.
+connection). The FTS5 table still serves keyword-only search
+(Store.search_messages without a query vector).
 """
 
 from __future__ import annotations
@@ -21,22 +20,24 @@ import json
 import sqlite3
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from memory.search.hybrid import coverage, fuse, keyword_query
-from memory.search.vector_index import VectorIndex, check_dimension, embedding_matrix
+from memory.search.conversation import ConversationIndex
+from memory.search.vector_index import check_dimension, embedding_matrix
 from memory.sqlite.base import SQLiteBase
-from memory.sqlite.search import CachedRowCount, read_vectors, weigh_expressions
+from memory.sqlite.search import CachedRowCount
 from memory.types import Message, SearchPage
 
 _F32 = np.dtype("<f4")
 
-# Hits taken from each side (keywords, meaning) for a page near the top.
-CANDIDATE_POOL = 100
+# Vectors of at most this many turns (the newest lacking one) are looked up
+# per search, to pick up what another process embedded.
+REFRESH_LIMIT = 512
 
 # What is embedded: people's and the agent's own words. Tool results and
 # system alerts (stored as role user, name system_alert) are left to keyword
@@ -114,33 +115,49 @@ class SQLiteRecall(SQLiteBase):
 
 
 class MessageSearch:
-    """Per-agent message vectors (a bounded cache) and the hybrid recall ranking."""
+    """Per-agent ConversationIndexes (a bounded cache) and the recall ranking."""
 
     def __init__(self, *, max_cached: int = 256) -> None:
         self._max_cached = max(max_cached, 1)
-        self._cache: OrderedDict[str, VectorIndex] = OrderedDict()
+        self._cache: OrderedDict[str, ConversationIndex] = OrderedDict()
         self.row_count = CachedRowCount("SELECT count(*) FROM messages_fts")
 
     @property
-    def cached_agents(self) -> Mapping[str, VectorIndex]:
+    def cached_agents(self) -> Mapping[str, ConversationIndex]:
         return self._cache
 
-    def vectors(self, conn: sqlite3.Connection, agent_id: str) -> VectorIndex:
+    def index(self, conn: sqlite3.Connection, agent_id: str) -> ConversationIndex:
+        """The agent's index, brought up to date with the database: messages
+        appended since (by any process) and vectors it lacks that the database
+        now holds (stored by another process)."""
         index = self._cache.get(agent_id)
-        if index is not None:
+        if index is None:
+            index = self._cache[agent_id] = ConversationIndex()
+            while len(self._cache) > self._max_cached:
+                self._cache.popitem(last=False)
+        else:
             self._cache.move_to_end(agent_id)
-            return index
-        index = read_vectors(conn, agent_id, table="messages", key="seq")
-        self._cache[agent_id] = index
-        while len(self._cache) > self._max_cached:
-            self._cache.popitem(last=False)
+        rows = conn.execute(
+            f"SELECT {_INDEX_COLUMNS} FROM messages WHERE agent_id = ? AND seq > ? ORDER BY seq",
+            (agent_id, index.last_seq),
+        ).fetchall()
+        if rows:
+            index.add((_indexed(row) for row in rows), _vectors((row[0], row[-1]) for row in rows))
+        missing = index.missing_vectors(REFRESH_LIMIT)
+        if missing and not rows:
+            found = conn.execute(
+                "SELECT seq, embedding FROM messages WHERE agent_id = ? AND embedding IS NOT NULL"
+                " AND seq IN (SELECT value FROM json_each(?))",
+                (agent_id, json.dumps(missing)),
+            ).fetchall()
+            index.set_vectors(_vectors(found))
         return index
 
     def added(self, agent_id: str, seqs: list[int], matrix: npt.NDArray[np.float32]) -> None:
         """New vectors, already committed (an uncached agent loads them later)."""
         index = self._cache.get(agent_id)
         if index is not None and seqs:
-            index.add(seqs, matrix)
+            index.set_vectors(dict(zip(seqs, matrix, strict=True)))
 
     def forget(self, agent_id: str) -> None:
         self._cache.pop(agent_id, None)
@@ -167,42 +184,29 @@ class MessageSearch:
         offset: int,
     ) -> tuple[list[int], int]:
         """Seqs of one page, best first, and how many candidates were ranked."""
-        index = self.vectors(conn, agent_id)
-        pool = max(CANDIDATE_POOL, offset + limit)
-        keyword = self.keyword_scores(conn, agent_id, text, pool)
-        near: dict[int, float] = {}
-        if len(index):
-            near.update(index.search(query, pool))
-            near.update(index.similarity(query, [seq for seq in keyword if seq not in near]))
-        # A keyword hit without a vector yet is ranked by its bonus alone.
-        for seq in keyword:
-            near.setdefault(seq, 0.0)
-        ranked = fuse(near, keyword)
-        if limit <= 0:
-            return [], len(ranked)
-        return [seq for seq, _ in ranked[offset : offset + limit]], len(ranked)
-
-    def keyword_scores(self, conn: sqlite3.Connection, agent_id: str, text: str, pool: int) -> dict[int, float]:
-        """Coverage (0-1) of the query's expressions by the agent's best
-        keyword matches among its messages, by seq."""
-        query = keyword_query(text)
-        if query is None:
-            return {}
-        kept, idf_total = weigh_expressions(conn, "messages_fts", query.expressions, self.row_count.get(conn))
-        if not kept:
-            return {}
-        agent = agent_id.replace('"', '""')
-        # Rank inside FTS first, then map rowids to seqs (see _search_messages).
-        rows = conn.execute(
-            "SELECT m.seq, hit.score FROM ("
-            "  SELECT rowid AS id, bm25(messages_fts, 0.0, 1.0) AS score FROM messages_fts"
-            "  WHERE messages_fts MATCH ? ORDER BY score, rowid LIMIT ?"
-            ") AS hit JOIN messages m ON m.id = hit.id WHERE m.agent_id = ?",
-            (f'agent_id : "{agent}" AND text : ({query.match(kept)})', pool, agent_id),
-        ).fetchall()
-        # bm25() is negative, better matches more so.
-        return coverage({seq: -score for seq, score in rows}, idf_total)
+        ranked = self.index(conn, agent_id).rank(text, query, limit, offset)
+        return [seq for seq, _ in ranked.items], ranked.total
 
     def rows_inserted(self, count: int) -> None:
         """FTS rows this process added (kept current between re-reads)."""
         self.row_count.add(count)
+
+
+# What the index needs of a message, the embedding last.
+_INDEX_COLUMNS = "seq, role, content, tool_calls, name, created_at, embedding"
+
+
+def _indexed(row: Sequence[Any]) -> Message:
+    seq, role, content, tool_calls, name, created_at, _ = row
+    return Message(
+        role=role,
+        content=content,
+        tool_calls=json.loads(tool_calls) if tool_calls else None,
+        name=name,
+        created_at=datetime.fromtimestamp(created_at, UTC),
+        seq=seq,
+    )
+
+
+def _vectors(rows: Iterable[tuple[int, bytes | None]]) -> dict[int, npt.NDArray[np.float32]]:
+    return {seq: np.frombuffer(blob, dtype=_F32) for seq, blob in rows if blob is not None}

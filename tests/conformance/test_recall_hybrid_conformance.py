@@ -1,7 +1,9 @@
 """Lazily embedded recall and hybrid recall search, on every Store backend.
 
 Vectors here are made up (unit basis vectors), so the expected ranking follows
-from the formula alone: cosine + KEYWORD_WEIGHT x BM25 coverage.
+from the ranking's signals and weights alone (memory/search/conversation.py):
+cosine, plus bonuses for keywords, the keywords of a turn's neighbours, the
+next turn's cosine, the speaker and the time named in the query.
 """
 
 from __future__ import annotations
@@ -98,7 +100,7 @@ async def _archive(store: Store) -> tuple[str, dict[str, int]]:
     return agent.id, seq
 
 
-async def test_hybrid_ranks_by_cosine_plus_keyword_bonus(store: Store) -> None:
+async def test_hybrid_ranks_by_cosine_plus_keyword_bonuses(store: Store) -> None:
     agent_id, _ = await _archive(store)
     embedded = DIM - 3 + 4
 
@@ -112,8 +114,8 @@ async def test_hybrid_ranks_by_cosine_plus_keyword_bonus(store: Store) -> None:
     assert contents(page.items) == ["order QX-4471-ZP has shipped", "order QX-4471-ZQ has shipped"]
 
     # A message without a vector (a tool result, or one not embedded yet) is
-    # still found by its words, ranked by its bonus alone: below a perfect
-    # cosine, above the rest.
+    # still found by its words, ranked by its keyword bonuses alone: below a
+    # perfect cosine, above the rest.
     for query, text in (("zeppelin", "a zeppelin flew over"), ("drizzle", "what a lovely drizzle")):
         page = await store.search_messages(agent_id, query, 3, query_vector=unit(1))
         assert contents(page.items)[:2] == ["dogs bark loudly at night", text]

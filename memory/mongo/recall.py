@@ -1,0 +1,100 @@
+"""Recall search for the MongoDB store: conversation search ranking
+(memory/search/conversation.py) over the agent's messages, as the SQLite store
+does (memory/sqlite/recall.py), so both rank alike.
+
+Each agent's messages are held in an LRU-bounded cache of
+ConversationIndexes, read on its first search and brought up to date on every
+search: messages with a higher seq (one indexed query on agent_id + seq, empty
+when nothing is new) and, for the newest turns the index has no vector for,
+the vectors the database now holds (stored by another process, which worked
+on the agent while this one held it cached).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pymongo import ASCENDING
+from pymongo.asynchronous.collection import AsyncCollection
+
+from memory.mongo.base import Doc, from_us
+from memory.search.conversation import ConversationIndex, Ranked, Vector
+from memory.types import Message
+
+# Vectors of at most this many turns (the newest lacking one) are looked up per search.
+REFRESH_LIMIT = 512
+_INDEXED: Doc = {
+    "_id": 0,
+    "seq": 1,
+    "role": 1,
+    "content": 1,
+    "tool_calls": 1,
+    "name": 1,
+    "created_at": 1,
+    "embedding": 1,
+}
+
+
+def _indexed(doc: Doc) -> Message:
+    return Message(
+        role=doc["role"],
+        content=doc.get("content"),
+        tool_calls=json.loads(doc["tool_calls"]) if doc.get("tool_calls") else None,
+        name=doc.get("name"),
+        created_at=from_us(doc["created_at"]),
+        seq=doc["seq"],
+    )
+
+
+class MessageIndexes:
+    """Per-agent ConversationIndexes of one MongoStore."""
+
+    def __init__(self, max_cached: int = 256) -> None:
+        self._max_cached = max(max_cached, 1)
+        self._cache: OrderedDict[str, ConversationIndex] = OrderedDict()
+
+    @property
+    def cached_agents(self) -> Mapping[str, ConversationIndex]:
+        return self._cache
+
+    async def index(self, messages: AsyncCollection[Any], agent_id: str) -> ConversationIndex:
+        index = self._cache.get(agent_id)
+        if index is None:
+            index = self._cache[agent_id] = ConversationIndex()
+            while len(self._cache) > self._max_cached:
+                self._cache.popitem(last=False)
+        else:
+            self._cache.move_to_end(agent_id)
+        cursor = messages.find({"agent_id": agent_id, "seq": {"$gt": index.last_seq}}, _INDEXED)
+        docs = [doc async for doc in cursor.sort("seq", ASCENDING)]
+        if docs:
+            index.add(map(_indexed, docs), {doc["seq"]: doc["embedding"] for doc in docs if "embedding" in doc})
+            return index
+        missing = index.missing_vectors(REFRESH_LIMIT)
+        if missing:
+            where = {"agent_id": agent_id, "seq": {"$in": missing}, "embedding": {"$exists": True}}
+            index.set_vectors({doc["seq"]: doc["embedding"] async for doc in messages.find(where, _INDEXED)})
+        return index
+
+    async def rank(
+        self,
+        messages: AsyncCollection[Any],
+        agent_id: str,
+        query: str,
+        query_vector: Sequence[float],
+        limit: int,
+        offset: int,
+    ) -> Ranked:
+        return (await self.index(messages, agent_id)).rank(query, query_vector, limit, offset)
+
+    def added(self, agent_id: str, vectors: Mapping[int, Vector]) -> None:
+        """Vectors this process stored (an uncached agent reads them later)."""
+        index = self._cache.get(agent_id)
+        if index is not None:
+            index.set_vectors(vectors)
+
+    def forget(self, agent_id: str) -> None:
+        self._cache.pop(agent_id, None)
