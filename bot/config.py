@@ -18,13 +18,12 @@ import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from bot.checkins.rules import CheckinSettings
+from bot.durable.leases import LeaseSettings
+from bot.errors import ConfigError
 from bot.events import agent_key, parse_user
-
-if TYPE_CHECKING:
-    from bot.checkins.rules import CheckinSettings
-    from bot.durable.leases import LeaseSettings
 
 # Context windows of models people commonly point this bot at. Unknown models
 # get DEFAULT_CONTEXT_WINDOW; MEMGPT_CONTEXT_WINDOW overrides either.
@@ -58,10 +57,6 @@ ONE_MESSAGE_TOKENS = 256
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
-class ConfigError(Exception):
-    """A setting is missing or malformed; the message says which and how to fix it."""
-
-
 def context_window_for(model: str) -> int:
     if model in KNOWN_CONTEXT_WINDOWS:
         return KNOWN_CONTEXT_WINDOWS[model]
@@ -77,14 +72,10 @@ def _default_data_dir() -> Path:
 
 
 def _default_checkins() -> CheckinSettings:
-    from bot.checkins.rules import CheckinSettings  # imports this module: read lazily
-
     return CheckinSettings()
 
 
 def _default_leases() -> LeaseSettings:
-    from bot.durable.leases import LeaseSettings  # imports this module: read lazily
-
     return LeaseSettings()
 
 
@@ -147,9 +138,6 @@ class Settings:
 
     @classmethod
     def from_mapping(cls, env: Mapping[str, str]) -> Settings:
-        from bot.checkins.rules import CheckinSettings
-        from bot.durable.leases import LeaseSettings
-
         settings = cls()
         for spec in SPECS:
             raw = env.get(spec.env)

@@ -33,7 +33,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bot.config import ConfigError, Settings
+from bot.config import Settings
+from bot.errors import ConfigError
 from bot.llm import LLMUnavailableError
 from cli.app import NoAdapterError
 from cli.args import User, user_argument

@@ -24,7 +24,7 @@ from bot.checkins.rules import (
     parse_weekday,
     parse_when,
 )
-from bot.config import ConfigError
+from bot.errors import ConfigError
 from memory.schedules import CheckinPrefs, ScheduleStore
 from memory.sqlite.store import SQLiteStore
 from tests.mongo_server import shared_target

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, Settings, read_env_file
+from bot.config import Settings, read_env_file
+from bot.errors import ConfigError
 from bot.runtime import default_store
 from memory.mongo.store import MongoStore
 from memory.sqlite.store import SQLiteStore

@@ -40,7 +40,7 @@ from adapters.discord.commands import (
     TRUNCATED,
     report_messages,
 )
-from bot.config import ConfigError
+from bot.errors import ConfigError
 from bot.events import Reply as BotReply
 from bot.events import ScheduledTick
 from bot.runtime import Runtime

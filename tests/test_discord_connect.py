@@ -13,7 +13,7 @@ import pytest
 
 from adapters.discord import DiscordAdapter, DiscordConfig, intents
 from adapters.discord.client import run_client
-from bot.config import ConfigError
+from bot.errors import ConfigError
 
 
 @pytest.fixture

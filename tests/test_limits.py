@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from bot.config import ConfigError, Settings
+from bot.config import Settings
+from bot.errors import ConfigError
 from bot.events import FileUploaded, ScheduledTick, UserMessage
 from bot.limits import MESSAGE, TOKENS
 from bot.runtime import Runtime

@@ -33,7 +33,8 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from bot.config import ConfigError, Settings
+from bot.config import Settings
+from bot.errors import ConfigError
 from bot.events import UserMessage
 from bot.llm import LLMClient, LLMUnavailableError
 from memory.mongo.store import MongoStore

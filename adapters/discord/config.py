@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from bot.config import ConfigError
+from bot.errors import ConfigError
 
 PLATFORM = "discord"
 MESSAGE_LIMIT = 2_000

@@ -17,7 +17,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.config import ConfigError
+from bot.errors import ConfigError
 from bot.reports import plural
 from memory.schedules import SCHEDULE_KINDS, CheckinPrefs, Schedule, ScheduleKind, whole_seconds
 

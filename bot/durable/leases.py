@@ -76,8 +76,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
-from bot.config import ConfigError
 from bot.durable.lanes import Lanes
+from bot.errors import ConfigError
 from memory.roles import LeaseStore
 from memory.store import Store, StoreError
 
