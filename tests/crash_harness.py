@@ -444,6 +444,9 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
             if missing:
                 report.facts_ok = False
                 report.problems.append(f"working context of {key} lost facts {sorted(missing)[:5]}")
+        for (user, number), count in sorted(report.answers.items()):
+            if count > 1 or (count == 0 and user not in report.gave_up):
+                report.problems.append(f"{user}'s message {number} answered {count} times")
         report.interrupted_calls = conn.execute(
             "SELECT count(*) FROM messages WHERE role = 'tool' AND content LIKE '%Cut short by a restart%'"
         ).fetchone()[0]
