@@ -69,7 +69,7 @@ class Settings:
     fallback_encoding: str = "cl100k_base"
     warning_threshold: float = 0.70
     flush_threshold: float = 1.00
-    evict_fraction: float = 0.50
+    evict_fraction: float = 0.75
     # Tokens kept free for the model's answer; counted against the window.
     response_reserve: int = 1_024
     max_steps_per_event: int = 8
@@ -79,6 +79,12 @@ class Settings:
     # A queue item longer than this is shown to the model shortened, with a
     # note (it stays whole in recall storage); 0: a quarter of the usable window.
     max_message_tokens: int = 0
+    # Prompt cost (memory/queue_manager.py): a cap on the queue's tokens (0: what
+    # the window leaves), the weight of a server-cached prompt token in the daily
+    # budget, and a cheaper model for the recursive summary (empty: `model`).
+    queue_tokens: int = 0
+    cached_token_weight: float = 1.0
+    summary_model: str = ""
     # Abuse and cost control (bot/limits.py); 0 turns a limit off.
     rate_limit_per_minute: int = 20
     daily_token_budget: int = BUDGET_WINDOWS * DEFAULT_CONTEXT_WINDOW
@@ -118,6 +124,9 @@ class Settings:
         settings.human_limit = _int(env, "MEMGPT_HUMAN_LIMIT", settings.human_limit)
         settings.search_page_size = _int(env, "MEMGPT_SEARCH_PAGE_SIZE", settings.search_page_size)
         settings.max_message_tokens = _int(env, "MEMGPT_MAX_MESSAGE_TOKENS", settings.max_message_tokens)
+        settings.queue_tokens = _int(env, "MEMGPT_QUEUE_TOKENS", settings.queue_tokens)
+        settings.cached_token_weight = _float(env, "MEMGPT_CACHED_TOKEN_WEIGHT", settings.cached_token_weight)
+        settings.summary_model = env.get("MEMGPT_SUMMARY_MODEL", "").strip()
         settings.rate_limit_per_minute = _int(env, "MEMGPT_RATE_LIMIT_PER_MINUTE", settings.rate_limit_per_minute)
         settings.daily_token_budget = _int(env, "MEMGPT_DAILY_TOKEN_BUDGET", BUDGET_WINDOWS * settings.context_window)
         settings.unlimited_users = _users(env, "MEMGPT_UNLIMITED_USERS")
@@ -141,12 +150,22 @@ class Settings:
             raise ConfigError(f"MEMGPT_EVICT_FRACTION must be between 0.1 and 0.9, got {self.evict_fraction}")
         if self.context_window < 1_024:
             raise ConfigError(f"MEMGPT_CONTEXT_WINDOW must be at least 1024 tokens, got {self.context_window}")
+        if not 0.0 <= self.cached_token_weight <= 1.0:
+            raise ConfigError(
+                f"MEMGPT_CACHED_TOKEN_WEIGHT must be between 0 and 1 (1: a cached token counts in full), "
+                f"got {self.cached_token_weight}"
+            )
+        if 0 < self.queue_tokens < 256:
+            raise ConfigError(
+                f"MEMGPT_QUEUE_TOKENS must be 0 (what the window leaves) or at least 256, got {self.queue_tokens}"
+            )
         if self.store_wait < 0:
             raise ConfigError(f"MEMGPT_STORE_WAIT must be 0 (do not wait) or more seconds, got {self.store_wait}")
         if self.max_steps_per_event < 1:
             raise ConfigError("MEMGPT_MAX_STEPS must be at least 1")
         for name, value in (
             ("MEMGPT_MAX_MESSAGE_TOKENS", self.max_message_tokens),
+            ("MEMGPT_QUEUE_TOKENS", self.queue_tokens),
             ("MEMGPT_RATE_LIMIT_PER_MINUTE", self.rate_limit_per_minute),
             ("MEMGPT_DAILY_TOKEN_BUDGET", self.daily_token_budget),
         ):

@@ -53,6 +53,32 @@ class ToolCall:
 class Completion:
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    # Prompt tokens the server says it served from its prompt cache
+    # (`usage.prompt_tokens_details.cached_tokens`: OpenAI, vLLM); 0 if it does not say.
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class TokenUsage:
+    """Tokens of LLM calls: the prompt and completion counted locally, and how
+    many of the prompt's tokens the server said it had cached."""
+
+    prompt: int = 0
+    cached: int = 0
+    completion: int = 0
+
+    def add(self, other: TokenUsage) -> None:
+        self.prompt += other.prompt
+        self.cached += other.cached
+        self.completion += other.completion
+
+    def since(self, earlier: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.prompt - earlier.prompt, self.cached - earlier.cached, self.completion - earlier.completion
+        )
+
+    def copy(self) -> TokenUsage:
+        return TokenUsage(self.prompt, self.cached, self.completion)
 
 
 class LLMClient:
@@ -77,9 +103,12 @@ class LLMClient:
             # reports a refused connection as a timeout, which misleads the user.
         )
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Completion:
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, model: str | None = None
+    ) -> Completion:
+        """One chat completion; `model` overrides the client's (a cheaper summarizer)."""
         try:
-            return await self._complete(messages, tools)
+            return await self._complete(messages, tools, model or self.model)
         except LLMUnavailableError as error:
             # Some OpenAI-compatible servers and proxies quote the key they refused
             # in the error body, which our error text (logged) carries along.
@@ -89,8 +118,10 @@ class LLMClient:
             # `from None`: the SDK's own exception in the chain holds the key too.
             raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
 
-    async def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Completion:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+    async def _complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str
+    ) -> Completion:
+        kwargs: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
             kwargs["tool_choice"] = "auto"
@@ -108,7 +139,7 @@ class LLMClient:
         except openai.NotFoundError as error:
             raise LLMUnavailableError(
                 f"model or endpoint not found: {error}",
-                trouble(f"my language model server does not know the model '{self.model}'", "later"),
+                trouble(f"my language model server does not know the model '{model}'", "later"),
             ) from error
         except openai.RateLimitError as error:
             raise LLMUnavailableError(
@@ -168,7 +199,16 @@ def _parse(response: Any) -> Completion:
         )
     content = _field(message, "content")
     # Model output is stored as is: a lone surrogate would make it unstorable.
-    return Completion(content=None if content is None else fix_surrogates(_content_text(content)), tool_calls=calls)
+    text = None if content is None else fix_surrogates(_content_text(content))
+    return Completion(content=text, tool_calls=calls, cached_tokens=_cached_tokens(response))
+
+
+def _cached_tokens(response: Any) -> int:
+    """`usage.prompt_tokens_details.cached_tokens`, if the server sent a
+    sensible one (OpenAI and vLLM do; most others send no details): else 0."""
+    details = _field(_field(response, "usage"), "prompt_tokens_details")
+    cached = _field(details, "cached_tokens")
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0 else 0
 
 
 def _field(obj: Any, name: str) -> Any:
