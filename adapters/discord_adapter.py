@@ -12,7 +12,7 @@ Who is answered: direct messages always; in servers, messages that mention the
 bot, or any message in an always-on channel (and its threads). Other bots,
 webhooks, system messages and the bot itself are never answered.
 
-Crash safety (bot/durable/journal.py tells the protocol). Discord neither waits for an
+Crash safety (bot/durable/__init__.py tells the protocol). Discord neither waits for an
 acknowledgement nor delivers a gateway event again, so here the journal is for
 redoing work a crash cut short. With a bot that keeps one (the runtime), each
 message meant for the bot and each join is recorded (`receive`) before any
@@ -27,9 +27,10 @@ Delivery outcomes, per reply with an outbox entry (`report_delivery`): sent;
 RETRY for 429, 5xx and network errors; UNDELIVERABLE when the person cannot be
 reached (50007: DMs closed, the bot blocked, no shared server; with no fallback
 channel), the channel or user is unknown (404), or Discord refuses the message
-(any other 4xx). A failure ends delivery to that person for the batch: their
-later replies are not tried but reported RETRY, so the retrier sends them after
-the failed one, in order; other people's replies in the batch still go.
+(any other 4xx). While a reply to a person waits for a retry, their later
+replies are not tried but held behind it (reported RETRY) (bot/durable/lanes.py, the same
+order as on Slack), so the retrier sends them after the failed one, in order;
+other people's replies still go.
 
 Resending without duplicates. Every part of a reply with an outbox entry is
 sent with a nonce derived from its outbox id and part number (a 25-character
@@ -54,7 +55,6 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import datetime
-from pathlib import PurePath
 from typing import Any
 
 import discord
@@ -73,45 +73,14 @@ from adapters.discord_support import (
     snowflake_of,
 )
 from adapters.splitting import split_message
-from bot.events import Delivery, Event, FileUploaded, Reply, UserJoined, UserMessage, agent_key
-from bot.ports import READABLE_SUFFIXES, BotPort
+from bot.durable.lanes import Lanes
+from bot.events import Delivery, Event, FileUploaded, Redo, Reply, UserJoined, UserMessage, agent_key
+from bot.ports import BotPort, readable
 
 log = logging.getLogger(__name__)
 
-# What the bot can read, from its port. A text/* or application/pdf content type is accepted
-# whatever the name.
-UPLOAD_SUFFIXES = READABLE_SUFFIXES
 SORRY = "Sorry, something went wrong on my side and I could not answer that. Please try again in a moment."
 HISTORY_LIMIT = 50  # recent messages searched for a reply's parts before it is sent again
-
-
-class _Lanes:
-    """One first-in, first-out lane per user. The runtime already handles one user's events
-    in arrival order, but that alone does not keep their replies in order: downloads and the
-    typing indicator come before `handle`, and sending comes after it, so event N+1 could
-    otherwise reach the runtime first, or send while N is still sending its chunks.
-    Different users never share a lane."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, asyncio.Lock] = {}
-        self._holders: dict[str, int] = {}
-
-    @asynccontextmanager
-    async def hold(self, key: str) -> AsyncIterator[None]:
-        # No await before the lock's queue is joined, and asyncio.Lock wakes waiters in
-        # order, so lanes are entered in the order discord.py dispatched the events.
-        lock = self._locks.setdefault(key, asyncio.Lock())
-        self._holders[key] = self._holders.get(key, 0) + 1
-        try:
-            async with lock:
-                yield
-        finally:
-            self._holders[key] -= 1
-            if not self._holders[key]:  # keep no lock per user who ever wrote
-                del self._holders[key], self._locks[key]
-
-    def __len__(self) -> int:
-        return len(self._locks)
 
 
 class DiscordAdapter:
@@ -123,7 +92,12 @@ class DiscordAdapter:
         self.client = self._build_client()
         self.tree: app_commands.CommandTree[discord.Client] = app_commands.CommandTree(self.client)
         add_commands(self.tree, bot, forget_timeout=forget_timeout)
-        self.lanes = _Lanes()
+        # One first-in, first-out lane per user (bot/durable/lanes.py). The runtime already
+        # handles one user's events in arrival order, but that alone does not keep their replies
+        # in order: downloads and the typing indicator come before `handle`, and sending comes
+        # after it, so event N+1 could otherwise reach the runtime first, or send while N is
+        # still sending its chunks.
+        self.lanes = Lanes()
         # A bot with a journal (the runtime) records events and reports deliveries, so a
         # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are served without.
         self._durable = callable(getattr(bot, "receive", None))
@@ -142,8 +116,11 @@ class DiscordAdapter:
         }
         if not self.config.sharded:
             return discord.Client(**options)
-        shard_ids = list(self.config.shard_ids) if self.config.shard_ids is not None else None
-        return discord.AutoShardedClient(shard_count=self.config.shard_count, shard_ids=shard_ids, **options)
+        if self.config.shard_ids is None:
+            return discord.AutoShardedClient(shard_count=self.config.shard_count, **options)
+        return discord.AutoShardedClient(
+            shard_count=self.config.shard_count, shard_ids=list(self.config.shard_ids), **options
+        )
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -237,6 +214,7 @@ class DiscordAdapter:
             display_name=message.author.display_name,
             created_at=message.created_at,
             event_id=f"{message.id}:{attachment.id}",
+            journal_id=str(message.id),
             reply_to=self.reply_to(message),
             durable=durable,
         )
@@ -289,13 +267,7 @@ class DiscordAdapter:
     def refusal(self, attachment: discord.Attachment) -> str | None:
         """Why this attachment will not be read, or None if it will."""
         name = attachment.filename
-        media_type = _media_type(attachment)
-        readable = (
-            PurePath(name).suffix.lower() in UPLOAD_SUFFIXES
-            or media_type.startswith("text/")
-            or (media_type == "application/pdf")
-        )
-        if not readable:
+        if not readable(name, _media_type(attachment)):
             return f"I can't read {name}: I only take text, Markdown, HTML or PDF files."
         if attachment.size > self.config.max_upload_bytes:
             return (
@@ -309,7 +281,7 @@ class DiscordAdapter:
         text = self.addressed_text(message)
         if text is None:
             return
-        # Entered before any await: see _Lanes.
+        # Entered before any await: see self.lanes.
         async with self.lanes.hold(agent_key(PLATFORM, str(message.author.id))):
             durable = await self._record(self.message_payload(message))
             if durable is not None:
@@ -381,13 +353,7 @@ class DiscordAdapter:
                 event = self.file_uploaded(message, attachment, data, durable=durable)
                 return await self._handle(event, message.channel)
         return [
-            Reply(
-                text=reason,
-                platform=PLATFORM,
-                user_id=str(message.author.id),
-                reply_to=self.reply_to(message),
-                event_id=f"{message.id}:{attachment.id}",
-            )
+            Reply(reason, PLATFORM, str(message.author.id), self.reply_to(message), f"{message.id}:{attachment.id}")
         ]
 
     async def _handle(self, event: Event, channel: discord.abc.Messageable | None) -> list[Reply]:
@@ -396,15 +362,7 @@ class DiscordAdapter:
                 return await self.bot.handle(event)
             except Exception:
                 log.exception("handling %s %s of Discord user %s failed", event.kind, event.event_id, event.user_id)
-                return [
-                    Reply(
-                        text=SORRY,
-                        platform=PLATFORM,
-                        user_id=event.user_id,
-                        reply_to=event.reply_to,
-                        event_id=event.event_id,
-                    )
-                ]
+                return [event.reply(SORRY)]
 
     # -- crash recovery ----------------------------------------------------------
     async def recover(self) -> int:
@@ -412,21 +370,33 @@ class DiscordAdapter:
         number replayed. Call once connected (cli/app.py does), before check-ins start."""
         if not self._durable:
             return 0
-        payloads = await self.bot.pending_events(PLATFORM)
+        return await self.replay(await self.bot.pending_events(PLATFORM))
+
+    async def replay(self, redos: Sequence[Redo]) -> int:
+        """Handle recorded events again, in order, and wait for them; how many."""
         # One task per event, created in arrival order: each joins its user's lane before its
         # first await, so one user's events are redone in order while different users' overlap.
-        tasks = [
-            asyncio.create_task(self._replay(payload), name=f"discord-replay-{payload.get('event_id')}")
-            for payload in payloads
-        ]
-        for payload, outcome in zip(payloads, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
+        tasks = [asyncio.create_task(self._replay(redo), name=f"discord-replay-{redo.event_id}") for redo in redos]
+        for redo, outcome in zip(redos, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
             if isinstance(outcome, Exception):
-                # Left pending: the next start tries it again (bot/durable/journal.py caps the replays).
-                log.error("replaying Discord event %s failed", payload.get("event_id"), exc_info=outcome)
-        return len(payloads)
+                # Left unfinished: the next start tries it again (bot/durable/inbox.py caps the restarts).
+                log.error("replaying Discord event %s failed", redo.event_id, exc_info=outcome)
+        return len(redos)
 
-    async def _replay(self, payload: Mapping[str, Any]) -> None:
-        kind, event_id = payload.get("kind"), str(payload.get("event_id"))
+    async def _replay(self, redo: Redo) -> None:
+        payload, event_id = redo.payload, redo.event_id
+        kind = payload.get("kind")
+        if redo.notice:  # given up: the person is told, instead of a redo
+            async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"]))):
+                if kind == "message":  # only someone who wrote waits for an answer
+                    where = {
+                        "channel_id": int(payload["channel_id"]),
+                        "guild": payload.get("guild_id") is not None,
+                        "user_id": int(payload["user_id"]),
+                    }
+                    await self.deliver([Reply(redo.notice, PLATFORM, str(payload["user_id"]), where, event_id)])
+                await self.bot.finished(event_id)
+            return
         if kind == "join":
             event = self.joined(payload)
             event.durable = True
@@ -449,8 +419,11 @@ class DiscordAdapter:
         """The recorded message as it is now; None if it was deleted or can no longer be read.
         Other failures (network, 5xx) are raised: the event is kept for the next start."""
         channel_id = int(payload["channel_id"])
-        channel = self.client.get_channel(channel_id)
-        if not isinstance(channel, discord.abc.Messageable):  # a DM channel is not cached after a restart
+        cached = self.client.get_channel(channel_id)
+        channel: discord.abc.Messageable
+        if isinstance(cached, discord.abc.Messageable):
+            channel = cached
+        else:  # a DM channel is not cached after a restart
             guild_id = payload.get("guild_id")
             channel = self.client.get_partial_messageable(channel_id, guild_id=int(guild_id) if guild_id else None)
         try:
@@ -473,19 +446,14 @@ class DiscordAdapter:
     async def deliver(self, replies: Sequence[Reply], *, channel: discord.abc.Messageable | None = None) -> None:
         """Send replies in order to `channel`, or where each reply's `reply_to` says (a channel id,
         else the user's DMs, else `fallback_channel_id` when their DMs are closed), and report
-        each one with an outbox entry to the bot. A failure is logged and ends delivery to
-        that person, so no later part arrives without an earlier one: their later replies
-        are reported RETRY untried, and the retrier sends them after it, in order."""
-        stopped: dict[str, str] = {}  # user id -> why a reply to them failed
-        for reply in replies:
-            if reply.user_id in stopped:
-                outcome, detail = Delivery.RETRY, f"an earlier reply failed ({stopped[reply.user_id]})"
-            else:
-                outcome, detail = await self._send(reply, channel)
-                if outcome is not Delivery.SENT:
-                    stopped[reply.user_id] = detail
-            if reply.outbox_id and self._durable:
-                await self.bot.report_delivery(reply, outcome, detail)
+        each one with an outbox entry to the bot. A failure is logged; while a reply waits for a
+        retry, that person's later replies are held behind it (Lanes.deliver), so no later part
+        arrives before an earlier one."""
+
+        async def send(reply: Reply) -> tuple[Delivery, str]:
+            return await self._send(reply, channel)
+
+        await self.lanes.deliver(replies, send, self.bot.report_delivery if self._durable else None)
 
     async def _send(self, reply: Reply, channel: discord.abc.Messageable | None) -> tuple[Delivery, str]:
         if not reply.text.strip():

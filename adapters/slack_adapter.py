@@ -1,7 +1,7 @@
 """The Slack adapter: Events API in (Socket Mode or HTTP), chat.postMessage out.
 
 Each Slack payload is read by one small listener that drops what the bot must
-not answer, records the event in the bot's journal (bot/durable/journal.py) and hands
+not answer, records the event in the bot's journal (bot/durable/) and hands
 a builder to `_submit`; the builder turns the payload into typed events
 (`UserMessage`, `UserJoined`, `FileUploaded`). Bolt acks an event only once its
 listener returns (`process_before_response=True`): an event Slack stops
@@ -10,9 +10,11 @@ schedule work, so the agent's LLM calls never delay the HTTP response or the
 Socket Mode ack. Replies carry their outbox id in message metadata, so a reply
 re-sent after a crash is first looked for in the conversation (`_parts_posted`).
 
-Work for one user runs in arrival order (a FIFO lock per user, taken before
-any await) so that reading the display name or downloading a file cannot let a
-later message overtake an earlier one; different users run concurrently.
+Work for one user runs in arrival order (their lane, bot/durable/lanes.py,
+taken before any await) so that reading the display name or downloading a
+file cannot let a later message overtake an earlier one; different users run
+concurrently. Replies keep that order too: while one waits for a retry, the
+same person's later replies wait behind it (Lanes.deliver).
 Slack's retried deliveries are dropped by Events API `event_id` (the journal's key).
 
 Like every adapter it knows nothing of memory: it calls only the `BotPort`.
@@ -30,7 +32,6 @@ import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from pathlib import PurePath
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -55,7 +56,6 @@ from adapters.slack_support import (
     PLATFORM,
     REPLY_LIMIT,
     EventDeduper,
-    PerUserOrder,
     RecentEventIds,
     SlackConfig,
     SlackSetupError,
@@ -65,19 +65,15 @@ from adapters.slack_support import (
     time_of,
 )
 from adapters.splitting import split_message
-from bot.events import Delivery, Event, FileUploaded, Reply, UserJoined, UserMessage
-from bot.ports import BotPort
+from bot.durable.lanes import Lanes
+from bot.events import Delivery, Event, FileUploaded, Redo, Reply, UserJoined, UserMessage, agent_key
+from bot.ports import BotPort, readable
 
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
-UPLOAD_SUFFIXES = {
-    ".txt": "text/plain",
-    ".md": "text/markdown",
-    ".markdown": "text/markdown",
-    ".pdf": "application/pdf",
-}
-UPLOAD_FILETYPES = {"text": "text/plain", "markdown": "text/markdown", "pdf": "application/pdf"}
+# Slack's `filetype` of the readable kinds, for a file whose name says nothing.
+UPLOAD_FILETYPES = {"text": "text/plain", "markdown": "text/markdown", "html": "text/html", "pdf": "application/pdf"}
 # Errors that mean the reply can never arrive: the person left, deactivated
 # their account, or blocked the bot; the place is gone or closed to it.
 GONE = frozenset(
@@ -173,6 +169,7 @@ class _Origin:
             "event_id": self.event_id,
             "created_at": self.created_at,
             "durable": True,
+            "journal_id": self.event_id,  # a file's event has its own id, the journal entry is the payload's
             **extra,
         }
 
@@ -238,7 +235,7 @@ class SlackAdapter:
         self._people: LRU[str, _Person] = LRU(5_000, ttl=3_600)
         self._channel_names: LRU[str, str] = LRU(2_000, ttl=3_600)
         self._dm_channels: LRU[str, str] = LRU(5_000)
-        self._order = PerUserOrder()
+        self._lanes = Lanes()
         self._tasks: set[asyncio.Task[None]] = set()
         self._session: aiohttp.ClientSession | None = None
         self._runner: web.AppRunner | None = None
@@ -300,12 +297,12 @@ class SlackAdapter:
         try:
             opened = await self.client.apps_connections_open(app_token=self.config.app_token)
         except SlackApiError as error:
-            await handler.close_async()
+            await handler.close_async()  # type: ignore[no-untyped-call]  # slack-sdk leaves it unannotated
             raise SlackSetupError(
                 f"Slack rejected SLACK_APP_TOKEN (apps.connections.open: {error_code(error)})"
             ) from None
         handler.client.wss_uri = opened["url"]
-        await handler.connect_async()
+        await handler.connect_async()  # type: ignore[no-untyped-call]  # slack-sdk leaves it unannotated
         self._socket = handler
         log.info("slack: connected in Socket Mode")
 
@@ -336,7 +333,7 @@ class SlackAdapter:
         self._closing = True
         try:
             if self._socket is not None:
-                await self._socket.close_async()
+                await self._socket.close_async()  # type: ignore[no-untyped-call]  # slack-sdk leaves it unannotated
             if self._runner is not None:
                 await self._runner.cleanup()
             with contextlib.suppress(TimeoutError):
@@ -465,12 +462,26 @@ class SlackAdapter:
         wait for them; the number replayed. Call once connected, before new work."""
         if not self._durable:
             return 0
-        payloads = await self.bot.pending_events(PLATFORM)
-        for payload in payloads:
-            origin = _Origin.from_json(payload["origin"])
-            self._submit(origin, self._builder(str(payload["kind"]), origin, payload["event"]))
+        return await self.replay(await self.bot.pending_events(PLATFORM))
+
+    async def replay(self, redos: Sequence[Redo]) -> int:
+        """Handle recorded events again, in order (through the users' lanes), and wait for them."""
+        for redo in redos:
+            origin = _Origin.from_json(redo.payload["origin"])
+            if redo.notice:  # given up: the person is told, instead of a redo
+                self._submit(origin, self._gave_up(origin, redo.notice))
+            else:
+                self._submit(origin, self._builder(str(redo.payload["kind"]), origin, redo.payload["event"]))
         await self.drain()
-        return len(payloads)
+        return len(redos)
+
+    @staticmethod
+    def _gave_up(origin: _Origin, notice: str) -> Builder:
+        async def build() -> list[Item]:
+            # Only someone who wrote waits for an answer (not so after a join).
+            return [origin.notice(notice)] if "channel" in origin.reply_to else []
+
+        return build
 
     # -- builders: payload -> typed events -----------------------------------
     async def _user_message(self, origin: _Origin, event: Mapping[str, Any], *, channel: str = "") -> list[Item]:
@@ -507,18 +518,18 @@ class SlackAdapter:
             except CALL_ERRORS as error:
                 raise _DownloadError(f"files.info failed: {error_code(error)}") from None
         name = str(shared.get("name") or shared.get("title") or shared.get("id") or "file")
-        content_type = UPLOAD_SUFFIXES.get(PurePath(name).suffix.lower()) or UPLOAD_FILETYPES.get(
-            str(shared.get("filetype") or "")
-        )
-        if content_type is None:
-            text = f"I can only read text (.txt), Markdown (.md) and PDF files, so I didn't save {name}."
+        content_type = str(shared.get("mimetype") or UPLOAD_FILETYPES.get(str(shared.get("filetype") or "")) or "")
+        if not readable(name, content_type):
+            text = f"I can only read text (.txt), Markdown (.md), HTML and PDF files, so I didn't save {name}."
             return origin.notice(text, event_id)
         too_large = origin.notice(
             f"{name} is too large: I can read files of up to {human_size(self.config.max_upload_bytes)}.", event_id
         )
         if int(shared.get("size") or 0) > self.config.max_upload_bytes:
             return too_large
-        data = await self._download(str(shared.get("url_private_download") or shared.get("url_private") or ""))
+        is_html = content_type == "text/html" or name.lower().endswith((".html", ".htm", ".xhtml"))
+        url = str(shared.get("url_private_download") or shared.get("url_private") or "")
+        data = await self._download(url, html_expected=is_html)
         if data is None:
             return too_large
         return FileUploaded(
@@ -538,7 +549,7 @@ class SlackAdapter:
             return (parts.scheme, parts.netloc) == (api.scheme, api.netloc)
         return False
 
-    async def _download(self, url: str) -> bytes | None:
+    async def _download(self, url: str, *, html_expected: bool = False) -> bytes | None:
         """The file's bytes; None if it is larger than the upload limit."""
         if not self._may_send_token_to(url):
             raise _DownloadError("not a Slack file URL")
@@ -550,7 +561,7 @@ class SlackAdapter:
             async with self._session.get(url, headers=headers) as response:
                 if response.status != 200:
                     raise _DownloadError(f"HTTP {response.status}")
-                if response.content_type == "text/html":
+                if response.content_type == "text/html" and not html_expected:
                     # Without the files:read scope Slack answers with its sign-in page.
                     raise _DownloadError("Slack sent a web page instead of the file (is files:read granted?)")
                 data = bytearray()
@@ -573,7 +584,9 @@ class SlackAdapter:
         task.add_done_callback(self._tasks.discard)
 
     async def _process(self, origin: _Origin, build: Builder) -> None:
-        async with self._order.turn(origin.user_id):  # the first await: it fixes this event's place in line
+        async with self._lanes.hold(
+            agent_key(PLATFORM, origin.user_id)
+        ):  # the first await: it fixes this event's place in line
             try:
                 for item in await build():
                     await self.deliver([item] if isinstance(item, Reply) else await self.bot.handle(item))
@@ -587,11 +600,9 @@ class SlackAdapter:
     async def deliver(self, replies: Sequence[Reply]) -> None:
         """Post each reply, as mrkdwn in ordered chunks, where its `reply_to` says:
         `{"channel": C, "thread_ts"?: TS, "mention"?: USER}` or `{"dm_user": USER}`
-        (the user's DM, opened on demand). Also the way in for proactive messages."""
-        for reply in replies:
-            outcome, detail = await self._send(reply)
-            if reply.outbox_id and self._durable:
-                await self.bot.report_delivery(reply, outcome, detail)
+        (the user's DM, opened on demand), each person's in order (Lanes.deliver).
+        Also the way in for proactive messages and the outbox's retries."""
+        await self._lanes.deliver(replies, self._send, self.bot.report_delivery if self._durable else None)
 
     async def _send(self, reply: Reply) -> tuple[Delivery, str]:
         try:

@@ -1,14 +1,12 @@
 """The Slack adapter's small parts: configuration from the environment, the
-record of delivered event ids, per-user ordering, a bounded cache, and a few
-helpers shared by the adapter and its commands."""
+record of delivered event ids, a bounded cache, and a few helpers shared by
+the adapter and its commands (per-user order: bot/durable/lanes.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Generic, Protocol, TypeVar
@@ -133,7 +131,7 @@ class LRU(Generic[K, V]):
 class EventDeduper(Protocol):
     """Remembers delivered Events API ids, so Slack's retries are answered once,
     for a bot without an event journal (a bot with one, the runtime, recognises
-    repeats by the journal's key, in every process: bot/durable/journal.py)."""
+    repeats by the journal's key, in every process: bot/durable/)."""
 
     async def seen(self, event_id: str) -> bool:
         """Whether `event_id` was seen before; records it if not."""
@@ -152,27 +150,6 @@ class RecentEventIds:
             return True
         self._ids.put(event_id, True)
         return False
-
-
-class PerUserOrder:
-    """A FIFO lock per user, dropped once nobody holds or waits for it."""
-
-    def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-
-    @contextlib.asynccontextmanager
-    async def turn(self, key: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(key) or (asyncio.Lock(), 0)
-        self._locks[key] = (lock, users + 1)
-        try:
-            async with lock:  # asyncio.Lock wakes waiters in the order they came
-                yield
-        finally:
-            lock, users = self._locks[key]
-            if users <= 1:
-                del self._locks[key]
-            else:
-                self._locks[key] = (lock, users - 1)
 
 
 def time_of(ts: str | float | None) -> datetime:

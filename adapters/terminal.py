@@ -16,7 +16,7 @@ import asyncio
 import io
 import sys
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TextIO
 
 from bot.events import Reply, UserMessage
@@ -27,7 +27,7 @@ PROMPT = "you> "
 Handle = Callable[[UserMessage], Awaitable[list[Reply]]]
 
 
-async def read_lines(stream: TextIO) -> AsyncIterator[str]:
+async def read_lines(stream: TextIO) -> AsyncGenerator[str]:
     """Lines of `stream` (without their line ending) without blocking the event loop.
 
     A daemon thread does the blocking reads, so a pending read never keeps the

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bot.durable.journal import outbox_entry, unconfirmed
+from bot.durable.outbox import outbox_entry, unconfirmed
 from bot.events import Event, Reply
 from bot.functions.registry import FunctionSet
 from bot.llm import Completion, LLMClient, LLMUnavailableError, TokenUsage
@@ -425,9 +425,7 @@ class Agent:
         event = self.current_event
         if event is None:
             raise RuntimeError("send() outside an event")
-        reply = Reply(
-            text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
-        )
+        reply = event.reply(text)
         if event.durable:
             entry = outbox_entry(event, text, len(self._outbox))
             reply.outbox_id = entry.id

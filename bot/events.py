@@ -45,13 +45,23 @@ class Event:
     # Where replies go, opaque to the runtime (a channel id, a thread ts...).
     reply_to: dict[str, Any] = field(default_factory=dict)
     # Replies go through the outbox and the event can be redone after a crash
-    # (bot/durable/journal.py): set by adapters that report deliveries, and by check-ins.
+    # (bot/durable/): set by adapters that report deliveries, and by check-ins.
     durable: bool = False
+    # The journal entry the event came in as (several events may share one: a
+    # message with files); the event's own id when not given.
+    journal_id: str = ""
     kind = "event"
+
+    def __post_init__(self) -> None:
+        self.journal_id = self.journal_id or self.event_id
 
     @property
     def agent_key(self) -> str:
         return agent_key(self.platform, self.user_id)
+
+    def reply(self, text: str, *, event_id: str | None = None) -> Reply:
+        """A reply addressed like this event (not in the outbox: see Agent.send)."""
+        return Reply(text, self.platform, self.user_id, self.reply_to, event_id or self.event_id)
 
     def render(self) -> str:
         raise NotImplementedError
@@ -150,6 +160,7 @@ class Reply:
     # It may have reached the platform before (a crash or an unclear failure
     # came between): the adapter checks before sending it again.
     resend: bool = False
+    attempts: int = 0  # failed sends so far (bot/durable/outbox.py)
 
 
 class Delivery(Enum):
@@ -158,3 +169,15 @@ class Delivery(Enum):
     SENT = "sent"
     RETRY = "retry"  # a failure worth trying again (network, 5xx, rate limit)
     UNDELIVERABLE = "undeliverable"  # the person left, blocked the bot, or the place is gone
+
+
+@dataclass(slots=True)
+class Redo:
+    """An event the journal hands back to its adapter to handle again: left
+    unfinished by a crash, or waiting since storage failed it."""
+
+    event_id: str
+    payload: dict[str, Any]  # what the adapter recorded with it
+    # Set when the event is given up (the bot stopped every time it ran it):
+    # send the person this instead of redoing it, then mark it finished.
+    notice: str = ""

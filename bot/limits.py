@@ -36,7 +36,7 @@ from datetime import UTC, datetime, timedelta
 
 from bot.agent import Agent, EventResult
 from bot.config import Settings
-from bot.events import Event, FileUploaded, Reply, ScheduledTick, UserMessage
+from bot.events import Event, FileUploaded, ScheduledTick, UserMessage
 from bot.llm import TokenUsage
 from memory.store import Store, StoreError
 from memory.types import utc_now
@@ -259,15 +259,7 @@ class UsageLimits:
             return result  # once per episode, and only to someone who wrote
         await self.store.record_usage(key, RATE_NOTICE if reason == "rate" else BUDGET_NOTICE, 1, now)
         text = self._rate_notice(until, now) if reason == "rate" else self._budget_notice(until, now)
-        result.replies.append(
-            Reply(
-                text=text,
-                platform=event.platform,
-                user_id=event.user_id,
-                reply_to=event.reply_to,
-                event_id=event.event_id,
-            )
-        )
+        result.replies.append(event.reply(text))
         return result
 
     def _rate_notice(self, until: datetime, now: datetime) -> str:

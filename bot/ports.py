@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import PurePath
 from typing import Any, Protocol
 
-from bot.events import Delivery, Event, Reply
-from memory.ingest.documents import SUPPORTED_SUFFIXES
+from bot.events import Delivery, Event, Redo, Reply
+from memory.ingest.documents import document_kind
 
-# File name endings the bot can read from an upload (text, Markdown, HTML, PDF),
-# so adapters can refuse other files before downloading them.
-READABLE_SUFFIXES: frozenset[str] = frozenset(SUPPORTED_SUFFIXES)
+
+def readable(filename: str, content_type: str = "") -> bool:
+    """Whether the bot can read an upload (text, Markdown, HTML, PDF), by its
+    name or its media type, so adapters can refuse other files before
+    downloading them. One list for every platform: the documents loader's."""
+    return document_kind(PurePath(filename).name, content_type) is not None
 
 
 class BotPort(Protocol):
@@ -30,7 +34,7 @@ class BotPort(Protocol):
         `reply_to` is where future check-ins are delivered (usually the user's DM)."""
         ...
 
-    # Crash safety (bot/durable/journal.py tells the protocol).
+    # Crash safety (bot/durable/__init__.py tells the protocol).
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
         """Record an inbound event before acknowledging it (`payload`: what the
         adapter needs to handle it again, plain JSON). False for a repeat
@@ -41,10 +45,12 @@ class BotPort(Protocol):
         """Every reply to the event was sent or handed to the retrier."""
         ...
 
-    async def pending_events(self, platform: str) -> list[dict[str, Any]]:
-        """Payloads of events a crash left unfinished, in arrival order: replay them at start."""
+    async def pending_events(self, platform: str) -> list[Redo]:
+        """The events a crash left unfinished, in arrival order: replay them at
+        start (one given up carries the notice to send instead)."""
         ...
 
-    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> None:
-        """How sending one reply went (only replies with an `outbox_id` need it)."""
+    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
+        """How sending one reply went (only replies with an `outbox_id` need
+        it); what became of it (UNDELIVERABLE once it failed too often)."""
         ...

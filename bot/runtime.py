@@ -6,7 +6,6 @@ This is the API adapters call: `await runtime.handle(event) -> list[Reply]`.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,10 +16,12 @@ from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
 from bot.checkins.rules import CheckinSettings
 from bot.config import Settings
-from bot.durable.journal import Journal, outbox_entry, unconfirmed
+from bot.durable.inbox import Inbox
+from bot.durable.lanes import Lanes
 from bot.durable.leases import Leases, leases_for
+from bot.durable.outbox import Outbox, outbox_entry, unconfirmed
 from bot.durable.store_wait import StoreWait
-from bot.events import Delivery, Event, FileUploaded, Reply, UserMessage, agent_key
+from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
 from bot.functions.core import build_core_functions
 from bot.limits import UsageLimits
 from bot.llm import LLMClient
@@ -93,7 +94,8 @@ class Runtime:
             summary_model=settings.summary_model,
         )
         self._agents: dict[str, Agent] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        # One event (or admin call) per agent at a time in this process, in arrival order.
+        self._lanes = Lanes()
         # Several bot processes on one database: one of them works on an agent
         # at a time (bot/durable/leases.py); a no-op for a single process.
         self.leases = leases or leases_for(store)
@@ -105,12 +107,19 @@ class Runtime:
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
         )
         self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (cli/app.py)
-        # Inbound events and outgoing replies survive a crash (bot/durable/journal.py).
-        self.journal = Journal(store)
+        # Inbound events and outgoing replies survive a crash (bot/durable/).
+        self.inbox = Inbox(store)
+        self.outbox = Outbox(store)
+        # The port's crash-safety calls go straight to the pipeline (bot/ports.py).
+        self.receive = self.inbox.receive
+        self.finished = self.inbox.finished
+        self.pending_events = self.inbox.leftovers
+        self.report_delivery = self.outbox.report
         # Per-user message rate and daily token budget, counted in the store (bot/limits.py).
         self.limits = UsageLimits(store, settings)
-        # Store faults (SQLite busy or full, MongoDB down): events wait, then are deferred (bot/durable/store_wait.py).
-        self.store_wait = StoreWait(self.journal, settings.store_wait)
+        # Store faults (SQLite busy or full, MongoDB down): events wait, then are left
+        # waiting in the journal (bot/durable/store_wait.py).
+        self.store_wait = StoreWait(self.inbox, settings.store_wait)
 
     @classmethod
     async def create(
@@ -157,8 +166,9 @@ class Runtime:
         # The agent's line (then the lock) is joined before any await, so events
         # keep their arrival order; if another process worked on the agent since
         # our last turn, the cached copy is stale and the agent is reloaded.
-        async with self.leases.hold(key) as turn, self._lock(key):
+        async with self.leases.hold(key) as turn, self._lanes.hold(key):
             try:
+                await self.inbox.started(event)  # from here on, a crash counts against the event
                 agent = await self._agent(key, reload=not turn.continuous)
                 notice: list[Reply] = []
                 # Over a limit: kept in recall, no LLM call, perhaps a notice (bot/limits.py).
@@ -175,30 +185,7 @@ class Runtime:
                 raise
         return result
 
-    # -- crash safety: the adapters' side of bot/durable/journal.py ---------------------
-    async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
-        return await self.journal.receive(platform, event_id, user_id, payload)
-
-    async def finished(self, event_id: str) -> None:
-        await self.journal.finished(event_id)
-
-    async def pending_events(self, platform: str) -> list[dict[str, Any]]:
-        return await self.journal.pending(platform)
-
-    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> None:
-        try:
-            await self.journal.report(reply, outcome, detail)
-        except StoreError as error:
-            # Unrecorded, a sent reply stays pending and is checked for before any resend.
-            log.warning("could not record the delivery of reply %s (%s)", reply.outbox_id, error)
-
     # -- agents ------------------------------------------------------------
-    def _lock(self, key: str) -> asyncio.Lock:
-        lock = self._locks.get(key)
-        if lock is None:
-            lock = self._locks[key] = asyncio.Lock()
-        return lock
-
     async def _agent(self, key: str, *, reload: bool = False) -> Agent:
         if reload:
             self._agents.pop(key, None)
@@ -209,7 +196,7 @@ class Runtime:
         return agent
 
     async def agent(self, key: str) -> Agent:
-        async with self._lock(key):
+        async with self._lanes.hold(key):
             return await self._agent(key)
 
     async def _upload_notices(self, event: FileUploaded) -> list[Reply]:
@@ -231,9 +218,7 @@ class Runtime:
             text = f"I couldn't read {event.filename}: {event.load_error}"
         else:
             text = f"Saved {event.filename} to my memory ({plural(event.passages_saved, 'passage')})."
-        return Reply(
-            text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
-        )
+        return event.reply(text)
 
     async def _save_upload(self, agent: Agent, event: FileUploaded) -> int:
         # The same extraction, chunking and de-duplication as `memgpt-bot load`;
@@ -256,7 +241,7 @@ class Runtime:
     # -- admin and data rights ---------------------------------------------
     async def forget(self, key: str) -> bool:
         """Delete everything held on this user. Returns whether there was anything."""
-        async with self.leases.hold(key), self._lock(key):
+        async with self.leases.hold(key), self._lanes.hold(key):
             # Check-ins can exist for someone who never chatted: delete them first.
             removed = await self.schedules.delete_for_agent_key(key)
             if removed:
@@ -301,11 +286,11 @@ class Runtime:
 
     async def describe(self, key: str) -> dict[str, Any] | None:
         """Working context, summary and counts (for `/memory` and `memory show`)."""
-        async with self._lock(key):
+        async with self._lanes.hold(key):
             return await describe_user(self.store, key)
 
     async def export(self, key: str) -> dict[str, Any] | None:
-        async with self._lock(key):
+        async with self._lanes.hold(key):
             record = await self.store.find_agent(key)
             if record is None:
                 return None
@@ -346,7 +331,7 @@ class Runtime:
     async def import_history(self, key: str, messages: Iterable[Message]) -> int:
         """Load past conversation into recall storage (not into the queue)."""
         batch = list(messages)
-        async with self.leases.hold(key) as turn, self._lock(key):
+        async with self.leases.hold(key) as turn, self._lanes.hold(key):
             agent = await self._agent(key, reload=not turn.continuous)
             await self.store.append_messages(agent.id, batch)
             agent.recall_count += len(batch)

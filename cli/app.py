@@ -7,13 +7,13 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
 
-from bot.durable.journal import OutboxRetrier
-from bot.events import Reply
+from bot.durable.redelivery import Redelivery
+from bot.events import Redo, Reply
 from bot.ports import BotPort
 from memory.store import StoreError
 from memory.types import utc_now
@@ -39,8 +39,12 @@ class Adapter(Protocol):
         ...
 
     async def recover(self) -> int:
-        """Replay the events a crash left unfinished (bot/durable/journal.py) and wait
+        """Replay the events a crash left unfinished (bot/durable/) and wait
         for them; how many. Called once ready, before check-ins start."""
+        ...
+
+    async def replay(self, redos: list[Redo]) -> int:
+        """Handle recorded events again, in order (events that waited for storage)."""
         ...
 
     async def close(self) -> None: ...
@@ -116,12 +120,13 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
             await adapter.deliver(list(group))
 
     scheduler = CheckinScheduler(runtime, runtime.schedules, deliver, utc_now, runtime.checkin_settings)
-    # The retrier also replays, through each adapter's recover path, the
-    # events that gave up waiting for storage (bot/durable/store_wait.py).
-    retrier = OutboxRetrier(
-        runtime.journal,
+    # Sends the outbox's due replies and replays, through each adapter, the
+    # events that wait for storage (bot/durable/redelivery.py).
+    redelivery = Redelivery(
+        runtime.inbox,
+        runtime.outbox,
         {name: adapter.deliver for name, adapter in adapters.items()},
-        replayers={name: adapter.recover for name, adapter in adapters.items()},
+        replayers={name: adapter.replay for name, adapter in adapters.items()},
     )
     # While an event waits for storage, the person gets one notice through here.
     runtime.store_wait.notify = deliver
@@ -134,21 +139,22 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
             except TimeoutError:
                 log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
         # Crash recovery first: the events the last run left unfinished, in
-        # order, then the replies it left unconfirmed (the retrier's first round).
+        # order, then the replies it left unconfirmed (redelivery's first round).
         for name, adapter in adapters.items():
             try:
                 replayed = await adapter.recover()
             except StoreError as error:
-                # Storage is down at start: the retrier replays them once it can read the journal.
+                # Storage is down at start: redelivery replays them once it can read the journal.
                 announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
+                redelivery.recover_later(name)
                 continue
             if replayed:
                 announce(f"{name}: replayed {replayed} events left unfinished by the last run")
-        retrier.start()
+        redelivery.start()
         runtime.scheduler = scheduler
         announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
         await scheduler.start()
-        log.info("check-ins: %d schedules armed", len(scheduler.armed))
+        log.info("check-ins: %d schedules armed", len(scheduler.armed()))
 
     try:
         await run_adapters(plans, announce, on_started=start_scheduler)
@@ -156,13 +162,13 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         runtime.scheduler = None
         runtime.store_wait.notify = None
         await scheduler.stop()
-        await retrier.stop()
+        await redelivery.stop()
 
 
 async def run_adapters(
     plans: list[AdapterPlan],
     announce: Callable[[str], Any],
-    on_started: Callable[[], Awaitable[None]] | None = None,
+    on_started: Callable[[], Coroutine[Any, Any, None]] | None = None,
 ) -> None:
     """Start every planned adapter and run until a signal or until all stop."""
     for plan in plans:

@@ -26,7 +26,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from contextlib import aclosing
 from datetime import UTC, datetime
 from importlib import metadata
@@ -198,7 +198,7 @@ def run(argv: list[str] | None = None) -> int:
         settings = load_settings(args)
         log_file = configure_logging(settings, verbose=args.verbose, counts_tokens=args.command == "chat")
         log.info("%s %s %s: settings %s", PROG, version(), command, settings.redacted())
-        func: Callable[[argparse.Namespace, Settings], Awaitable[int]] = args.func
+        func: Callable[[argparse.Namespace, Settings], Coroutine[Any, Any, int]] = args.func
         code = asyncio.run(func(args, settings))
         log.info("%s %s: exit %d", PROG, command, code)
         return code

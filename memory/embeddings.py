@@ -93,7 +93,8 @@ class Embedder:
         return await future
 
     async def embed_one(self, text: str) -> np.ndarray:
-        return (await self.embed([text]))[0]
+        vectors = await self.embed([text])
+        return np.asarray(vectors[0])
 
     async def _run(self) -> None:
         assert self._pending is not None

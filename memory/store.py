@@ -9,7 +9,7 @@ say so (`list_agents`, `delete_agent`).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -271,24 +271,37 @@ class Store(ABC):
 
     # -- crash safety: the event journal and the reply outbox ------------------
     # An inbound event is recorded (journal_receive) before the platform is
-    # told it arrived, and marked done once every reply to it is handed to
-    # the outbox; a reply is recorded (outbox_add) when the agent sends it and
-    # marked sent when the platform confirms. A restarted bot redoes the
-    # pending events and re-sends the unsent replies (bot/durable/journal.py tells the
-    # protocol). Not abstract, like coordination; the conformance suite
-    # (test_journal_conformance) holds every backend to these.
+    # told it arrived, marked "running" when work on it starts, "waiting" (with
+    # its next try) when storage failed it, and "done" once every reply to it
+    # is handed to the outbox; a reply is recorded (outbox_add) when the agent
+    # sends it and marked sent when the platform confirms. A restarted bot
+    # redoes the unfinished events and re-sends the unsent replies
+    # (bot/durable/__init__.py tells the protocol). Not abstract, like
+    # coordination; the conformance suite (test_journal_conformance) holds
+    # every backend to these.
     async def journal_receive(self, entry: JournalEntry) -> bool:
         """Record an inbound event; True the first time its id is seen (by any
         process), False for a repeat delivery. Done entries are kept
         DEDUP_TTL, so repeats within a day are recognised."""
         raise self._no_journal()
 
-    async def journal_update(self, event_id: str, *, state: str | None = None, attempts: int | None = None) -> None:
-        """Change an entry's state ("pending" or "done") and/or attempt count."""
+    async def journal_update(
+        self,
+        event_id: str,
+        *,
+        state: str | None = None,
+        attempts: int | None = None,
+        next_try_at: float | None = None,
+        only_from: Collection[str] = (),
+    ) -> bool:
+        """Change an entry's state (JournalEntry.state), attempt count and/or
+        next try; with `only_from`, only if its state is one of those. Whether
+        an entry was changed (or, with nothing to change, matched)."""
         raise self._no_journal()
 
-    async def journal_pending(self, origin: str) -> list[JournalEntry]:
-        """Entries from `origin` still pending, in the order they were received."""
+    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
+        """Entries from `origin` not yet done, in the order they were received;
+        with `due_by`, only the "waiting" ones whose next try is at or before it."""
         raise self._no_journal()
 
     async def outbox_add(self, entry: OutboxEntry) -> bool:
@@ -408,8 +421,11 @@ class JournalEntry:
     agent_key: str
     payload: dict[str, Any]
     received_at: datetime
-    state: str = "pending"  # pending | done
-    attempts: int = 0
+    # pending: received, not started | running: work on it started | waiting:
+    # storage failed it, replayed at next_try_at | done
+    state: str = "pending"
+    attempts: int = 0  # restarts that found it running
+    next_try_at: float = 0.0  # seconds since the epoch, while waiting
 
 
 @dataclass(slots=True)

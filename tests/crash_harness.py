@@ -40,6 +40,7 @@ import aiohttp
 
 from tests.fake_llm import Reply, reply_text, reply_tool_calls, start_fake_llm, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
+from tests.forks import FORKS
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "crash-harness-signing-secret"
@@ -101,11 +102,10 @@ def _run_bot(env: dict[str, str], log_path: str) -> None:
     main(["run"])
 
 
-# The bot's modules are imported once, in a fork server, and each start forks
-# from it: a real new process (its own memory, sockets, threads, event loop)
-# without a second of imports per restart, which 100 restarts would multiply.
-_FORKS = multiprocessing.get_context("forkserver")
-_FORKS.set_forkserver_preload(["cli.main", "cli.app", "bot.runtime", "adapters.slack_adapter"])
+# Each start forks from the tests' fork server (tests/forks.py), where the
+# bot's modules are imported once: a real new process without seconds of
+# imports per restart, which 100 restarts would multiply.
+_FORKS = FORKS
 
 
 @dataclass

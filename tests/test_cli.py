@@ -21,6 +21,7 @@ import pytest
 from adapters.terminal import TerminalChat
 from bot.events import Reply, UserMessage
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
+from tests.forks import run_cli
 from tests.secrets_catalog import CLI_OPENAI_API_KEY
 
 SECRET_KEY = CLI_OPENAI_API_KEY
@@ -44,8 +45,11 @@ def base_env(llm_url: str, data_dir: Path, **extra: str) -> dict[str, str]:
 def memgpt(
     *args: str, env: dict[str, str], cwd: Path, stdin: str | int | None = "", timeout: float = 90
 ) -> subprocess.CompletedProcess[str]:
-    """Run `memgpt-bot ARGS` (as `python -m cli.main`) from a folder without a .env file."""
-    feed: dict[str, Any] = {"input": stdin} if isinstance(stdin, str) or stdin is None else {"stdin": stdin}
+    """Run `memgpt-bot ARGS` from a folder without a .env file: in a process forked
+    from the tests' fork server (tests/forks.py), or, when standard input is a
+    file descriptor (a terminal), as `python -m cli.main`."""
+    if isinstance(stdin, str) or stdin is None:
+        return run_cli(args, env=env, cwd=cwd, stdin=stdin, timeout=timeout)
     return subprocess.run(
         [sys.executable, "-m", "cli.main", *args],
         env=env,
@@ -53,7 +57,7 @@ def memgpt(
         capture_output=True,
         text=True,
         timeout=timeout,
-        **feed,
+        stdin=stdin,
     )
 
 

@@ -1,4 +1,4 @@
-"""Crash safety on Discord (bot/durable/journal.py): events journaled before work and redone at
+"""Crash safety on Discord (bot/durable/): events journaled before work and redone at
 restart, replies reported, retried and never sent twice.
 
 The same set-up as tests/test_discord_adapter.py: dpytest drives discord.py's real
@@ -26,7 +26,7 @@ import pytest
 from discord.ext.test import backend
 
 from adapters.discord_adapter import DiscordAdapter, nonce_of
-from bot.durable.journal import OutboxRetrier
+from bot.durable.redelivery import Redelivery
 from bot.events import Event, UserMessage
 from bot.events import Reply as BotReply
 from bot.runtime import Runtime
@@ -238,9 +238,9 @@ async def test_a_send_that_fails_with_500_is_retried_later_by_the_outbox_retrier
     assert (entry.state, entry.attempts) == ("pending", 1) and entry.next_try_at > time.time()
     assert await runtime.store.journal_pending("discord") == []  # handed to the retrier: done
 
-    retrier = OutboxRetrier(runtime.journal, {"discord": discord_bot.adapter.deliver})
+    retrier = Redelivery(runtime.inbox, runtime.outbox, {"discord": discord_bot.adapter.deliver})
     assert await retrier.run_once() == 0  # its backoff is not over
-    runtime.journal.clock = lambda: time.time() + 60
+    runtime.outbox.clock = lambda: time.time() + 60
     assert await retrier.run_once() == 1
     [reply] = sent()
     assert reply.content == "Here is my answer." and in_dm_with(reply, alice)
@@ -270,10 +270,34 @@ async def test_after_a_failure_the_persons_later_replies_wait_and_go_out_in_orde
     entries = await runtime.store.outbox_for_event(str(message.id))
     assert [(e.text, e.state, e.attempts) for e in entries] == [("First.", "pending", 1), ("Second.", "pending", 1)]
 
-    runtime.journal.clock = lambda: time.time() + 60
-    assert await OutboxRetrier(runtime.journal, {"discord": discord_bot.adapter.deliver}).run_once() == 2
+    runtime.outbox.clock = lambda: time.time() + 60
+    assert await Redelivery(runtime.inbox, runtime.outbox, {"discord": discord_bot.adapter.deliver}).run_once() == 2
     assert [m.content for m in sent()] == ["First.", "Second."]
     assert await outbox_states(runtime, str(message.id)) == ["sent", "sent"]
+
+
+async def test_a_retried_reply_is_not_overtaken_by_the_persons_next_answer(discord_bot: Harness) -> None:
+    """Across events too: while "First." waits for its retry, the answer to the next message waits behind it."""
+    runtime = discord_bot.runtime
+    discord_bot.llm.set_handler(lambda request: say("re: " + last_user_text(request).rsplit(" ", 1)[-1]))
+    failures = [server_error()]
+
+    async def fail_once(channel: Any) -> None:
+        if failures:
+            raise failures.pop()
+
+    attempts = around_sends(discord_bot, before=fail_once)
+    alice = discord_bot.member("alice")
+    dm = await alice.create_dm()
+    await dpytest.message("number one", channel=dm, member=alice)
+    await dpytest.message("number two", channel=dm, member=alice)
+    assert len(attempts) == 1 and sent() == []  # "re: two" was not tried
+    runtime.outbox.clock = lambda: time.time() + 60
+    assert await Redelivery(runtime.inbox, runtime.outbox, {"discord": discord_bot.adapter.deliver}).run_once() == 2
+    assert [m.content for m in sent()] == ["re: one", "re: two"]
+    await dpytest.message("number three", channel=dm, member=alice)
+    assert [m.content for m in sent()] == ["re: three"]
+    assert len(discord_bot.adapter.lanes) == 0
 
 
 async def test_a_person_who_closed_their_dms_gets_the_reply_dropped_not_retried(
@@ -297,8 +321,8 @@ async def test_a_person_who_closed_their_dms_gets_the_reply_dropped_not_retried(
     assert str(alice.id) in line and "50007" in line and "dropped" in line
     assert "A secret answer" not in caplog.text  # who and why, never what
 
-    runtime.journal.clock = lambda: time.time() + 3_600
-    assert await OutboxRetrier(runtime.journal, {"discord": discord_bot.adapter.deliver}).run_once() == 0
+    runtime.outbox.clock = lambda: time.time() + 3_600
+    assert await Redelivery(runtime.inbox, runtime.outbox, {"discord": discord_bot.adapter.deliver}).run_once() == 0
     assert len(attempts) == 1 and sent() == []
 
 

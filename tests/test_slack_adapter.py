@@ -658,12 +658,22 @@ async def test_unsupported_and_oversized_files_are_refused(start_bot: Start, llm
     liar = {**bot.slack.add_file("liar.txt", "y" * 100), "size": 10}  # more bytes than announced
     await bot.event(dm("", subtype="file_share", files=[tool, big, liar]))
     assert await bot.texts(3) == [
-        "I can only read text (.txt), Markdown (.md) and PDF files, so I didn't save tool.exe.",
+        "I can only read text (.txt), Markdown (.md), HTML and PDF files, so I didn't save tool.exe.",
         "big.txt is too large: I can read files of up to 64 bytes.",
         "liar.txt is too large: I can read files of up to 64 bytes.",
     ]
     assert len(bot.slack.calls_to("file_download")) == 1  # only the one that lied about its size
     assert llm_server.requests == []
+
+
+async def test_a_shared_html_file_is_saved_like_on_discord(bot: SlackBot, llm_server: FakeLLMServer) -> None:
+    # One list of readable types for both adapters (bot/ports.py: readable); Slack once refused HTML.
+    llm_server.set_handler(lambda request: say("Thanks for the page!"))
+    page = bot.slack.add_file(
+        "page.html", "<html><body><h1>Garden</h1><p>Basil likes sun.</p></body></html>", mimetype="text/html"
+    )
+    await bot.event(dm("", subtype="file_share", files=[page]))
+    assert await bot.texts(2, within=60) == ["Saved page.html to my memory (1 passage).", "Thanks for the page!"]
 
 
 # --------------------------------------------------------------------------- Socket Mode

@@ -1,4 +1,4 @@
-"""Slack and the crash-safety protocol (bot/durable/journal.py), in process: events
+"""Slack and the crash-safety protocol (bot/durable/), in process: events
 journaled before the ack, replies through the outbox, failed sends retried
 with backoff, undeliverable ones dropped, and resends that check Slack first.
 (tests/test_crash_harness.py kills a real bot process instead.)"""
@@ -11,7 +11,9 @@ import logging
 import pytest
 
 from adapters.slack_adapter import METADATA_TYPE
-from bot.durable.journal import OutboxRetrier, retry_delay
+from bot.durable.inbox import GAVE_UP, MAX_RESTARTS
+from bot.durable.outbox import retry_delay
+from bot.durable.redelivery import Redelivery
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually, say
@@ -102,8 +104,8 @@ async def test_a_reply_posted_but_unconfirmed_is_not_posted_again(bot: SlackBot,
     await bot.adapter.drain()
     # As if the process died between Slack's answer and recording it.
     await bot.runtime.store.outbox_update("EvP1:0", state="pending")
-    bot.runtime.journal.started_at = 1e12  # the entry now looks left over from a previous run
-    retrier = OutboxRetrier(bot.runtime.journal, {"slack": bot.adapter.deliver})
+    bot.runtime.outbox.started_at = 1e12  # the entry now looks left over from a previous run
+    retrier = Redelivery(bot.runtime.inbox, bot.runtime.outbox, {"slack": bot.adapter.deliver})
     assert await retrier.run_once() == 1
     assert bot.slack.posted_texts() == ["only once please"]
     [history] = bot.slack.calls_to("conversations.history")
@@ -115,14 +117,14 @@ async def test_a_failed_send_is_retried_with_backoff_until_it_goes_through(
     bot: SlackBot, llm_server: FakeLLMServer
 ) -> None:
     clock = [1_000_000.0]
-    bot.runtime.journal.clock = lambda: clock[0]
+    bot.runtime.outbox.clock = lambda: clock[0]
     llm_server.script(say("eventually delivered"))
     bot.slack.fail("chat.postMessage", "internal_error", status=500, times=4)  # the SDK itself retries none of these
     assert await bot.event(dm("hi"), event_id="EvF1") == 200
     await bot.adapter.drain()
     [entry] = await bot.runtime.store.outbox_for_event("EvF1")
     assert (entry.state, entry.attempts, entry.next_try_at) == ("pending", 1, clock[0] + retry_delay(1))
-    retrier = OutboxRetrier(bot.runtime.journal, {"slack": bot.adapter.deliver})
+    retrier = Redelivery(bot.runtime.inbox, bot.runtime.outbox, {"slack": bot.adapter.deliver})
     assert await retrier.run_once() == 0  # not due yet
     delays = []
     for _ in range(3):  # three more failures, each waiting twice as long
@@ -151,8 +153,8 @@ async def test_a_reply_to_someone_gone_is_dropped_with_a_log_line(
     assert entry.state == "dropped"
     assert any("EvG1:0" in r.getMessage() and "account_inactive" in r.getMessage() for r in caplog.records)
     assert all("you will never read this" not in r.getMessage() for r in caplog.records)
-    bot.runtime.journal.started_at = 1e12
-    retrier = OutboxRetrier(bot.runtime.journal, {"slack": bot.adapter.deliver})
+    bot.runtime.outbox.started_at = 1e12
+    retrier = Redelivery(bot.runtime.inbox, bot.runtime.outbox, {"slack": bot.adapter.deliver})
     assert await retrier.run_once() == 0  # never retried
     assert len(bot.slack.calls_to("chat.postMessage")) == 1
 
@@ -202,3 +204,73 @@ async def test_a_replayed_upload_neither_repeats_its_notice_nor_its_answer(
     assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == first
     assert len(llm_server.requests) == calls
+
+
+async def test_a_retried_reply_is_not_overtaken_by_the_persons_later_replies(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    clock = [1_000_000.0]
+    bot.runtime.outbox.clock = lambda: clock[0]
+    llm_server.set_handler(lambda request: say("re: " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
+    bot.slack.fail("chat.postMessage", "internal_error", status=500, times=1)
+    assert await bot.event(dm("number one"), event_id="EvQ1") == 200
+    await bot.adapter.drain()
+    assert await bot.event(dm("number two"), event_id="EvQ2") == 200
+    await bot.adapter.drain()
+    # "two" waits behind "one" (its retry is not due yet): Slack has neither so far.
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == []
+    assert len(bot.slack.calls_to("chat.postMessage")) == 1  # "two" was not even tried
+    clock[0] += 60
+    assert await Redelivery(bot.runtime.inbox, bot.runtime.outbox, {"slack": bot.adapter.deliver}).run_once() == 2
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["re: one", "re: two"]
+    # Once through, the next reply goes out at once.
+    assert await bot.event(dm("number three"), event_id="EvQ3") == 200
+    await bot.adapter.drain()
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["re: one", "re: two", "re: three"]
+    assert len(bot.adapter._lanes) == 0  # nothing kept per user once idle
+
+
+def recorded(event_id: str, text: str) -> dict[str, object]:
+    """What the Slack adapter journals for a DM from U1."""
+    return {
+        "kind": "message",
+        "event": dm(text),
+        "origin": {
+            "team": "T1",
+            "user": "U1",
+            "reply_to": {"channel": "DU1"},
+            "event_id": event_id,
+            "created_at": "2026-11-30T10:00:00+00:00",
+        },
+    }
+
+
+async def test_restarts_before_an_event_ran_do_not_count_against_it(bot: SlackBot, llm_server: FakeLLMServer) -> None:
+    """The crash-harness defect: kills during start-up used up the first events' restarts."""
+    await bot.runtime.receive("slack", "EvK1", "T1:U1", recorded("EvK1", "still there?"))
+    for _ in range(MAX_RESTARTS * 2):  # the bot stopped each time before working on it
+        assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
+    [entry] = await bot.runtime.store.journal_pending("slack")
+    assert (entry.state, entry.attempts) == ("pending", 0)
+    llm_server.set_handler(lambda request: say("yes"))
+    assert await bot.adapter.recover() == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["yes"]
+    assert await bot.runtime.store.journal_pending("slack") == []
+
+
+async def test_an_event_running_at_every_restart_is_given_up_and_the_person_told(
+    bot: SlackBot, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    await bot.runtime.receive("slack", "EvX1", "T1:U1", recorded("EvX1", "poison"))
+    for restart in range(1, MAX_RESTARTS):  # it was running each time the bot died
+        await bot.runtime.store.journal_update("EvX1", state="running")
+        assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
+        [entry] = await bot.runtime.store.journal_pending("slack")
+        assert entry.attempts == restart
+    await bot.runtime.store.journal_update("EvX1", state="running")
+    with caplog.at_level(logging.ERROR):
+        assert await bot.adapter.recover() == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == [GAVE_UP]
+    assert llm_server.requests == []  # not run a sixth time
+    assert any("giving up on slack event EvX1" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
+    assert await bot.runtime.store.journal_pending("slack") == []

@@ -1,4 +1,4 @@
-"""Store faults (bot/durable/store_wait.py, bot/durable/journal.py): SQLite busy/locked, a full
+"""Store faults (bot/durable/store_wait.py, bot/durable/): SQLite busy/locked, a full
 disk, MongoDB unreachable. Events wait (bounded) and resume, nothing
 acknowledged is lost or answered twice, and the person is told when the bot
 cannot keep up.
@@ -44,8 +44,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from adapters.slack_adapter import APOLOGY
-from bot.durable.journal import OutboxRetrier
 from bot.durable.leases import AgentLeases, LeaseSettings, NoLeases
+from bot.durable.redelivery import Redelivery
 from bot.durable.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from bot.events import Reply as BotReply
 from bot.events import UserMessage
@@ -234,7 +234,7 @@ class Rig:
     injected: int = 0
     survived: int = 0
     through_slack: list[int] = field(default_factory=list)  # numbers sent as Slack events
-    retrier: OutboxRetrier | None = None
+    retrier: Redelivery | None = None
 
     def model(self, request: dict[str, Any]) -> Reply:
         number = number_in(request)
@@ -404,7 +404,7 @@ def rig_parts(llm_server: FakeLLMServer, embedder: Embedder) -> Iterator[Callabl
         await store.open()
         runtime = Runtime(settings, store, llm, embedder, leases=leases or NoLeases())
         runtime.store_wait.first_delay, runtime.store_wait.max_delay = 0.1, 0.4
-        runtime.journal.replay_after = 0.3  # deferred events replayed soon after they gave up
+        runtime.inbox.replay_after = 0.3  # deferred events replayed soon after they gave up
         created.append(runtime)
         return runtime
 
@@ -427,8 +427,12 @@ async def rig(
         runtime.store_wait.notify = built.notify
         # As `memgpt-bot run` does: the start-up replay, then the retrier (which replays deferred events).
         assert await bot.adapter.recover() == 0
-        built.retrier = OutboxRetrier(
-            runtime.journal, {"slack": bot.adapter.deliver}, poll=0.1, replayers={"slack": bot.adapter.recover}
+        built.retrier = Redelivery(
+            runtime.inbox,
+            runtime.outbox,
+            {"slack": bot.adapter.deliver},
+            poll=0.1,
+            replayers={"slack": bot.adapter.replay},
         )
         built.retrier.start()
         rigs.append(built)
@@ -588,12 +592,13 @@ async def test_the_notice_and_message_are_once_per_outage(
         await runtime.finished("E2")
         lock.heal()
         assert [e.event_id for e in await store.journal_pending("slack")] == ["E1", "E2"]  # kept
-        assert not runtime.journal.replay_due("slack")  # due replay_after (0.3 s) after giving up...
+        assert await runtime.inbox.due("slack") == []  # due replay_after (0.3 s) after giving up...
+        assert {e.state for e in await store.journal_pending("slack")} == {"waiting"}  # in the rows now
         result = await runtime.handle_with_details(UserMessage(platform="terminal", user_id="x", text="ok"))
         assert not result.unfinished
-        assert runtime.journal.replay_due("slack")  # ...or at once, now that storage answered
-        assert await runtime.pending_events("slack") == [{"kind": "message"}] * 2
-        assert not runtime.journal.replay_due("slack")
+        # ...or at once, now that storage answered
+        assert [redo.payload for redo in await runtime.inbox.due("slack")] == [{"kind": "message"}] * 2
+        assert await runtime.inbox.due("slack") == []
     finally:
         lock.close()
         await runtime.close(close_embedder=False)

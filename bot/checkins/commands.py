@@ -98,7 +98,7 @@ class _Command:
             "tz": self.timezone,
             "timezone": self.timezone,
             "quiet": self.quiet,
-            "list": self.list,
+            "list": self.list_schedules,
             "pause": self.pause,
             "resume": self.resume,
             "remove": self.remove,
@@ -246,7 +246,7 @@ class _Command:
         return len(schedules)
 
     # -- the user's schedules ------------------------------------------------------
-    async def list(self, args: list[str]) -> str:
+    async def list_schedules(self, args: list[str]) -> str:
         schedules = await self.store.list_for_user(self.key)
         prefs = await self.store.get_prefs(self.key)
         if not schedules:

@@ -340,7 +340,7 @@ def backoff_skips(unanswered: int, settings: CheckinSettings) -> int:
     none before the threshold, then 1, 2, 4, 8... (capped by max_backoff_days)."""
     if settings.backoff_after <= 0 or unanswered < settings.backoff_after:
         return 0
-    return min(2 ** min(unanswered - settings.backoff_after, 20), _MAX_STEPS)
+    return int(min(2 ** min(unanswered - settings.backoff_after, 20), _MAX_STEPS))
 
 
 def next_fire_with_backoff(

@@ -72,12 +72,12 @@ import random
 import secrets
 import socket
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from bot.config import ConfigError
+from bot.durable.lanes import Lanes
 from memory.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -225,8 +225,8 @@ class AgentLeases:
         self._lives = 0
         self._beats: set[asyncio.Task[None]] = set()  # heartbeats still renewed (a retired one until its events end)
         self._heart_lock = asyncio.Lock()
-        self._join_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
-        self._turn_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._joins = Lanes()  # one ticket drawn at a time per agent
+        self._turns = Lanes()  # one event of this process per agent goes on
         self._last: dict[str, str] = {}  # key -> the last-holder record this process wrote
 
     @contextlib.asynccontextmanager
@@ -237,7 +237,7 @@ class AgentLeases:
         try:
             # One event of this process per agent goes on (in line order): the
             # others wait here for it, not polling the database.
-            async with self._local_turn(key):
+            async with self._turns.hold(key):
                 try:
                     await self._wait_turn(key, seq, heart)
                     previous = await self.store.lease_swap_holder(lease_name(key), me)
@@ -344,21 +344,10 @@ class AgentLeases:
             raise LeaseLostError(f"lost the lease on {key}: this process's heartbeat ran out")
 
     # -- a ticket's life -----------------------------------------------------
-    @staticmethod
-    def _lock(locks: weakref.WeakValueDictionary[str, asyncio.Lock], key: str) -> asyncio.Lock:
-        # Kept alive by the tasks holding or awaiting it; gone when unused.
-        lock = locks.get(key)
-        if lock is None:
-            lock = locks[key] = asyncio.Lock()
-        return lock
-
-    def _local_turn(self, key: str) -> asyncio.Lock:
-        return self._lock(self._turn_locks, key)
-
     async def _join(self, key: str) -> tuple[_Heartbeat, int]:
         # No await before this: tickets are drawn in the order hold() was called
         # (asyncio.Lock is FIFO), and taken into the local turn in that order too.
-        async with self._lock(self._join_locks, key):
+        async with self._joins.hold(key):
             heart = await self._alive()
             try:
                 seq = await self.store.lease_join(lease_name(key), heart.owner)

@@ -3,7 +3,7 @@
 An event that meets a StoreError (SQLite busy or locked past its busy
 timeout, a full disk, MongoDB unreachable, a lease lost with it) is redone
 whole after a pause that doubles from 0.5 s up to 8 s, until
-MEMGPT_STORE_WAIT seconds after it arrived. Redoing is safe (bot/durable/journal.py):
+MEMGPT_STORE_WAIT seconds after it arrived. Redoing is safe (bot/durable/__init__.py):
 a durable event's message is recorded once (Message.event_id) and its replies
 once (the outbox); the runtime drops its cached agent before each redo,
 since a failed write can leave that copy ahead of the store.
@@ -17,9 +17,10 @@ since a failed write can leave that copy ahead of the store.
   event, so the notice cannot travel with them. One per user until storage
   answers again, however many of their events wait.
 - Giving up: the result is `unfinished`, and its trouble text says what
-  happens next. A durable event stays pending in the journal (Journal.defer:
-  the adapter's `finished` leaves it so) and is replayed in this run once
-  storage answers (OutboxRetrier), or at the next start. The person is told
+  happens next. A durable event's journal row says it waits, with its next
+  try (Inbox.wait_for_storage: the adapter's `finished` leaves it so), and it
+  is replayed in this run once due or once storage answers (Redelivery), or
+  at the next start. The person is told
   so once per outage. A non-durable event was never kept, so its sender is
   asked to send it again, every time.
 """
@@ -29,12 +30,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 
 from bot.agent import ANSWERED_KINDS, EventResult
-from bot.durable.journal import Journal, Sender
-from bot.events import Event, Reply
+from bot.durable.inbox import Inbox
+from bot.durable.lanes import Lanes
+from bot.durable.redelivery import Sender
+from bot.events import Event
 from memory.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -56,21 +58,21 @@ Attempt = Callable[[], Awaitable[EventResult]]
 class StoreWait:
     def __init__(
         self,
-        journal: Journal,
+        inbox: Inbox,
         wait: float,
         *,
         first_delay: float = FIRST_DELAY,
         max_delay: float = MAX_DELAY,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.journal = journal
+        self.inbox = inbox
         self.wait = wait  # MEMGPT_STORE_WAIT
         self.first_delay = first_delay
         self.max_delay = max_delay
         self.clock = clock
         # Sends replies that answer no event (set by `memgpt-bot run`); None: no interim notice.
         self.notify: Sender | None = None
-        self._lines: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
+        self._lines = Lanes()
         self._noticed: set[str] = set()  # users sent TROUBLE_NOTICE since storage last answered
         self._told: set[str] = set()  # users told KEPT_MESSAGE since storage last answered
 
@@ -83,7 +85,7 @@ class StoreWait:
         deadline = self.clock() + self.wait
         delay = self.first_delay
         tries = 0
-        async with self._line(key):  # free: no suspension, so arrival order holds
+        async with self._lines.hold(key):  # free: no suspension, so arrival order holds
             while True:
                 tries += 1
                 try:
@@ -91,7 +93,7 @@ class StoreWait:
                 except StoreError as error:
                     left = deadline - self.clock()
                     if left <= 0:
-                        return self._give_up(event, error, tries)
+                        return await self._give_up(event, error, tries)
                     pause = min(delay, left)
                     log.warning(
                         "event %s of %s: storage failed (%s); trying again in %.1f s", event.event_id, key, error, pause
@@ -105,15 +107,8 @@ class StoreWait:
                 self._noticed.discard(key)
                 self._told.discard(key)
                 # Storage answers: events deferred earlier need not wait for their timer.
-                self.journal.storage_answered()
+                self.inbox.storage_answered()
                 return result
-
-    def _line(self, key: str) -> asyncio.Lock:
-        # Kept alive by the tasks holding or awaiting it; gone when unused.
-        lock = self._lines.get(key)
-        if lock is None:
-            lock = self._lines[key] = asyncio.Lock()
-        return lock
 
     async def _notice(self, event: Event) -> None:
         key = event.agent_key
@@ -122,11 +117,11 @@ class StoreWait:
             return
         self._noticed.add(key)
         try:
-            await self.notify([_reply(event, TROUBLE_NOTICE)])
+            await self.notify([event.reply(TROUBLE_NOTICE)])
         except Exception:  # a notice that cannot be sent must not stop the wait
             log.exception("could not send the storage-trouble notice to %s", key)
 
-    def _give_up(self, event: Event, error: StoreError, tries: int) -> EventResult:
+    async def _give_up(self, event: Event, error: StoreError, tries: int) -> EventResult:
         key, kept = event.agent_key, event.durable
         log.error(
             "event %s of %s: storage unreachable for %.0f s (%d attempts; last: %s); %s",
@@ -138,18 +133,12 @@ class StoreWait:
             "it stays pending in the journal for a replay" if kept else "it was not kept",
         )
         if kept:
-            self.journal.defer(event)
+            await self.inbox.wait_for_storage(event)
         text = KEPT_MESSAGE if kept else LOST_MESSAGE
         result = EventResult(trouble=text, unfinished=True)
         if event.kind in ANSWERED_KINDS and not (kept and key in self._told):
             # Not through the outbox: it lives in the very store that fails.
-            result.replies = [_reply(event, text)]
+            result.replies = [event.reply(text)]
             if kept:
                 self._told.add(key)
         return result
-
-
-def _reply(event: Event, text: str) -> Reply:
-    return Reply(
-        text=text, platform=event.platform, user_id=event.user_id, reply_to=event.reply_to, event_id=event.event_id
-    )

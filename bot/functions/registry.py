@@ -136,7 +136,7 @@ class FunctionSet:
             raise FunctionError(f"Arguments of {name} are not valid JSON ({error.msg} at {error.pos}).") from None
         if not isinstance(arguments, dict):
             raise FunctionError(f"Arguments of {name} must be a JSON object.")
-        arguments = fix_surrogates_in(_coerce_scalars(arguments))  # a model may write "\ud800"
+        arguments = dict(fix_surrogates_in(_coerce_scalars(arguments)))  # a model may write "\ud800"
         errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             details = "; ".join(_describe(error) for error in errors[:5])
@@ -167,5 +167,5 @@ def _coerce_scalars(arguments: dict[str, Any]) -> dict[str, Any]:
 def _describe(error: Any) -> str:
     where = ".".join(str(part) for part in error.path)
     if error.validator == "additionalProperties":
-        return error.message.replace("Additional properties are not allowed", "unexpected argument(s)")
-    return f"{where}: {error.message}" if where else error.message
+        return str(error.message).replace("Additional properties are not allowed", "unexpected argument(s)")
+    return f"{where}: {error.message}" if where else str(error.message)

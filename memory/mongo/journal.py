@@ -1,7 +1,8 @@
 """MongoStore's event journal and reply outbox: the `# -- crash safety` part of
 the Store interface (memory/store.py), as a mixin of MongoStore.
 
-    event_journal  {_id: event id, n, origin, agent_key, payload, received_at, state, attempts}
+    event_journal  {_id: event id, n, origin, agent_key, payload, received_at, state, attempts,
+                    next_try_at}
     outbox         {_id: "<event id>:<n>", event_id, position, agent_key, origin, user_id,
                     reply_to, text, created_at, state, attempts, next_try_at}
 
@@ -15,6 +16,7 @@ made unique per process) orders redo; entries are swept a day after they finish.
 from __future__ import annotations
 
 import time
+from collections.abc import Collection
 from datetime import UTC, datetime
 from typing import Any
 
@@ -49,6 +51,7 @@ def _journal(doc: Doc) -> JournalEntry:
         from_us(doc["received_at"]),
         doc["state"],
         doc.get("attempts", 0),
+        doc.get("next_try_at", 0.0),
     )
 
 
@@ -95,6 +98,7 @@ class MongoJournal(MongoBase):
             "received_at": to_us(entry.received_at),
             "state": entry.state,
             "attempts": entry.attempts,
+            "next_try_at": entry.next_try_at,
         }
         try:
             await self._c("event_journal").insert_one(doc)
@@ -103,18 +107,35 @@ class MongoJournal(MongoBase):
         return True
 
     @guarded
-    async def journal_update(self, event_id: str, *, state: str | None = None, attempts: int | None = None) -> None:
+    async def journal_update(
+        self,
+        event_id: str,
+        *,
+        state: str | None = None,
+        attempts: int | None = None,
+        next_try_at: float | None = None,
+        only_from: Collection[str] = (),
+    ) -> bool:
         fields: dict[str, Any] = {}
         if state is not None:
             fields["state"] = state
         if attempts is not None:
             fields["attempts"] = attempts
-        if fields:
-            await self._c("event_journal").update_one({"_id": event_id}, {"$set": fields})
+        if next_try_at is not None:
+            fields["next_try_at"] = next_try_at
+        where: Doc = {"_id": event_id}
+        if only_from:
+            where["state"] = {"$in": list(only_from)}
+        if not fields:
+            return await self._c("event_journal").count_documents(where, limit=1) > 0
+        return (await self._c("event_journal").update_one(where, {"$set": fields})).matched_count > 0
 
     @guarded
-    async def journal_pending(self, origin: str) -> list[JournalEntry]:
-        cursor = self._c("event_journal").find({"origin": origin, "state": "pending"}).sort("n", ASCENDING)
+    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
+        where: Doc = {"origin": origin, "state": {"$ne": "done"}}
+        if due_by is not None:  # the waiting ones due by then
+            where |= {"state": "waiting", "next_try_at": {"$lte": due_by}}
+        cursor = self._c("event_journal").find(where).sort("n", ASCENDING)
         return [_journal(doc) async for doc in cursor]
 
     @guarded

@@ -19,7 +19,7 @@ ranked by their vector.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -111,7 +111,7 @@ async def keyword_scores(passages: AsyncCollection[Any], agent_id: str, text: st
         avg_len = max(sum(map(len, docs.values())) / max(len(docs), 1), 1.0)
     total_rows = max(total_rows, len(docs), 1)
 
-    scores: Counter[int] = Counter()
+    scores: defaultdict[int, float] = defaultdict(float)
     idf_total = 0.0
     for phrase in phrases:
         # As sqlite_search drops an expression held by too many rows; a phrase

@@ -62,7 +62,8 @@ def _utc(value: Any) -> datetime | None:
     # PyMongo hands out naive UTC datetimes unless the client is tz_aware.
     if value is None:
         return None
-    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    moment: datetime = value
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
 def _schedule(doc: Doc) -> Schedule:

@@ -61,7 +61,8 @@ class AnnParams:
 def _unit(vectors: npt.ArrayLike) -> npt.NDArray[np.float32]:
     matrix = np.asarray(vectors, dtype=np.float32)
     matrix = matrix.reshape(1, -1) if matrix.ndim == 1 else matrix
-    return matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    unit: npt.NDArray[np.float32] = matrix / np.maximum(np.linalg.norm(matrix, axis=1, keepdims=True), 1e-12)
+    return unit
 
 
 class AnnIndex:
@@ -82,7 +83,7 @@ class AnnIndex:
         )
         if index is not None:
             # Search width is not part of the saved file.
-            self._index.expansion_search = self.params.expansion_search
+            self._index.expansion_search = self.params.expansion_search  # type: ignore[misc]  # settable at run time; usearch stubs say read-only
         keys = np.asarray(self._index.keys, dtype=np.int64) if len(self._index) else np.empty(0, np.int64)
         self._id_sum = int(keys.sum())
         self._max_id = int(keys.max()) if len(keys) else 0

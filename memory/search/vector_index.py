@@ -35,7 +35,8 @@ def check_dimension(matrix: npt.NDArray[np.float32], stored_dim: int | None) -> 
 def _normalise(matrix: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     # A zero vector stays zero (score 0 against everything) instead of NaN.
-    return matrix / np.maximum(norms, _EPS)
+    normalised: npt.NDArray[np.float32] = matrix / np.maximum(norms, _EPS)
+    return normalised
 
 
 class VectorIndex:

@@ -14,7 +14,7 @@ import json
 import sqlite3
 import time
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -23,14 +23,16 @@ from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
 T = TypeVar("T")
 
 _SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
-_JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts"
+_JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts, next_try_at"
 _OUTBOX_COLS = (
     "id, event_id, position, agent_key, origin, user_id, reply_to, text, created_at, state, attempts, next_try_at"
 )
 
 
 def _journal(row: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), row[5], row[6])
+    return JournalEntry(
+        row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), row[5], row[6], row[7]
+    )
 
 
 def _outbox(row: Sequence[Any]) -> OutboxEntry:
@@ -69,6 +71,7 @@ class SQLiteJournal:
             entry.received_at.timestamp(),
             entry.state,
             entry.attempts,
+            entry.next_try_at,
         )
 
         def job(conn: sqlite3.Connection) -> bool:
@@ -78,7 +81,7 @@ class SQLiteJournal:
                 conn.execute("DELETE FROM outbox WHERE state <> 'pending' AND created_at < ?", (cutoff,))
             return bool(
                 conn.execute(
-                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (event_id) DO NOTHING",
                     row,
                 ).rowcount
@@ -86,21 +89,38 @@ class SQLiteJournal:
 
         return await self.run_in_db(job, write=True)
 
-    async def journal_update(self, event_id: str, *, state: str | None = None, attempts: int | None = None) -> None:
-        def job(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "UPDATE event_journal SET state = coalesce(?, state), attempts = coalesce(?, attempts)"
-                " WHERE event_id = ?",
-                (state, attempts, event_id),
+    async def journal_update(
+        self,
+        event_id: str,
+        *,
+        state: str | None = None,
+        attempts: int | None = None,
+        next_try_at: float | None = None,
+        only_from: Collection[str] = (),
+    ) -> bool:
+        where, guard = "WHERE event_id = ?", tuple(only_from)
+        if guard:
+            where += f" AND state IN ({', '.join('?' * len(guard))})"
+
+        def job(conn: sqlite3.Connection) -> bool:
+            return bool(
+                conn.execute(
+                    "UPDATE event_journal SET state = coalesce(?, state), attempts = coalesce(?, attempts),"
+                    f" next_try_at = coalesce(?, next_try_at) {where}",
+                    (state, attempts, next_try_at, event_id, *guard),
+                ).rowcount
             )
 
-        await self.run_in_db(job, write=True)
+        return await self.run_in_db(job, write=True)
 
-    async def journal_pending(self, origin: str) -> list[JournalEntry]:
+    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
+        # Without due_by: every unfinished entry; with it: the waiting ones due by then.
+        where = "state <> 'done'" if due_by is None else "state = 'waiting' AND next_try_at <= ?"
+        arguments = (origin,) if due_by is None else (origin, due_by)
+
         def job(conn: sqlite3.Connection) -> list[JournalEntry]:
             rows = conn.execute(
-                f"SELECT {_JOURNAL_COLS} FROM event_journal WHERE origin = ? AND state = 'pending' ORDER BY n",
-                (origin,),
+                f"SELECT {_JOURNAL_COLS} FROM event_journal WHERE origin = ? AND {where} ORDER BY n", arguments
             ).fetchall()
             return [_journal(row) for row in rows]
 

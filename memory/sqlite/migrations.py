@@ -354,3 +354,16 @@ def m_drop_delivered_events(conn: sqlite3.Connection) -> None:
     # Repeat deliveries are recognised by the event journal's key now
     # (Store.journal_receive): the table of delivered event ids is not used.
     _run(conn, "DROP TABLE delivered_events")
+
+
+@migration
+def m_journal_running_and_waiting(conn: sqlite3.Connection) -> None:
+    # The durable-event pipeline (bot/durable/): an entry is "running" once work
+    # on it starts (only those count as restarts), and "waiting" for a replay at
+    # next_try_at after storage failed it. Every state but "done" is unfinished.
+    _run(
+        conn,
+        "ALTER TABLE event_journal ADD COLUMN next_try_at REAL NOT NULL DEFAULT 0",
+        "DROP INDEX event_journal_pending",
+        "CREATE INDEX event_journal_unfinished ON event_journal (origin, n) WHERE state <> 'done'",
+    )

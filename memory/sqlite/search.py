@@ -28,7 +28,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -390,7 +390,7 @@ def read_vectors(conn: sqlite3.Connection, agent_id: str, *, table: str = "passa
 
 
 def weigh_expressions(
-    conn: sqlite3.Connection, fts_table: str, expressions: list[str], total_rows: int
+    conn: sqlite3.Connection, fts_table: str, expressions: Sequence[str], total_rows: int
 ) -> tuple[list[str], float]:
     """The query expressions worth matching in `fts_table`, and the summed IDF
     of all of them (the best possible BM25 score, for coverage). Shared by

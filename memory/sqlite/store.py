@@ -437,10 +437,11 @@ class SQLiteStore(SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, 
                 "INSERT INTO passages (agent_id, text, source, position, created_at, embedding)"
                 " VALUES (?, ?, ?, ?, ?, ?)"
             )
-            ids: list[int] = [
-                conn.execute(sql, (agent_id, p.text, p.source, p.position, _ts(p.created_at), blobs.get(n))).lastrowid
-                for n, p in enumerate(passages)
-            ]
+            ids: list[int] = []
+            for n, p in enumerate(passages):
+                cursor = conn.execute(sql, (agent_id, p.text, p.source, p.position, _ts(p.created_at), blobs.get(n)))
+                assert cursor.lastrowid is not None  # an INSERT always sets it
+                ids.append(cursor.lastrowid)
         self._search.rows_inserted(len(ids))
         if embedded:
             self._search.added(agent_id, [ids[n] for n in embedded], matrix)

@@ -1,0 +1,172 @@
+"""The inbox: the event journal's side of the durable-event pipeline
+(bot/durable/__init__.py tells the whole protocol).
+
+An entry's life is in its journal row: pending (received) -> running (work
+started) -> done; or, when storage failed the work, running -> waiting (with
+its next try) -> pending (claimed for a replay) -> running -> done. Only a
+row found *running* at start-up counts as a restart against its event: an
+event that had not started when the process died is not suspect, however
+often the bot stops before reaching it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from bot.events import Event, Redo, agent_key
+from bot.sanitize import fix_surrogates_in
+from memory.store import JournalEntry, Store, StoreError
+from memory.types import utc_now
+
+log = logging.getLogger(__name__)
+
+# Restarts that found an event running before it is given up: an event that
+# stops the bot every time must not keep it from ever getting on.
+MAX_RESTARTS = 5
+# A waiting event (storage failed it) is replayed this many seconds after it
+# gave up, or as soon as storage answers another event.
+REPLAY_AFTER = 60.0
+# Replays in a run stop this long after the event arrived (storage down for
+# hours, or an event whose every write fails, must not hold its user's line
+# forever); it then stays unfinished for the next start.
+REPLAY_FOR = 3_000.0
+GAVE_UP = (
+    "I could not process your message: I stopped working every time I tried to answer it, "
+    "so I have set it aside. Please send it again, perhaps in other words."
+)
+
+
+@dataclass(slots=True)
+class _Unwritten:
+    """A row change storage refused (it is down): written at the next round."""
+
+    origin: str
+    state: str
+    next_try_at: float
+
+
+class Inbox:
+    def __init__(
+        self, store: Store, clock: Callable[[], float] = time.time, replay_after: float = REPLAY_AFTER
+    ) -> None:
+        self.store = store
+        self.clock = clock
+        self.replay_after = replay_after
+        # Waiting marks storage refused when they were made: they cannot live
+        # in the row yet. Written by the next `due` round (then the row rules).
+        self._unwritten: dict[str, _Unwritten] = {}
+        # Origins with events waiting in this run that storage answered since:
+        # their next `due` round replays them without waiting for their time.
+        self._waiting: set[str] = set()
+        self._answered: set[str] = set()
+
+    # -- the adapters' side (through the bot's port) --------------------------
+    async def receive(self, origin: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
+        """Record an inbound event; False for a repeat delivery. Raises
+        StoreError when it cannot be recorded: the adapter must then not
+        acknowledge it (the platform delivers it again)."""
+        # A payload may spell lone surrogates ("\ud800" in Slack's JSON): no store can hold those.
+        entry = JournalEntry(event_id, origin, agent_key(origin, user_id), fix_surrogates_in(payload), utc_now())
+        return await self.store.journal_receive(entry)
+
+    async def finished(self, event_id: str) -> None:
+        """Every reply was sent or handed to the retrier: done, unless it waits for a replay."""
+        if event_id in self._unwritten:
+            return
+        try:
+            await self.store.journal_update(event_id, state="done", only_from=("pending", "running"))
+        except StoreError as error:
+            # The replies are out; at worst a restart replays it and finds them sent.
+            log.warning("could not mark event %s done (%s); a restart will re-check it", event_id, error)
+
+    async def leftovers(self, origin: str) -> list[Redo]:
+        """At start: every event the last run left unfinished, in arrival
+        order. One found running counts a restart; at MAX_RESTARTS it is given
+        up (Redo.notice: the adapter tells the person, then finishes it)."""
+        redos = []
+        for entry in await self.store.journal_pending(origin):
+            stops = entry.attempts + (entry.state == "running")
+            redo = Redo(entry.event_id, entry.payload)
+            if stops >= MAX_RESTARTS:
+                log.error(
+                    "giving up on %s event %s of %s: the bot stopped %d times while handling it",
+                    origin,
+                    entry.event_id,
+                    entry.agent_key,
+                    stops,
+                )
+                redo.notice = GAVE_UP
+            if entry.state != "pending" or stops != entry.attempts:
+                await self.store.journal_update(entry.event_id, state="pending", attempts=stops, next_try_at=0.0)
+            redos.append(redo)
+        if redos:
+            log.info("%s: replaying %d events left unfinished by the last run", origin, len(redos))
+        return redos
+
+    # -- the runtime's side ----------------------------------------------------
+    async def started(self, event: Event) -> None:
+        """Work on `event` starts: its entry is running (a waiting one stays waiting)."""
+        if event.durable:
+            await self.store.journal_update(event.journal_id, state="running", only_from=("pending",))
+
+    async def wait_for_storage(self, event: Event) -> None:
+        """Storage stayed down for the whole wait: the entry waits for a replay
+        (REPLAY_AFTER from now, or once storage answers), or, REPLAY_FOR after
+        it arrived, for the next start."""
+        now = self.clock()
+        if now - event.created_at.timestamp() > REPLAY_FOR:
+            log.error(
+                "event %s waited for storage for over %.0f s; left unfinished for the next start",
+                event.journal_id,
+                REPLAY_FOR,
+            )
+            change = _Unwritten(event.platform, "pending", 0.0)
+        else:
+            log.warning(
+                "event %s waits for storage; replayed in %.0f s, or once storage answers",
+                event.journal_id,
+                self.replay_after,
+            )
+            change = _Unwritten(event.platform, "waiting", now + self.replay_after)
+            self._waiting.add(event.platform)
+        if not await self._write(event.journal_id, change):
+            self._unwritten[event.journal_id] = change
+
+    def storage_answered(self) -> None:
+        """An event got through the store: waiting entries are due now."""
+        self._answered |= self._waiting
+
+    async def due(self, origin: str) -> list[Redo]:
+        """Waiting entries of `origin` whose replay is due, claimed for it (in arrival order)."""
+        for event_id, change in list(self._unwritten.items()):
+            if change.state == "waiting":  # its wait starts once it is written
+                change.next_try_at = self.clock() + self.replay_after
+            if change.origin == origin and await self._write(event_id, change):
+                del self._unwritten[event_id]
+        answered = origin in self._answered
+        entries = await self.store.journal_pending(origin, due_by=float("inf") if answered else self.clock())
+        self._answered.discard(origin)
+        redos = []
+        for entry in entries:
+            # Claimed: pending again, so `started` can take it (only one claimer wins).
+            if await self.store.journal_update(
+                entry.event_id, state="pending", next_try_at=0.0, only_from=("waiting",)
+            ):
+                redos.append(Redo(entry.event_id, entry.payload))
+        if redos:
+            log.info("%s: replaying %d events that waited for storage", origin, len(redos))
+        return redos
+
+    async def _write(self, event_id: str, change: _Unwritten) -> bool:
+        try:
+            await self.store.journal_update(
+                event_id, state=change.state, next_try_at=change.next_try_at, only_from=("pending", "running")
+            )
+        except StoreError as error:
+            log.info("event %s: cannot write that it waits yet (%s); will try again", event_id, error)
+            return False
+        return True

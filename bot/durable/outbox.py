@@ -1,0 +1,130 @@
+"""The reply outbox: every reply to a durable event is recorded before the
+step goes on (Agent.send), reported by its adapter once tried (`report`), and
+retried with backoff until sent or dropped (`due`, by bot/durable/redelivery.py).
+What a reply has been through (its attempts, its next try) lives in its outbox
+row and travels with it (Reply.attempts), never in this process's memory."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from bot.events import Delivery, Event, Reply
+from memory.store import OutboxEntry, Store, StoreError
+from memory.types import utc_now
+
+log = logging.getLogger(__name__)
+
+# Send attempts of one reply before it is dropped (about an hour of backoff).
+MAX_SEND_ATTEMPTS = 12
+FIRST_RETRY_DELAY = 2.0  # seconds; doubles per attempt
+MAX_RETRY_DELAY = 600.0
+
+
+def retry_delay(attempts: int) -> float:
+    return min(FIRST_RETRY_DELAY * 2.0 ** max(attempts - 1, 0), MAX_RETRY_DELAY)
+
+
+def reply_of(entry: OutboxEntry) -> Reply:
+    return Reply(
+        entry.text,
+        entry.origin,
+        entry.user_id,
+        entry.reply_to,
+        entry.event_id,
+        outbox_id=entry.id,
+        resend=True,
+        attempts=entry.attempts,
+    )
+
+
+def unconfirmed(entries: Iterable[OutboxEntry]) -> list[Reply]:
+    """The replies among `entries` not yet confirmed sent (nor dropped), to send again."""
+    return [reply_of(entry) for entry in entries if entry.state == "pending"]
+
+
+def outbox_entry(event: Event, text: str, position: int, *, filed_under: str | None = None) -> OutboxEntry:
+    """The outbox record of reply number `position` to `event`, filed under
+    the event's id (or `filed_under`, for a notice kept apart from its answers)."""
+    event_id = filed_under or event.event_id
+    return OutboxEntry(
+        f"{event_id}:{position}",
+        event_id,
+        position,
+        event.agent_key,
+        event.platform,
+        event.user_id,
+        dict(event.reply_to),
+        text,
+        utc_now(),
+    )
+
+
+class Outbox:
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+        self.store = store
+        self.clock = clock
+        self.started_at = clock()
+
+    async def report(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
+        """Record how sending one reply went; what became of it (a reply
+        failed MAX_SEND_ATTEMPTS times is dropped: UNDELIVERABLE)."""
+        if not reply.outbox_id:
+            return outcome
+        try:
+            return await self._record(reply, outcome, detail)
+        except StoreError as error:
+            # Unrecorded, a sent reply stays pending and is checked for before any resend.
+            log.warning("could not record the delivery of reply %s (%s)", reply.outbox_id, error)
+            return outcome
+
+    async def _record(self, reply: Reply, outcome: Delivery, detail: str) -> Delivery:
+        if outcome is Delivery.SENT:
+            await self.store.outbox_update(reply.outbox_id, state="sent")
+            return outcome
+        if outcome is Delivery.UNDELIVERABLE:
+            log.warning(
+                "reply %s to %s:%s dropped: %s",
+                reply.outbox_id,
+                reply.platform,
+                reply.user_id,
+                detail or "undeliverable",
+            )
+            await self.store.outbox_update(reply.outbox_id, state="dropped")
+            return outcome
+        reply.attempts += 1
+        if reply.attempts >= MAX_SEND_ATTEMPTS:
+            log.error(
+                "reply %s to %s:%s dropped after %d failed sends (%s)",
+                reply.outbox_id,
+                reply.platform,
+                reply.user_id,
+                reply.attempts,
+                detail or "send failed",
+            )
+            await self.store.outbox_update(reply.outbox_id, state="dropped", attempts=reply.attempts)
+            return Delivery.UNDELIVERABLE
+        delay = retry_delay(reply.attempts)
+        log.info(
+            "reply %s to %s:%s not sent (%s); retry %d in %.0f s",
+            reply.outbox_id,
+            reply.platform,
+            reply.user_id,
+            detail or "send failed",
+            reply.attempts,
+            delay,
+        )
+        await self.store.outbox_update(
+            reply.outbox_id, state="pending", attempts=reply.attempts, next_try_at=self.clock() + delay
+        )
+        return outcome
+
+    async def due(self, origin: str) -> list[Reply]:
+        """Replies the retrier should send now: failed ones whose backoff is
+        over, and those a previous run left unconfirmed (never one in flight
+        in this run for the first time)."""
+        entries = await self.store.outbox_pending(origin, due_by=self.clock())
+        return [
+            reply_of(entry) for entry in entries if entry.attempts > 0 or entry.created_at.timestamp() < self.started_at
+        ]

@@ -1,0 +1,118 @@
+"""How far one Slack message travels through the project's modules, from the
+HTTP delivery to its reply confirmed in the outbox (issue 11: "a Slack message
+crosses 13 modules and comes back to one it already left 23 times").
+
+Traced with sys.setprofile on the event loop's thread (the SQLite worker
+thread's jobs are not counted): every call into a project module (adapters/,
+bot/, memory/, cli/) from a different module, or from outside the project, is
+an *entry*. `modules` is the number of distinct modules entered, `re_entries`
+the entries into a module already entered before. A resumed coroutine is not a
+new call. The second message of a person is traced (the first loads the agent).
+
+    pytest tests/test_module_path.py -s    # prints the figures and the path
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tests import test_slack_adapter as slack_tests
+from tests.fake_llm import FakeLLMServer
+from tests.test_slack_adapter import SlackBot, dm, say
+
+# The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.
+fake_slack = slack_tests.fake_slack
+start_bot = slack_tests.start_bot
+bot = slack_tests.bot
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("adapters", "bot", "memory", "cli")
+# A generator or coroutine frame past its first instruction is being resumed, not called.
+_RESUMABLE = 0x20 | 0x80 | 0x100 | 0x200  # CO_GENERATOR | CO_COROUTINE | CO_ITERABLE_COROUTINE | CO_ASYNC_GENERATOR
+_FIRST_INSTRUCTIONS = 4
+# A guard against the path growing. Measured at 928fdfa (before the durable pipeline was
+# reshaped): 20 modules, 53 re-entries; now 22 and 57 (the pipeline's own modules: inbox,
+# outbox, lanes). Lower these as the path gets shorter.
+MAX_MODULES = 22
+MAX_RE_ENTRIES = 57
+
+
+def project_module(filename: str) -> str | None:
+    try:
+        relative = Path(filename).resolve().relative_to(ROOT)
+    except ValueError:
+        return None
+    if relative.parts[0] not in PACKAGES:
+        return None
+    return ".".join(relative.with_suffix("").parts)
+
+
+@dataclass
+class ModulePath:
+    entries: list[str] = field(default_factory=list)
+    _modules: dict[str, str | None] = field(default_factory=dict)
+
+    def module_of(self, frame: FrameType) -> str | None:
+        filename = frame.f_code.co_filename
+        if filename not in self._modules:
+            self._modules[filename] = project_module(filename)
+        return self._modules[filename]
+
+    def profile(self, frame: FrameType, event: str, arg: Any) -> None:
+        if event != "call":
+            return
+        module = self.module_of(frame)
+        if module is None:
+            return
+        if frame.f_code.co_flags & _RESUMABLE and frame.f_lasti > _FIRST_INSTRUCTIONS:
+            return
+        caller = frame.f_back
+        while caller is not None and self.module_of(caller) is None:
+            caller = caller.f_back
+        if caller is None or self.module_of(caller) != module:
+            self.entries.append(module)
+
+    @property
+    def modules(self) -> int:
+        return len(set(self.entries))
+
+    @property
+    def re_entries(self) -> int:
+        return len(self.entries) - self.modules
+
+
+async def trace_one_message(bot: SlackBot, llm_server: FakeLLMServer) -> ModulePath:
+    llm_server.set_handler(lambda request: say("hello"))
+    assert await bot.event(dm("first"), event_id="EvWarm") == 200
+    await bot.texts(1)
+    await bot.adapter.drain()
+    path = ModulePath()
+    sys.setprofile(path.profile)
+    try:
+        assert await bot.event(dm("second"), event_id="EvTraced") == 200
+        await bot.texts(2)
+        await bot.adapter.drain()
+    finally:
+        sys.setprofile(None)
+    [sent] = await bot.runtime.store.outbox_for_event("EvTraced")
+    assert sent.state == "sent"
+    return path
+
+
+async def test_one_slack_message_crosses_few_modules(bot: SlackBot, llm_server: FakeLLMServer) -> None:
+    path = await trace_one_message(bot, llm_server)
+    counts = Counter(path.entries)
+    print(
+        f"\none Slack message: {path.modules} modules entered, {path.re_entries} re-entries"
+        f" ({len(path.entries)} entries)\n  "
+        + "\n  ".join(f"{module}: {count}" for module, count in counts.most_common())
+        + "\n  path: "
+        + " > ".join(path.entries)
+    )
+    assert path.modules <= MAX_MODULES, counts
+    assert path.re_entries <= MAX_RE_ENTRIES, counts
