@@ -1,17 +1,30 @@
-"""Settings from environment variables and an optional `.env` file.
+"""Settings from environment variables and an optional `.env` file, read once.
 
-Every name here is documented, with its default, in `.env.example`.
+The environment is read in one place: `Settings.from_env` reads it (with the
+`.env` file under it), checks every value against what can actually work, and
+carries the result to every layer: the check-in and lease settings, and, for
+the platform adapters, the merged environment itself (`Settings.environment`).
+
+Every setting has one row in `SPECS` below (variable, attribute, reader with
+its allowed range); a bad value stops the start with one line naming the
+variable, the value and what is allowed. Every name is documented, with its
+default, in `.env.example`.
 """
 
 from __future__ import annotations
 
+import io
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-
-from dotenv import load_dotenv
+from typing import TYPE_CHECKING, Any
 
 from bot.events import agent_key, parse_user
+
+if TYPE_CHECKING:
+    from bot.checkins.rules import CheckinSettings
+    from bot.durable.leases import LeaseSettings
 
 # Context windows of models people commonly point this bot at. Unknown models
 # get DEFAULT_CONTEXT_WINDOW; MEMGPT_CONTEXT_WINDOW overrides either.
@@ -35,9 +48,14 @@ KNOWN_CONTEXT_WINDOWS: dict[str, int] = {
     "mistral": 32_768,
 }
 DEFAULT_CONTEXT_WINDOW = 8_192
+DEFAULT_RESPONSE_RESERVE = 1_024
 # The daily token budget per user, unless set: this many full context windows
 # (a cap on abuse that scales with what one call can cost; bot/limits.py).
 BUDGET_WINDOWS = 50
+# Room for one ordinary message (and the wrappers around it) when deciding
+# whether a window can hold a conversation at all (`check_window`).
+ONE_MESSAGE_TOKENS = 256
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 class ConfigError(Exception):
@@ -58,6 +76,18 @@ def _default_data_dir() -> Path:
     return Path.home() / ".memgpt-bot" if Path.home().exists() else Path.cwd() / "data"
 
 
+def _default_checkins() -> CheckinSettings:
+    from bot.checkins.rules import CheckinSettings  # imports this module: read lazily
+
+    return CheckinSettings()
+
+
+def _default_leases() -> LeaseSettings:
+    from bot.durable.leases import LeaseSettings  # imports this module: read lazily
+
+    return LeaseSettings()
+
+
 @dataclass(slots=True)
 class Settings:
     openai_api_key: str = field(default="", repr=False)  # secret: never in a repr, a log or a traceback
@@ -71,7 +101,7 @@ class Settings:
     flush_threshold: float = 1.00
     evict_fraction: float = 0.75
     # Tokens kept free for the model's answer; counted against the window.
-    response_reserve: int = 1_024
+    response_reserve: int = DEFAULT_RESPONSE_RESERVE
     max_steps_per_event: int = 8
     persona_limit: int = 2_000
     human_limit: int = 2_000
@@ -92,6 +122,9 @@ class Settings:
     llm_timeout: float = 60.0
     llm_max_retries: int = 3
     embedding_model: str = ""  # empty: the bundled all-MiniLM-L6-v2
+    # Load the embedding model in the background at start (run, and chat at a
+    # terminal), so the first search rarely waits for it.
+    warm_up: bool = True
     # Empty: the embedded SQLite store under data_dir. May hold a password: not in the repr.
     mongodb_uri: str = field(default="", repr=False)
     mongodb_db: str = "memgpt"
@@ -99,117 +132,270 @@ class Settings:
     # unreachable store before the person is told (bot/durable/store_wait.py).
     store_wait: float = 120.0
     log_level: str = "INFO"
+    # The log file is rotated at this size, keeping this many old files (cli/logs.py).
+    log_max_bytes: int = 10 * 1024 * 1024
+    log_backups: int = 5
+    # Health and Prometheus metrics for `memgpt-bot run` (cli/health.py); 0: off.
+    metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"
+    checkins: CheckinSettings = field(default_factory=_default_checkins)
+    leases: LeaseSettings = field(default_factory=_default_leases)
+    # The merged environment (.env under the process environment), for the
+    # platform adapters' own settings (cli/app.py). Holds tokens: never shown.
+    environment: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def from_env(cls, env_file: str | os.PathLike[str] | None = ".env") -> Settings:
-        if env_file is not None:
-            load_dotenv(env_file, override=False)
-        env = os.environ
+        """Settings from the process environment over the `.env` file (when it
+        exists), validated; a ConfigError names the first bad setting."""
+        env = {**(read_env_file(Path(env_file)) if env_file is not None else {}), **os.environ}
+        return cls.from_mapping(env)
+
+    @classmethod
+    def from_mapping(cls, env: Mapping[str, str]) -> Settings:
+        from bot.checkins.rules import CheckinSettings
+        from bot.durable.leases import LeaseSettings
+
         settings = cls()
-        settings.openai_api_key = env.get("OPENAI_API_KEY", "")
-        settings.openai_base_url = env.get("OPENAI_BASE_URL") or None
-        settings.model = env.get("MEMGPT_MODEL", settings.model)
-        settings.context_window = _int(env, "MEMGPT_CONTEXT_WINDOW", context_window_for(settings.model))
-        if env.get("MEMGPT_DATA_DIR"):
-            settings.data_dir = Path(env["MEMGPT_DATA_DIR"]).expanduser()
-        settings.fallback_encoding = env.get("MEMGPT_TOKENIZER_ENCODING", settings.fallback_encoding)
-        settings.warning_threshold = _float(env, "MEMGPT_WARNING_THRESHOLD", settings.warning_threshold)
-        settings.flush_threshold = _float(env, "MEMGPT_FLUSH_THRESHOLD", settings.flush_threshold)
-        settings.evict_fraction = _float(env, "MEMGPT_EVICT_FRACTION", settings.evict_fraction)
-        settings.response_reserve = _int(
-            env, "MEMGPT_RESPONSE_RESERVE", min(settings.response_reserve, settings.context_window // 8)
-        )
-        settings.max_steps_per_event = _int(env, "MEMGPT_MAX_STEPS", settings.max_steps_per_event)
-        settings.persona_limit = _int(env, "MEMGPT_PERSONA_LIMIT", settings.persona_limit)
-        settings.human_limit = _int(env, "MEMGPT_HUMAN_LIMIT", settings.human_limit)
-        settings.search_page_size = _int(env, "MEMGPT_SEARCH_PAGE_SIZE", settings.search_page_size)
-        settings.max_message_tokens = _int(env, "MEMGPT_MAX_MESSAGE_TOKENS", settings.max_message_tokens)
-        settings.queue_tokens = _int(env, "MEMGPT_QUEUE_TOKENS", settings.queue_tokens)
-        settings.cached_token_weight = _float(env, "MEMGPT_CACHED_TOKEN_WEIGHT", settings.cached_token_weight)
-        settings.summary_model = env.get("MEMGPT_SUMMARY_MODEL", "").strip()
-        settings.rate_limit_per_minute = _int(env, "MEMGPT_RATE_LIMIT_PER_MINUTE", settings.rate_limit_per_minute)
-        settings.daily_token_budget = _int(env, "MEMGPT_DAILY_TOKEN_BUDGET", BUDGET_WINDOWS * settings.context_window)
-        settings.unlimited_users = _users(env, "MEMGPT_UNLIMITED_USERS")
-        settings.llm_timeout = _float(env, "MEMGPT_LLM_TIMEOUT", settings.llm_timeout)
-        settings.llm_max_retries = _int(env, "MEMGPT_LLM_MAX_RETRIES", settings.llm_max_retries)
-        settings.embedding_model = env.get("MEMGPT_EMBEDDING_MODEL", settings.embedding_model)
-        settings.mongodb_uri = env.get("MONGODB_URI", "")
-        settings.mongodb_db = env.get("MONGODB_DB", "") or settings.mongodb_db
-        settings.store_wait = _float(env, "MEMGPT_STORE_WAIT", settings.store_wait)
-        settings.log_level = env.get("MEMGPT_LOG_LEVEL", settings.log_level).upper()
+        for spec in SPECS:
+            raw = env.get(spec.env)
+            if raw is not None and raw.strip() != "":
+                try:
+                    value = spec.read(raw.strip())
+                except ValueError as error:
+                    raise ConfigError(f"{spec.env}={raw.strip()!r}: {error}") from None
+            elif spec.default is not None:
+                value = spec.default(settings)
+            else:
+                continue
+            setattr(settings, spec.attr, value)
+        settings.checkins = CheckinSettings.from_env(env)
+        settings.leases = LeaseSettings.from_env(env)
+        settings.environment = dict(env)
         settings.validate()
         return settings
 
     def validate(self) -> None:
-        if not 0 < self.warning_threshold <= self.flush_threshold <= 1.0:
+        """Checks between settings (each alone was checked by its reader)."""
+        if not self.warning_threshold <= self.flush_threshold:
             raise ConfigError(
-                "need 0 < MEMGPT_WARNING_THRESHOLD <= MEMGPT_FLUSH_THRESHOLD <= 1.0, got "
+                "MEMGPT_WARNING_THRESHOLD must not be above MEMGPT_FLUSH_THRESHOLD, got "
                 f"{self.warning_threshold} and {self.flush_threshold}"
             )
-        if not 0.1 <= self.evict_fraction <= 0.9:
-            raise ConfigError(f"MEMGPT_EVICT_FRACTION must be between 0.1 and 0.9, got {self.evict_fraction}")
-        if self.context_window < 1_024:
-            raise ConfigError(f"MEMGPT_CONTEXT_WINDOW must be at least 1024 tokens, got {self.context_window}")
-        if not 0.0 <= self.cached_token_weight <= 1.0:
+        if self.response_reserve > self.context_window // 2:
             raise ConfigError(
-                f"MEMGPT_CACHED_TOKEN_WEIGHT must be between 0 and 1 (1: a cached token counts in full), "
-                f"got {self.cached_token_weight}"
+                f"MEMGPT_RESPONSE_RESERVE={self.response_reserve}: at most half the context window "
+                f"({self.context_window // 2} of MEMGPT_CONTEXT_WINDOW={self.context_window}) may be kept for answers"
             )
-        if 0 < self.queue_tokens < 256:
+
+    def check_window(self, fixed_prompt_tokens: int) -> None:
+        """Refuse a window that cannot hold the fixed prompt (instructions,
+        function schemas, working context), the response reserve and one
+        message: every message would fail to fit."""
+        needed = fixed_prompt_tokens + self.response_reserve + ONE_MESSAGE_TOKENS
+        usable = int(self.context_window * self.flush_threshold)
+        if usable < needed:
+            # The default reserve grows with the window (an eighth, up to 1024): the
+            # suggestion must still fit once that is taken into account.
+            smallest = self.context_window
+            while int(smallest * self.flush_threshold) < needed - self.response_reserve + max(
+                self.response_reserve, min(DEFAULT_RESPONSE_RESERVE, smallest // 8)
+            ):
+                smallest += 16
             raise ConfigError(
-                f"MEMGPT_QUEUE_TOKENS must be 0 (what the window leaves) or at least 256, got {self.queue_tokens}"
+                f"MEMGPT_CONTEXT_WINDOW={self.context_window}: too small for model {self.model}: the fixed prompt "
+                f"takes {fixed_prompt_tokens} tokens, the response reserve {self.response_reserve} and one message "
+                f"about {ONE_MESSAGE_TOKENS}; use at least {smallest} (or a smaller MEMGPT_RESPONSE_RESERVE)"
             )
-        if self.store_wait < 0:
-            raise ConfigError(f"MEMGPT_STORE_WAIT must be 0 (do not wait) or more seconds, got {self.store_wait}")
-        if self.max_steps_per_event < 1:
-            raise ConfigError("MEMGPT_MAX_STEPS must be at least 1")
-        for name, value in (
-            ("MEMGPT_MAX_MESSAGE_TOKENS", self.max_message_tokens),
-            ("MEMGPT_QUEUE_TOKENS", self.queue_tokens),
-            ("MEMGPT_RATE_LIMIT_PER_MINUTE", self.rate_limit_per_minute),
-            ("MEMGPT_DAILY_TOKEN_BUDGET", self.daily_token_budget),
-        ):
-            if value < 0:
-                raise ConfigError(f"{name} must be 0 (off / automatic) or more, got {value}")
 
     def redacted(self) -> dict[str, object]:
         """Settings safe to print or log: secrets shown only as set / not set."""
         shown: dict[str, object] = {}
         for item in fields(self):
+            if item.name == "environment":  # platform tokens; every setting of ours is shown by name
+                continue
             value = getattr(self, item.name)
             secret = "key" in item.name or item.name == "mongodb_uri"  # a URI may carry a password
             shown[item.name] = ("set" if value else "not set") if secret else value
         return shown
 
 
-def _int(env: os._Environ[str] | dict[str, str], name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
+# -- the .env file -------------------------------------------------------------
+def read_env_file(path: Path) -> dict[str, str]:
+    """The settings in a `.env` file ({} when there is none). A line that is
+    not `NAME=value` (or a comment) stops the start, naming file and line:
+    python-dotenv alone would warn without the file name and drop the setting."""
+    from dotenv.parser import parse_stream
+
     try:
-        return int(raw.replace("_", ""))
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise ConfigError(f"cannot read settings file {path}: {reason}") from None
+    values: dict[str, str] = {}
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.error:
+            line = binding.original.string.strip()
+            raise ConfigError(
+                f"{path} line {binding.original.line}: not a setting: {line[:60]!r} "
+                "(expected NAME=value, or # for a comment)"
+            )
+        if binding.key is not None and binding.value is not None:
+            values[binding.key] = binding.value
+    return values
 
 
-def _float(env: os._Environ[str] | dict[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number, got {raw!r}") from None
+# -- one row per setting ----------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Spec:
+    env: str  # the variable
+    attr: str  # the Settings attribute it sets
+    read: Callable[[str], Any]  # raises ValueError saying what is allowed
+    # Unset: a default that follows from settings read before it (rows run in
+    # order), instead of the dataclass default.
+    default: Callable[[Settings], Any] | None = None
 
 
-def _users(env: os._Environ[str] | dict[str, str], name: str) -> tuple[str, ...]:
+def text(value: str) -> str:
+    return value
+
+
+def whole(minimum: int, maximum: int | None = None, *, zero: str = "") -> Callable[[str], int]:
+    """A whole number in [minimum, maximum]; `zero` (e.g. "off") allows 0 too."""
+    allowed = f"a whole number from {minimum}" + (f" to {maximum}" if maximum is not None else " up")
+    if zero:
+        allowed += f", or 0 ({zero})"
+
+    def read(raw: str) -> int:
+        try:
+            value = int(raw.replace("_", ""))
+        except ValueError:
+            raise ValueError(f"must be {allowed}") from None
+        if (zero and value == 0) or (value >= minimum and (maximum is None or value <= maximum)):
+            return value
+        raise ValueError(f"must be {allowed}")
+
+    return read
+
+
+def number(low: float, high: float | None = None, *, above: bool = False, zero: str = "") -> Callable[[str], float]:
+    """A number from `low` (or above it) to `high`; `zero` allows 0 too."""
+    allowed = f"a number {'above' if above else 'from'} {low:g}"
+    if high is not None:
+        allowed += f" {'and at most' if above else 'to'} {high:g}"
+    if zero:
+        allowed += f", or 0 ({zero})"
+
+    def read(raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"must be {allowed}") from None
+        in_range = (value > low if above else value >= low) and (high is None or value <= high)
+        if in_range or (zero and value == 0):
+            return value
+        raise ValueError(f"must be {allowed}")
+
+    return read
+
+
+def choice(*options: str) -> Callable[[str], str]:
+    def read(raw: str) -> str:
+        if raw.upper() in options:
+            return raw.upper()
+        raise ValueError(f"must be one of {', '.join(options)}")
+
+    return read
+
+
+def switch(raw: str) -> bool:
+    word = raw.strip().lower()
+    if word in ("1", "true", "yes", "on"):
+        return True
+    if word in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be on or off (also true/false, yes/no, 1/0)")
+
+
+def directory(raw: str) -> Path:
+    return Path(raw).expanduser()
+
+
+def users(raw: str) -> tuple[str, ...]:
     """Comma-separated users (NAME or PLATFORM:ID, as `--user` takes them) as agent keys."""
     keys = []
-    for spec in (env.get(name) or "").split(","):
-        if not spec.strip():
-            continue
-        try:
+    for spec in raw.split(","):
+        if spec.strip():
             keys.append(agent_key(*parse_user(spec.strip())))
-        except ValueError as error:
-            raise ConfigError(f"{name}: {error}") from None
     return tuple(dict.fromkeys(keys))
+
+
+def _block_limit(default_text: Callable[[], str]) -> Callable[[str], int]:
+    """A working-context block limit: at least the default text's length (a
+    smaller one would cut it silently), at most 20,000 characters."""
+
+    def read(raw: str) -> int:
+        return whole(len(default_text()), 20_000)(raw)
+
+    return read
+
+
+def _persona() -> str:
+    from memory.working_context import DEFAULT_PERSONA
+
+    return DEFAULT_PERSONA
+
+
+def _human() -> str:
+    from memory.working_context import DEFAULT_HUMAN
+
+    return DEFAULT_HUMAN
+
+
+SPECS: tuple[Spec, ...] = (
+    Spec("OPENAI_API_KEY", "openai_api_key", text),
+    Spec("OPENAI_BASE_URL", "openai_base_url", text),
+    Spec("MEMGPT_MODEL", "model", text),
+    Spec("MEMGPT_CONTEXT_WINDOW", "context_window", whole(1_024), default=lambda s: context_window_for(s.model)),
+    Spec("MEMGPT_DATA_DIR", "data_dir", directory),
+    Spec("MEMGPT_TOKENIZER_ENCODING", "fallback_encoding", text),
+    Spec("MEMGPT_WARNING_THRESHOLD", "warning_threshold", number(0, 1, above=True)),
+    Spec("MEMGPT_FLUSH_THRESHOLD", "flush_threshold", number(0.1, 1)),
+    Spec("MEMGPT_EVICT_FRACTION", "evict_fraction", number(0.1, 0.9)),
+    Spec(
+        "MEMGPT_RESPONSE_RESERVE",
+        "response_reserve",
+        whole(64),
+        default=lambda s: min(DEFAULT_RESPONSE_RESERVE, s.context_window // 8),
+    ),
+    Spec("MEMGPT_MAX_STEPS", "max_steps_per_event", whole(1, 100)),
+    Spec("MEMGPT_PERSONA_LIMIT", "persona_limit", _block_limit(_persona)),
+    Spec("MEMGPT_HUMAN_LIMIT", "human_limit", _block_limit(_human)),
+    Spec("MEMGPT_SEARCH_PAGE_SIZE", "search_page_size", whole(1, 50)),
+    Spec("MEMGPT_MAX_MESSAGE_TOKENS", "max_message_tokens", whole(64, zero="a quarter of the usable window")),
+    Spec("MEMGPT_QUEUE_TOKENS", "queue_tokens", whole(256, zero="as much as the window leaves")),
+    Spec("MEMGPT_SUMMARY_MODEL", "summary_model", text),
+    Spec("MEMGPT_RATE_LIMIT_PER_MINUTE", "rate_limit_per_minute", whole(1, zero="no limit")),
+    Spec("MEMGPT_CACHED_TOKEN_WEIGHT", "cached_token_weight", number(0, 1)),
+    Spec(
+        "MEMGPT_DAILY_TOKEN_BUDGET",
+        "daily_token_budget",
+        whole(1, zero="no limit"),
+        default=lambda s: BUDGET_WINDOWS * s.context_window,
+    ),
+    Spec("MEMGPT_UNLIMITED_USERS", "unlimited_users", users),
+    Spec("MEMGPT_LLM_TIMEOUT", "llm_timeout", number(1, 3_600)),
+    Spec("MEMGPT_LLM_MAX_RETRIES", "llm_max_retries", whole(0, 20)),
+    Spec("MEMGPT_EMBEDDING_MODEL", "embedding_model", text),
+    Spec("MEMGPT_WARM_UP", "warm_up", switch),
+    Spec("MONGODB_URI", "mongodb_uri", text),
+    Spec("MONGODB_DB", "mongodb_db", text),
+    Spec("MEMGPT_STORE_WAIT", "store_wait", number(0, zero="do not wait")),
+    Spec("MEMGPT_LOG_LEVEL", "log_level", choice(*LOG_LEVELS)),
+    Spec("MEMGPT_LOG_MAX_BYTES", "log_max_bytes", whole(64 * 1024, zero="never rotate")),
+    Spec("MEMGPT_LOG_BACKUPS", "log_backups", whole(1, 100)),
+    Spec("MEMGPT_METRICS_PORT", "metrics_port", whole(1, 65_535, zero="off")),
+    Spec("MEMGPT_METRICS_HOST", "metrics_host", text),
+)

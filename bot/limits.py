@@ -23,7 +23,7 @@ message gets through again), once per UTC day over the budget. Uploaded files
 are not read while over a limit (reading costs CPU; the notice asks to send
 them again). A check-in tick for a user over budget is skipped with a log line.
 
-Counters are rows/documents per hit (memory/store.py says why); hits older
+Counters are rows/documents per hit (UsageStore in memory/roles.py says why); hits older
 than two days are swept now and then.
 """
 
@@ -38,7 +38,8 @@ from bot.agent import Agent, EventResult
 from bot.config import Settings
 from bot.events import Event, FileUploaded, ScheduledTick, UserMessage
 from bot.llm import TokenUsage
-from memory.store import Store, StoreError
+from memory.roles import UsageStore
+from memory.store import StoreError
 from memory.types import utc_now
 
 log = logging.getLogger(__name__)
@@ -113,18 +114,17 @@ def humanize_wait(delta: timedelta) -> str:
 
 
 class UsageLimits:
-    def __init__(self, store: Store, settings: Settings, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(self, store: UsageStore, settings: Settings, clock: Callable[[], datetime] = utc_now) -> None:
         self.store = store
         self.rate_limit = max(0, settings.rate_limit_per_minute)
         self.daily_budget = max(0, settings.daily_token_budget)
         self.unlimited = frozenset(settings.unlimited_users)
         self.clock = clock  # injectable: tests move time instead of sleeping
         self._next_prune: datetime | None = None
-        self._unsupported = False
 
     @property
     def enabled(self) -> bool:
-        return (self.rate_limit > 0 or self.daily_budget > 0) and not self._unsupported
+        return self.rate_limit > 0 or self.daily_budget > 0
 
     # -- the runtime's calls ------------------------------------------------
     async def admit(self, agent: Agent, event: Event) -> EventResult | None:
@@ -135,12 +135,7 @@ class UsageLimits:
         events are checked one at a time, whichever process runs them."""
         if not self.enabled:
             return None
-        try:
-            return await self._admit(agent, event)
-        except NotImplementedError as error:
-            self._unsupported = True
-            log.warning("usage limits are off: %s", error)
-            return None
+        return await self._admit(agent, event)
 
     async def metered(self, agent: Agent, event: Event) -> EventResult:
         """`agent.handle(event)`, with the tokens its LLM calls spent charged
@@ -155,7 +150,7 @@ class UsageLimits:
         return result
 
     async def charge(self, key: str, tokens: int, parts: TokenUsage | None = None) -> None:
-        if tokens <= 0 or not self.daily_budget or self._unsupported:
+        if tokens <= 0 or not self.daily_budget:
             return
         now = self.clock()
         try:
@@ -168,7 +163,7 @@ class UsageLimits:
                 ):
                     if amount > 0:
                         await self.store.record_usage(key, kind, amount, now)
-        except (StoreError, NotImplementedError) as error:
+        except StoreError as error:
             # The answer is out already; losing one event's count is better than losing the answer.
             log.error("could not count %d tokens for %s: %s", tokens, key, error)
 
@@ -176,11 +171,8 @@ class UsageLimits:
         """Delete the user's counters and any exemption stored for them: a
         forgotten user leaves no row behind (MEMGPT_UNLIMITED_USERS, being
         configuration, is untouched)."""
-        try:
-            await self.store.delete_usage(key)
-            await self.set_exempt(key, False)
-        except NotImplementedError:
-            pass
+        await self.store.delete_usage(key)
+        await self.set_exempt(key, False)
 
     # -- admin ------------------------------------------------------------
     async def usage(self, key: str) -> Usage:

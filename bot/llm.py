@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import openai
 from openai.types.chat import ChatCompletion
 
+from bot import metrics
 from bot.sanitize import fix_surrogates
 
 log = logging.getLogger(__name__)
@@ -107,9 +109,13 @@ class LLMClient:
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, model: str | None = None
     ) -> Completion:
         """One chat completion; `model` overrides the client's (a cheaper summarizer)."""
+        started = time.perf_counter()
         try:
-            return await self._complete(messages, tools, model or self.model)
+            completion = await self._complete(messages, tools, model or self.model)
+            metrics.record_llm_call(time.perf_counter() - started, ok=True)
+            return completion
         except LLMUnavailableError as error:
+            metrics.record_llm_call(time.perf_counter() - started, ok=False)
             # Some OpenAI-compatible servers and proxies quote the key they refused
             # in the error body, which our error text (logged) carries along.
             reason = str(error)
@@ -162,7 +168,10 @@ class LLMClient:
                 f"bad answer from the LLM server: {type(error).__name__}: {error}",
                 trouble("my language model answered with an error"),
             ) from error
-        return _parse(response)
+        completion = _parse(response)
+        # Counted once parsed: a body that does not parse is counted by complete() as an error.
+        metrics.record_tokens(getattr(response, "usage", None))
+        return completion
 
     async def close(self) -> None:
         await self.client.close()

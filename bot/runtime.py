@@ -32,7 +32,6 @@ from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
 from memory.ingest.loader import load_document
 from memory.recall import RecallMemory
-from memory.schedules import schedule_store_for
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
@@ -98,10 +97,10 @@ class Runtime:
         self._lanes = Lanes()
         # Several bot processes on one database: one of them works on an agent
         # at a time (bot/durable/leases.py); a no-op for a single process.
-        self.leases = leases or leases_for(store)
+        self.leases = leases or leases_for(store, settings.leases)
         # Check-ins: the schedules live beside the memory, in the same store.
-        self.checkin_settings = checkin_settings or CheckinSettings.from_env()
-        self.schedules = schedule_store_for(store)
+        self.checkin_settings = checkin_settings or settings.checkins
+        self.schedules = store.schedules
         # Registered before any agent loads: each agent counts the schemas once.
         register_checkin_functions(
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
@@ -141,6 +140,11 @@ class Runtime:
         )
         return cls(settings, store, llm, embedder or Embedder(settings.embedding_model))
 
+    @property
+    def agents_in_memory(self) -> int:
+        """Agents loaded in this process (a gauge in bot/metrics.py)."""
+        return len(self._agents)
+
     # -- the adapters' API -------------------------------------------------
     async def handle(self, event: Event) -> list[Reply]:
         return (await self.handle_with_details(event)).replies
@@ -166,7 +170,11 @@ class Runtime:
         # The agent's line (then the lock) is joined before any await, so events
         # keep their arrival order; if another process worked on the agent since
         # our last turn, the cached copy is stale and the agent is reloaded.
-        async with self.leases.hold(key) as turn, self._lanes.hold(key):
+        async with (
+            self.leases.hold(key) as turn,
+            self._lanes.hold(key),
+            self.inbox.quarantine.admit(event.journal_id),
+        ):
             try:
                 await self.inbox.started(event)  # from here on, a crash counts against the event
                 agent = await self._agent(key, reload=not turn.continuous)

@@ -20,6 +20,7 @@ from memory.types import utc_now
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
+    from cli.health import HealthServer
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class NoAdapterError(Exception):
 
 
 def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.discord_adapter import DiscordAdapter, DiscordConfig
+    from adapters.discord import DiscordAdapter, DiscordConfig
 
     config = DiscordConfig.from_env(env)
     if config is None:
@@ -72,7 +73,7 @@ def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
 
 
 def _slack(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.slack_adapter import SlackAdapter, SlackConfig
+    from adapters.slack import SlackAdapter, SlackConfig
 
     try:
         config = SlackConfig.from_env(env)
@@ -107,9 +108,11 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     """Run the configured adapters on `runtime`, with the check-in scheduler
     delivering through them, until a signal or until every adapter stops."""
     from bot.checkins.scheduler import CheckinScheduler
+    from cli.health import MeteredBot
 
-    plans = plan_adapters(runtime, env)
+    plans = plan_adapters(MeteredBot(runtime), runtime.settings.environment if env is None else env)
     adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
+    health = await _start_health(runtime, adapters, announce)
 
     async def deliver(replies: list[Reply]) -> None:
         for platform, group in groupby(replies, key=lambda reply: reply.platform):
@@ -163,6 +166,29 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         runtime.store_wait.notify = None
         await scheduler.stop()
         await redelivery.stop()
+        if health is not None:
+            await health.close()
+
+
+async def _start_health(
+    runtime: Runtime, adapters: Mapping[str, Adapter], announce: Callable[[str], Any]
+) -> HealthServer | None:
+    """The /healthz and /metrics server, when MEMGPT_METRICS_PORT is set (cli/health.py)."""
+    from cli.health import HealthServer
+
+    settings = runtime.settings
+    if not settings.metrics_port:
+        return None
+    server = HealthServer(runtime, adapters, settings.metrics_host, settings.metrics_port)
+    try:
+        await server.start()
+    except OSError as error:
+        raise NoAdapterError(
+            f"cannot serve metrics on {settings.metrics_host}:{settings.metrics_port} "
+            f"(MEMGPT_METRICS_PORT): {error.strerror or error}"
+        ) from None
+    announce(f"health and metrics: http://{settings.metrics_host}:{server.port}/healthz and /metrics")
+    return server
 
 
 async def run_adapters(

@@ -14,7 +14,7 @@ from typing import Any
 
 from bot.checkins.rules import describe, format_local
 from bot.config import Settings
-from memory.schedules import Schedule, schedule_store_for
+from memory.schedules import Schedule
 
 EXIT_OK = 0
 
@@ -42,7 +42,7 @@ async def cmd_checkins_list(args: argparse.Namespace, settings: Settings) -> int
     store = default_store(settings)
     await store.open()
     try:
-        schedules = await schedule_store_for(store).list_all()
+        schedules = await store.schedules.list_all()
     finally:
         await store.close()
     out = sys.stdout

@@ -8,10 +8,7 @@
     memgpt-bot sources list [--json]
     memgpt-bot sources delete NAME --yes
 
-This module does not import cli.main: `python -m cli.main` runs that file as
-__main__, and importing it again would make a second copy of it (with its own
-CLIError class the first copy's handler never catches). So errors here are
-printed the same way and returned as an exit status.
+Errors are CLIError (cli/common.py): one line, printed by cli/main.py.
 """
 
 from __future__ import annotations
@@ -22,14 +19,15 @@ import json
 import logging
 import re
 import sys
-from collections.abc import Awaitable, Callable, Sequence
-from functools import wraps
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.config import Settings
+from bot.reports import plural
 from cli.args import user_argument
-from memory.store import SourceRecord
+from cli.common import EXIT_OK, PROG, CLIError, fail, write
+from memory.store import SOURCE_KEY_PREFIX, SourceRecord
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -37,41 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memgpt_bot.cli.documents")
 
-PROG = "memgpt-bot"
-EXIT_OK, EXIT_ERROR = 0, 1
 SOURCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-Command = Callable[[argparse.Namespace, Settings], Awaitable[int]]
-
-
-class _Failure(Exception):
-    """A failure to report as one line on standard error."""
-
-
-def _command(func: Command) -> Command:
-    @wraps(func)
-    async def run(args: argparse.Namespace, settings: Settings) -> int:
-        try:
-            return await func(args, settings)
-        except _Failure as error:
-            return _fail(str(error))
-
-    return run
-
-
-def _fail(message: str) -> int:
-    log.info("failed: %s", message, extra={"file_only": True})
-    print(f"{PROG}: error: {' '.join(message.split())}", file=sys.stderr, flush=True)
-    return EXIT_ERROR
-
-
-def _write(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
-def plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
 # -- arguments ----------------------------------------------------------------------
@@ -178,7 +142,7 @@ async def _open(settings: Settings) -> Runtime:
 async def _source(runtime: Runtime, name: str) -> SourceRecord:
     source = await runtime.store.find_source(name)
     if source is None:
-        raise _Failure(f"no collection named {name!r} (create it with: {PROG} sources create {name})")
+        raise CLIError(f"no collection named {name!r} (create it with: {PROG} sources create {name})")
     return source
 
 
@@ -186,7 +150,7 @@ async def _load(runtime: Runtime, agent_id: str, args: argparse.Namespace, where
     from memory.ingest.loader import load_paths
 
     if args.max_tokens < 16 or args.overlap < 0:
-        raise _Failure("--max-tokens must be at least 16 and --overlap at least 0")
+        raise CLIError("--max-tokens must be at least 16 and --overlap at least 0")
     try:
         report = await load_paths(
             runtime.archival,
@@ -203,13 +167,13 @@ async def _load(runtime: Runtime, agent_id: str, args: argparse.Namespace, where
     for result in report.failed:
         log.warning("could not load %s: %s", result.name, result.reason)
     log.info("loaded into %s: %s", where, _summary(report, where))
-    _write(
+    write(
         json.dumps(_report_json(report, where), ensure_ascii=False, indent=2) if args.json else _summary(report, where)
     )
     if report.failed:
         failed = report.failed
         shown = ", ".join(result.name for result in failed[:5]) + (" ..." if len(failed) > 5 else "")
-        return _fail(f"{plural(len(failed), 'file')} of {len(report.files)} could not be loaded: {shown}")
+        return fail(f"{plural(len(failed), 'file')} of {len(report.files)} could not be loaded: {shown}")
     return EXIT_OK
 
 
@@ -250,7 +214,6 @@ def _report_json(report: LoadReport, where: str) -> dict[str, Any]:
 
 
 # -- commands ---------------------------------------------------------------------------
-@_command
 async def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     key: str = args.user
     runtime = await _open(settings)
@@ -261,7 +224,6 @@ async def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
         await runtime.close()
 
 
-@_command
 async def cmd_sources_create(args: argparse.Namespace, settings: Settings) -> int:
     runtime = await _open(settings)
     try:
@@ -269,12 +231,11 @@ async def cmd_sources_create(args: argparse.Namespace, settings: Settings) -> in
     finally:
         await runtime.close()
     if not created:
-        raise _Failure(f"a collection named {args.name!r} already exists")
-    _write(f"Created collection {args.name}. Load files with: {PROG} sources load {args.name} PATH...")
+        raise CLIError(f"a collection named {args.name!r} already exists")
+    write(f"Created collection {args.name}. Load files with: {PROG} sources load {args.name} PATH...")
     return EXIT_OK
 
 
-@_command
 async def cmd_sources_load(args: argparse.Namespace, settings: Settings) -> int:
     runtime = await _open(settings)
     try:
@@ -284,7 +245,6 @@ async def cmd_sources_load(args: argparse.Namespace, settings: Settings) -> int:
         await runtime.close()
 
 
-@_command
 async def cmd_sources_attach(args: argparse.Namespace, settings: Settings) -> int:
     runtime = await _open(settings)
     try:
@@ -299,11 +259,10 @@ async def cmd_sources_attach(args: argparse.Namespace, settings: Settings) -> in
             said = f"Attached {args.name} to {args.user}."
     finally:
         await runtime.close()
-    _write(said)
+    write(said)
     return EXIT_OK
 
 
-@_command
 async def cmd_sources_detach(args: argparse.Namespace, settings: Settings) -> int:
     runtime = await _open(settings)
     try:
@@ -314,24 +273,30 @@ async def cmd_sources_detach(args: argparse.Namespace, settings: Settings) -> in
         else:
             record = await runtime.store.find_agent(args.user)
             if record is None:
-                raise _Failure(f"no memory held for user {args.user}")
+                raise CLIError(f"no memory held for user {args.user}")
             await runtime.store.detach_source(source.id, record.id)
             said = f"Detached {args.name} from {args.user}."
     finally:
         await runtime.close()
-    _write(said)
+    write(said)
     return EXIT_OK
 
 
-@_command
 async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
     runtime = await _open(settings)
     try:
         store = runtime.store
         keys = {agent.id: agent.key for agent in await store.list_agents()}
+        people = {agent_id: key for agent_id, key in keys.items() if not key.startswith(SOURCE_KEY_PREFIX)}
         rows = []
         for source in await store.list_sources():
             attached = [keys.get(agent_id, agent_id) for agent_id in await store.source_attachments(source.id)]
+            # Attached to all, minus those detached one by one (`detach NAME --user`).
+            excluded = [
+                key
+                for agent_id, key in people.items()
+                if source.attach_all and source.id not in {s.id for s in await store.attached_sources(agent_id)}
+            ]
             rows.append(
                 {
                     "name": source.name,
@@ -339,24 +304,25 @@ async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
                     "files": len(await store.list_documents(source.id)),
                     "attach_all": source.attach_all,
                     "attached_to": sorted(attached),
+                    "detached": sorted(excluded),
                     "created_at": source.created_at.isoformat(),
                 }
             )
     finally:
         await runtime.close()
     if args.json:
-        _write(json.dumps(rows, ensure_ascii=False, indent=2))
+        write(json.dumps(rows, ensure_ascii=False, indent=2))
     elif not rows:
-        _write(f"No collections yet. Create one with: {PROG} sources create NAME")
+        write(f"No collections yet. Create one with: {PROG} sources create NAME")
     else:
-        _write("\n".join(_render_source(row) for row in rows))
+        write("\n".join(_render_source(row) for row in rows))
     return EXIT_OK
 
 
 def _render_source(row: dict[str, Any]) -> str:
     who: Sequence[str] = row["attached_to"]
     if row["attach_all"]:
-        attached = "every user"
+        attached = "every user" + (f" except {', '.join(row['detached'])}" if row["detached"] else "")
     elif who:
         attached = ", ".join(who)
     else:
@@ -365,10 +331,9 @@ def _render_source(row: dict[str, Any]) -> str:
     return f"{row['name']}: {size}; searched by {attached}"
 
 
-@_command
 async def cmd_sources_delete(args: argparse.Namespace, settings: Settings) -> int:
     if not args.yes:
-        raise _Failure(f"deleting collection {args.name!r} cannot be undone: add --yes to confirm")
+        raise CLIError(f"deleting collection {args.name!r} cannot be undone: add --yes to confirm")
     runtime = await _open(settings)
     try:
         source = await _source(runtime, args.name)
@@ -376,5 +341,5 @@ async def cmd_sources_delete(args: argparse.Namespace, settings: Settings) -> in
         await runtime.store.delete_agent(source.id)
     finally:
         await runtime.close()
-    _write(f"Deleted collection {args.name} ({plural(passages, 'passage')}).")
+    write(f"Deleted collection {args.name} ({plural(passages, 'passage')}).")
     return EXIT_OK

@@ -6,8 +6,12 @@ Per agent: its blocks (with their times), summary and queue start, every
 message in seq order (same fields and timestamps), every passage with its
 embedding (and its content hash, so a later re-load of the same file still
 skips what is held), the files recorded as loaded; then the shared
-collections ("sources") and who they are attached to. Each agent is then
-read back from the target and compared with the source.
+collections ("sources") and who they are attached to; then every check-in
+and reminder, each user's time zone and quiet hours, and the users exempt
+from the usage limits. Each agent, and each of those, is then read back from
+the target and compared with the source. (Usage counters are not copied: they
+only count the current minute and day.) A missing SQLite source is an error:
+migrate never creates its source.
 
 Only through the Store interface, so the target assigns new ids: agent ids,
 passage ids, and message seqs 1..N (equal to the source's when the source has
@@ -19,19 +23,21 @@ is reported: migrate into an empty store (or forget those agents there first).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, replace
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 from tqdm import tqdm
 
-from memory.ingest.loader import passage_hash
+from memory.ingest.reading import passage_hash
 from memory.mongo.capabilities import redact_uri
+from memory.schedules import Schedule
 from memory.store import SOURCE_KEY_PREFIX, Store, StoreError
-from memory.types import AgentRecord, Message, Passage
+from memory.types import AgentRecord, Message, Passage, utc_now
 
 DEFAULT_MONGODB_DATABASE = "memgpt"
 MESSAGE_BATCH = 500  # messages per append (one transaction each)
@@ -61,6 +67,9 @@ class MigrationReport:
     target: str
     agents: list[AgentReport] = field(default_factory=list)
     sources: int = 0
+    schedules: int = 0
+    prefs: int = 0
+    exemptions: int = 0
     problems: list[str] = field(default_factory=list)  # not tied to one agent
 
     @property
@@ -72,7 +81,9 @@ class MigrationReport:
         lines = [
             f"{self.source} -> {self.target}: {len(copied)} of {len(self.agents)} agents copied "
             f"({sum(a.messages for a in copied)} messages, {sum(a.passages for a in copied)} passages, "
-            f"{sum(a.documents for a in copied)} loaded files), {self.sources} shared collections"
+            f"{sum(a.documents for a in copied)} loaded files), {self.sources} shared collections, "
+            f"{self.schedules} check-ins and reminders, {self.prefs} users' time zone and quiet hours, "
+            f"{self.exemptions} exemptions from the usage limits"
         ]
         for agent in self.agents:
             if agent.status != "copied":
@@ -135,7 +146,49 @@ async def migrate(source: Store, target: Store, progress: bool = True) -> Migrat
                 new_ids[agent.id] = agent_report.target_id
             bar.update(1)
     await _copy_sources(source, target, agents, new_ids, report)
+    await _copy_user_settings(source, target, [a.key for a in agents], report)
     return report
+
+
+async def _copy_user_settings(source: Store, target: Store, keys: list[str], report: MigrationReport) -> None:
+    """Check-ins and reminders (same ids, so `/checkin remove ID` still works),
+    time zones and quiet hours, exemptions; then each is compared."""
+    source_schedules, target_schedules = source.schedules, target.schedules
+    taken = {schedule.id for schedule in await target_schedules.list_all()}
+    schedules = await source_schedules.list_all()
+    for schedule in schedules:
+        if schedule.id in taken:
+            report.problems.append(f"check-in {schedule.id} of {schedule.agent_key}: the target has one with its id")
+            continue
+        # Unclaimed: the process that last fired it does not serve the target.
+        await target_schedules.add(replace(schedule, claimed_by=None))
+        report.schedules += 1
+    copied = {schedule.id: schedule for schedule in await target_schedules.list_all()}
+    for schedule in schedules:
+        if schedule.id not in taken and _schedule_fields(copied.get(schedule.id)) != _schedule_fields(schedule):
+            report.problems.append(f"check-in {schedule.id} of {schedule.agent_key} differs in the target")
+
+    # Preferences live by user, with or without an agent or a schedule.
+    for key in dict.fromkeys([*keys, *(schedule.agent_key for schedule in schedules)]):
+        prefs = await source_schedules.get_prefs(key)
+        if (prefs.timezone, prefs.quiet_start, prefs.quiet_end) == (None, None, None):
+            continue
+        await target_schedules.save_prefs(prefs)
+        report.prefs += 1
+        if await target_schedules.get_prefs(key) != prefs:
+            report.problems.append(f"time zone or quiet hours of {key} differ in the target")
+
+    exempt = await source.list_usage_exempt()
+    for key in exempt:
+        await target.set_usage_exempt(key, True, utc_now())
+        report.exemptions += 1
+    missing = set(exempt) - set(await target.list_usage_exempt())
+    if missing:
+        report.problems.append(f"exemptions from the usage limits missing in the target: {', '.join(sorted(missing))}")
+
+
+def _schedule_fields(schedule: Schedule | None) -> tuple[object, ...] | None:
+    return None if schedule is None else astuple(replace(schedule, claimed_by=None))
 
 
 def _name(store: Store) -> str:
@@ -314,8 +367,9 @@ def add_migrate_command(
         "migrate",
         parents=list(parents),
         help="copy all memory from one store to another (SQLite <-> MongoDB)",
-        description="Copy every agent (blocks, summary, messages, passages with embeddings, loaded-file records) "
-        "and every shared collection from one store to another, then verify each agent. "
+        description="Copy every agent (blocks, summary, messages, passages with embeddings, loaded-file records), "
+        "every shared collection with its attachments, every check-in and reminder, time zones and quiet hours, "
+        "and exemptions from the usage limits from one store to another, then verify each. "
         "SPEC is sqlite:PATH or a MongoDB URI (mongodb://HOST/DATABASE?OPTIONS; database default 'memgpt').",
     )
     parser.add_argument("--from", dest="source", required=True, metavar="SPEC", help="the store to copy from")
@@ -335,8 +389,12 @@ async def cmd_migrate(args: argparse.Namespace, settings: object = None) -> int:
     """Run the migration; the report goes to standard output. 0 if everything
     was copied and verified, 1 otherwise. StoreError (unreachable server, bad
     spec...) propagates for the CLI to print as one line."""
-    if _same_store(parse_spec(args.source), parse_spec(args.target)):
+    from_spec = parse_spec(args.source)
+    if _same_store(from_spec, parse_spec(args.target)):
         raise MigrationError("--from and --to name the same store")
+    if from_spec[0] == "sqlite" and not await asyncio.to_thread(Path(from_spec[1]).is_file):
+        # Opening it would create an empty database and "copy" nothing from it.
+        raise MigrationError(f"the source {args.source} does not exist (nothing to copy; check the path)")
     source, target = open_store(args.source), open_store(args.target)
     await source.open()
     try:

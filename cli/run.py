@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from bot.config import Settings
+from cli.common import open_runtime
 
 
 def add_run_command(
@@ -24,15 +25,11 @@ def add_run_command(
 
 async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from cli.app import serve
-    from cli.main import NO_API_KEY, CLIError, open_runtime
-
-    if not settings.openai_api_key:
-        raise CLIError(NO_API_KEY)
 
     def announce(line: str) -> None:
         print(f"memgpt-bot: {line}", file=sys.stderr, flush=True)
 
-    runtime = await open_runtime(settings)
+    runtime = await open_runtime(settings, talks_to_llm=True, warm_up=settings.warm_up)
     try:
         await serve(runtime, announce)
     finally:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from memory.embeddings import Embedder
-from memory.store import Store
+from memory.roles import PassageStore, SourceStore
 from memory.types import Passage, SearchPage
 
 log = logging.getLogger(__name__)
@@ -35,8 +35,10 @@ class FoundPassage(Passage):
 
 
 class ArchivalMemory:
-    def __init__(self, store: Store, embedder: Embedder) -> None:
+    def __init__(self, store: PassageStore, embedder: Embedder) -> None:
         self.store = store
+        # Without shared collections an agent searches its own passages only.
+        self._sources = store if isinstance(store, SourceStore) else None
         self.embedder = embedder
         self._pending: dict[str, set[asyncio.Task[None]]] = {}
 
@@ -92,7 +94,7 @@ class ArchivalMemory:
         it, merged by score. Items are (FoundPassage, score): each says which
         collection it came from (None: the agent's own archival storage)."""
         await self.settle(agent_id)
-        sources = await self.store.attached_sources(agent_id)
+        sources = [] if self._sources is None else await self._sources.attached_sources(agent_id)
         vector = (await self.embedder.embed_one(query)).tolist()
         if not sources:
             page = await self.store.search_passages(agent_id, query, vector, limit, offset)

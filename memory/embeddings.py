@@ -39,7 +39,12 @@ def load_sentence_transformer(model: str = "") -> Any:
         if path not in _models:
             os.environ.setdefault("HF_HUB_OFFLINE", "1")
             os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+            # No "Loading weights" progress bar inside a chat or a log.
+            os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
             from sentence_transformers import SentenceTransformer
+            from transformers.utils import logging as transformers_logging
+
+            transformers_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
 
             log.info("loading embedding model %s", path)
             _models[path] = SentenceTransformer(path, device="cpu")

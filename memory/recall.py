@@ -5,7 +5,7 @@ most agents never search their recall. So a message is embedded the first
 time its agent searches recall, and at most once: a search first embeds the
 agent's newest not-yet-embedded messages (up to BATCH, one embedder call) and
 stores their vectors, then ranks by cosine + keyword bonus
-(Store.search_messages with a query vector). A longer backlog (an old history
+(MessageStore.search_messages with a query vector). A longer backlog (an old history
 searched for the first time) is left to a background task, BATCH at a time,
 so this search answers quickly (older messages are still found by keywords)
 and the next one is complete.
@@ -21,7 +21,7 @@ import asyncio
 import logging
 
 from memory.embeddings import Embedder
-from memory.store import Store
+from memory.roles import MessageEmbeddingStore, MessageStore
 from memory.types import SearchPage
 
 log = logging.getLogger(__name__)
@@ -32,8 +32,11 @@ BATCH = 256
 
 
 class RecallMemory:
-    def __init__(self, store: Store, embedder: Embedder) -> None:
+    def __init__(self, store: MessageStore, embedder: Embedder) -> None:
         self.store = store
+        # Capability as a type: a store that cannot hold message embeddings is
+        # searched by keywords alone.
+        self._vectors = store if isinstance(store, MessageEmbeddingStore) else None
         self.embedder = embedder
         self._locks: dict[str, asyncio.Lock] = {}
         self._backlog: dict[str, asyncio.Task[None]] = {}
@@ -41,11 +44,11 @@ class RecallMemory:
     async def search(self, agent_id: str, query: str, limit: int, offset: int = 0) -> SearchPage:
         """The agent's messages ranked by meaning and keywords (BM25 only if
         the store cannot hold message embeddings or embedding fails)."""
+        if self._vectors is None:
+            return await self.store.search_messages(agent_id, query, limit, offset)
         try:
             more = await self._embed_batch(agent_id)
             vector = (await self.embedder.embed_one(query)).tolist()
-        except NotImplementedError:
-            return await self.store.search_messages(agent_id, query, limit, offset)
         except Exception as error:  # a store or model failure: keyword search still answers
             log.warning("agent %s: recall embedding failed, searching by keywords only: %s", agent_id, error)
             return await self.store.search_messages(agent_id, query, limit, offset)
@@ -57,8 +60,11 @@ class RecallMemory:
         """Embed the agent's newest BATCH unembedded messages; True if more may
         remain. `done` (seqs already embedded by this caller) stops a loop on
         messages whose vectors the store did not keep."""
+        store = self._vectors
+        if store is None:
+            return False
         async with self._locks.setdefault(agent_id, asyncio.Lock()):
-            pending = await self.store.messages_without_embedding(agent_id, BATCH)
+            pending = await store.messages_without_embedding(agent_id, BATCH)
             if done is not None:
                 if any(message.seq in done for message in pending):
                     return False
@@ -66,7 +72,7 @@ class RecallMemory:
             if not pending:
                 return False
             vectors = await self.embedder.embed([message.content or "" for message in pending])
-            await self.store.set_message_embeddings(
+            await store.set_message_embeddings(
                 agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, vectors, strict=True)}
             )
             return len(pending) == BATCH

@@ -1,458 +1,79 @@
-"""The one storage interface. Every backend (SQLite, MongoDB) implements it and
-passes the same conformance suite (tests/conformance).
+"""The complete storage backend: every role of memory/roles.py in one type.
 
-Every method that touches memory takes the agent id first: the store has no
-call that reads or searches across agents, except the admin ones whose names
-say so (`list_agents`, `delete_agent`).
+`Store` is what the runtime is given and what each backend (SQLite, MongoDB)
+is: both play every role and pass the same conformance suite
+(tests/conformance, which runs each test on both). Code that needs only part
+of a store asks for that role instead (memory/roles.py), so a narrower store
+(a test double, a backend still being written) can serve it.
+
+The records the roles exchange live in memory/types.py; they are named here
+too, so `from memory.store import JournalEntry` keeps working.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from typing import Protocol, runtime_checkable
 
-from memory.types import AgentRecord, Block, Message, Passage, SearchPage
+from memory.roles import (
+    AgentStore,
+    BlockStore,
+    DocumentStore,
+    JournalStore,
+    LeaseStore,
+    Lifecycle,
+    MessageEmbeddingStore,
+    MessageStore,
+    PassageStore,
+    ScheduleHost,
+    SourceStore,
+    UsageStore,
+)
+from memory.types import (
+    SOURCE_KEY_PREFIX,
+    DocumentRecord,
+    JournalEntry,
+    OutboxEntry,
+    SourceRecord,
+    UsageTally,
+    source_key,
+)
+
+__all__ = [
+    "DEDUP_TTL",
+    "SOURCE_KEY_PREFIX",
+    "DocumentRecord",
+    "JournalEntry",
+    "OutboxEntry",
+    "SourceRecord",
+    "Store",
+    "StoreError",
+    "UsageTally",
+    "source_key",
+]
+
+DEDUP_TTL = 24 * 60 * 60  # seconds a finished journal entry (and so its event id) is kept
 
 
 class StoreError(Exception):
     """A storage failure the caller can report to a person (disk full, locked...)."""
 
 
-class Store(ABC):
-    # -- life cycle -------------------------------------------------------
-    @abstractmethod
-    async def open(self) -> None:
-        """Connect, create or migrate the schema and indexes (idempotent)."""
-
-    @abstractmethod
-    async def close(self) -> None: ...
-
-    # -- agents (admin calls are the only ones that span agents) ----------
-    @abstractmethod
-    async def get_or_create_agent(self, key: str, default_blocks: Sequence[Block]) -> tuple[AgentRecord, list[Block]]:
-        """The agent for `key` ("platform:user"), created with `default_blocks`
-        on first use. Safe under concurrent calls for the same key."""
-
-    @abstractmethod
-    async def find_agent(self, key: str) -> AgentRecord | None: ...
-
-    @abstractmethod
-    async def list_agents(self) -> list[AgentRecord]:
-        """Admin: every agent, oldest first."""
-
-    @abstractmethod
-    async def delete_agent(self, agent_id: str) -> None:
-        """Admin / forget: remove the agent and everything stored for it."""
-
-    async def flush_deleted(self) -> None:
-        """After a forget: make what was just deleted unreadable from the
-        store's own files too (SQLite keeps old pages in its WAL)."""
-        return None  # a server-backed store has no files of its own to clean
-
-    # -- working context --------------------------------------------------
-    @abstractmethod
-    async def load_blocks(self, agent_id: str) -> list[Block]: ...
-
-    @abstractmethod
-    async def save_block(self, agent_id: str, block: Block) -> None:
-        """Replace one block whole (a single atomic write)."""
-
-    # -- FIFO queue state -------------------------------------------------
-    @abstractmethod
-    async def update_queue(
-        self, agent_id: str, summary: str, queue_start_seq: int, summary_updated_at: datetime
-    ) -> None:
-        """Record an eviction: the new recursive summary and where the queue now
-        starts, in one atomic write."""
-
-    # -- recall storage ---------------------------------------------------
-    @abstractmethod
-    async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
-        """Store messages in order, in one transaction, assigning each the next
-        `seq`. Returns them with `seq` set."""
-
-    @abstractmethod
-    async def messages_since(self, agent_id: str, seq: int) -> list[Message]:
-        """Messages with `seq >= seq`, oldest first."""
-
-    @abstractmethod
-    async def count_messages(self, agent_id: str) -> int: ...
-
-    @abstractmethod
-    async def search_messages(
-        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
-    ) -> SearchPage:
-        """Ranked by relevance to `query` (not bare substring match): BM25.
-
-        With `query_vector` (the embedding of `query`) the ranking is hybrid,
-        the archival formula: cosine(query_vector, message embedding) +
-        memory.search.hybrid.KEYWORD_WEIGHT x BM25 coverage, over the candidates =
-        the best keyword hits (embedded or not: a message without an embedding
-        counts cosine 0) and the nearest embedded messages. `total` is the
-        number of candidates. Ties go to the lower seq."""
-
-    # Recall embeddings are computed lazily, only for agents that search their
-    # recall (memory/recall.py): embedding every message on arrival would cost
-    # CPU on every chat event. Not abstract, like shared collections; the
-    # conformance suite (test_recall_hybrid_conformance) holds every backend
-    # to these.
-    async def messages_without_embedding(self, agent_id: str, limit: int) -> list[Message]:
-        """Up to `limit` of the agent's messages still without an embedding,
-        newest first; only role user or assistant with non-empty content
-        (tool results and system alerts are left to keyword search)."""
-        raise NotImplementedError(f"{type(self).__name__} does not embed recall storage")
-
-    async def set_message_embeddings(self, agent_id: str, vectors: Mapping[int, Sequence[float]]) -> None:
-        """Attach embeddings to the agent's messages by seq (seqs of other
-        agents or unknown ones are ignored); ValueError if their length
-        differs from the agent's stored message embeddings."""
-        raise NotImplementedError(f"{type(self).__name__} does not embed recall storage")
-
-    @abstractmethod
-    async def messages_between(
-        self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
-    ) -> SearchPage:
-        """Messages with start <= created_at < end, oldest first."""
-
-    # -- archival storage -------------------------------------------------
-    @abstractmethod
-    async def insert_passages(self, agent_id: str, passages: Sequence[Passage]) -> list[int]:
-        """Store passages (embedding may still be None); returns their ids."""
-
-    @abstractmethod
-    async def set_embeddings(self, agent_id: str, vectors: dict[int, list[float]]) -> None:
-        """Attach computed embeddings to passages by id."""
-
-    @abstractmethod
-    async def passages_without_embedding(self, agent_id: str) -> list[Passage]: ...
-
-    @abstractmethod
-    async def search_passages(
-        self,
-        agent_id: str,
-        query_text: str,
-        query_vector: Sequence[float],
-        limit: int,
-        offset: int = 0,
-    ) -> SearchPage:
-        """Embedded passages ranked by a hybrid of meaning and keywords, best
-        first (ties by id, so pages never overlap): relevance is the cosine of
-        `query_vector` plus a keyword bonus of up to memory.search.hybrid.KEYWORD_WEIGHT
-        for how much of `query_text` (rare words, ids, codes, names) the
-        passage holds. With empty `query_text` it is the plain cosine. Passages
-        without an embedding are not returned. `total` is how many passages
-        were ranked: every embedded one while the archive is searched exactly,
-        the candidate pool once an approximate index serves it."""
-
-    @abstractmethod
-    async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]: ...
-
-    @abstractmethod
-    async def count_passages(self, agent_id: str) -> int: ...
-
-    @abstractmethod
-    async def delete_passages(self, agent_id: str, ids: Sequence[int]) -> None: ...
-
-    # -- shared collections -----------------------------------------------
-    # A collection ("source") is stored once, as an agent record keyed
-    # `source:NAME` that holds its passages, so every archival call above
-    # works on it unchanged. Agents only ever read it, through
-    # ArchivalMemory.search, which merges the attached collections in.
-    # Not abstract yet so a backend still being written keeps working (with no
-    # collections); the conformance suite (test_sources_conformance) holds
-    # every backend to these.
-    async def create_source(self, name: str) -> tuple[SourceRecord, bool]:
-        """The collection `name`, created if new (with its `source:NAME` agent
-        record); the bool says whether this call created it. Safe under
-        concurrent calls for the same name."""
-        raise self._no_sources()
-
-    async def find_source(self, name: str) -> SourceRecord | None:
-        raise self._no_sources()
-
-    async def list_sources(self) -> list[SourceRecord]:
-        """Admin: every collection, by name."""
-        raise self._no_sources()
-
-    async def attach_source(self, source_id: str, agent_id: str | None) -> None:
-        """Let one agent search the collection; with None, every agent, present
-        and future (this also undoes earlier per-agent detaches)."""
-        raise self._no_sources()
-
-    async def detach_source(self, source_id: str, agent_id: str | None) -> None:
-        """Stop one agent searching the collection, even if it is attached to
-        all; with None, detach it from every agent."""
-        raise self._no_sources()
-
-    async def attached_sources(self, agent_id: str) -> list[SourceRecord]:
-        """The collections this agent searches, by name: attached to it, or
-        to all agents and not detached from it. Never the agent itself."""
-        return []
-
-    async def source_attachments(self, source_id: str) -> list[str]:
-        """Admin: ids of the agents the collection is attached to one by one
-        (agents covered only by `attach_all` are not listed)."""
-        raise self._no_sources()
-
-    # -- loaded documents (any agent, collections included) ---------------
-    async def record_document(self, agent_id: str, document: DocumentRecord) -> None:
-        """Mark a file as completely loaded (insert or replace by sha256).
-        Written only after all its passages are stored, so a load that was
-        interrupted before this call is resumed by loading the file again."""
-        raise self._no_sources()
-
-    async def list_documents(self, agent_id: str) -> list[DocumentRecord]:
-        """Files completely loaded for this agent, oldest first."""
-        raise self._no_sources()
-
-    async def known_passage_hashes(self, agent_id: str, hashes: Sequence[str]) -> set[str]:
-        """Which of `hashes` belong to passages this agent already holds."""
-        raise self._no_sources()
-
-    async def insert_hashed_passages(
-        self, agent_id: str, passages: Sequence[Passage], hashes: Sequence[str]
-    ) -> list[int]:
-        """Like insert_passages, keyed by content hash (one per passage): a
-        passage whose hash the agent already holds (or that repeats one earlier
-        in the call) is skipped and gets id 0; the others are stored and their
-        hashes recorded. Deleting a passage forgets its hash."""
-        raise self._no_sources()
-
-    def _no_sources(self) -> NotImplementedError:
-        return NotImplementedError(f"{type(self).__name__} does not support shared collections and loading yet")
-
-    # -- coordination between bot processes ---------------------------------
-    # What lets several bot processes share one database: platform events
-    # delivered more than once (Slack retries) are handled once, and one agent
-    # is worked on by one process at a time, in arrival order (bot/durable/leases.py
-    # tells the protocol). Not abstract, like shared collections; the
-    # conformance suite (test_dedup_conformance, test_lease_conformance) holds
-    # every backend to these. Times are the store's clock, in seconds.
-    async def lease_register(self, owner: str, ttl: float) -> None:
-        """Start the heartbeat of a new lease owner (a bot process; the id is
-        never used again once it expires): alive for `ttl` seconds."""
-        raise self._no_coordination()
-
-    async def lease_renew(self, owner: str, ttl: float) -> bool:
-        """Keep `owner` alive for another `ttl` seconds from now. False when it
-        already expired (or was never registered): it can never come back,
-        and every ticket it holds is dead."""
-        raise self._no_coordination()
-
-    async def lease_join(self, name: str, owner: str) -> int:
-        """Take a ticket for `name` (an agent key): its place in that name's
-        line, after every ticket already taken. Returns its number."""
-        raise self._no_coordination()
-
-    async def lease_position(self, name: str, seq: int, owner: str) -> int | None:
-        """How many live tickets are ahead of ticket `seq` (reads): 0 means it
-        holds the lease. A ticket is live until it is done or its owner's
-        heartbeat expires. None when the ticket itself is not live. May clear
-        away dead tickets ahead of it."""
-        raise self._no_coordination()
-
-    async def lease_leave(self, name: str, seq: int, owner: str) -> None:
-        """Done with ticket `seq` (held, given up or lost): it no longer
-        counts. Now and then also clears away the name's done tickets, but
-        never its highest-numbered one (bot/durable/leases.py says why)."""
-        raise self._no_coordination()
-
-    async def lease_swap_holder(self, name: str, holder: str) -> str | None:
-        """Record `holder` as the last one to hold `name` and return the one
-        recorded before (None if never; `holder` itself if it was already
-        recorded: nothing is written then). Called only by the lease holder."""
-        raise self._no_coordination()
-
-    def _no_coordination(self) -> NotImplementedError:
-        return NotImplementedError(f"{type(self).__name__} cannot coordinate several bot processes")
-
-    # -- crash safety: the event journal and the reply outbox ------------------
-    # An inbound event is recorded (journal_receive) before the platform is
-    # told it arrived, marked "running" when work on it starts, "waiting" (with
-    # its next try) when storage failed it, and "done" once every reply to it
-    # is handed to the outbox; a reply is recorded (outbox_add) when the agent
-    # sends it and marked sent when the platform confirms. A restarted bot
-    # redoes the unfinished events and re-sends the unsent replies
-    # (bot/durable/__init__.py tells the protocol). Not abstract, like
-    # coordination; the conformance suite (test_journal_conformance) holds
-    # every backend to these.
-    async def journal_receive(self, entry: JournalEntry) -> bool:
-        """Record an inbound event; True the first time its id is seen (by any
-        process), False for a repeat delivery. Done entries are kept
-        DEDUP_TTL, so repeats within a day are recognised."""
-        raise self._no_journal()
-
-    async def journal_update(
-        self,
-        event_id: str,
-        *,
-        state: str | None = None,
-        attempts: int | None = None,
-        next_try_at: float | None = None,
-        only_from: Collection[str] = (),
-    ) -> bool:
-        """Change an entry's state (JournalEntry.state), attempt count and/or
-        next try; with `only_from`, only if its state is one of those. Whether
-        an entry was changed (or, with nothing to change, matched)."""
-        raise self._no_journal()
-
-    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
-        """Entries from `origin` not yet done, in the order they were received;
-        with `due_by`, only the "waiting" ones whose next try is at or before it."""
-        raise self._no_journal()
-
-    async def outbox_add(self, entry: OutboxEntry) -> bool:
-        """Record a reply (id unique); False, and nothing changes, if that id
-        is already there (a redo of the same send)."""
-        raise self._no_journal()
-
-    async def outbox_update(
-        self, entry_id: str, *, state: str, attempts: int | None = None, next_try_at: float | None = None
-    ) -> None:
-        """Mark a reply "sent", "dropped" (undeliverable) or "pending" (a retry
-        at `next_try_at`, seconds since the epoch)."""
-        raise self._no_journal()
-
-    async def outbox_for_event(self, event_id: str) -> list[OutboxEntry]:
-        """Every reply recorded for one event, in the order they were sent."""
-        raise self._no_journal()
-
-    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
-        """Replies to `origin` not yet confirmed (nor dropped), oldest first;
-        with `due_by`, only those whose next try is at or before it."""
-        raise self._no_journal()
-
-    async def journal_forget(self, agent_key: str) -> None:
-        """Delete every journal entry and outbox reply of one user."""
-        raise self._no_journal()
-
-    async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
-        """The seq of the agent's message recorded for `event_id` (Message.event_id),
-        if any: how a redone event knows its message is already in recall."""
-        raise self._no_journal()
-
-    def _no_journal(self) -> NotImplementedError:
-        return NotImplementedError(f"{type(self).__name__} has no event journal")
-
-    # -- usage limits (bot/limits.py) -------------------------------------------
-    # Per-user message rate and daily token budget, counted here so that they
-    # hold across bot processes. Every hit is its own row/document, counted or
-    # summed over a time window: MongoDB-compatible servers without atomic
-    # updates (FerretDB) lose concurrent `$inc`s, never inserts. Keyed by agent
-    # key ("platform:user"), not agent id, so forgetting a user's memory and
-    # their counters are separate calls (Runtime.forget makes both). Times are
-    # the caller's clock. Not abstract, like coordination; the conformance
-    # suite (test_usage_conformance) holds every backend to these.
-    async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
-        """Count one hit of `kind` ("message", "tokens", ...) worth `amount` for `key`."""
-        raise self._no_usage()
-
-    async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
-        """The hits of `kind` for `key` at or after `since`: how many, the sum of
-        their amounts, the oldest and the newest time (None when there are none)."""
-        raise self._no_usage()
-
-    async def prune_usage(self, before: datetime) -> int:
-        """Housekeeping: delete every key's hits older than `before`; returns how many."""
-        raise self._no_usage()
-
-    async def delete_usage(self, key: str) -> int:
-        """Delete every hit of `key` (reset, forget); returns how many. An
-        exemption stays: it is the admin's setting, not the user's data."""
-        raise self._no_usage()
-
-    async def set_usage_exempt(self, key: str, exempt: bool, at: datetime) -> bool:
-        """Exempt `key` from the limits (or not); returns whether this changed anything."""
-        raise self._no_usage()
-
-    async def usage_exempt(self, key: str) -> bool:
-        raise self._no_usage()
-
-    async def list_usage_exempt(self) -> list[str]:
-        """Admin: every exempt key, sorted."""
-        raise self._no_usage()
-
-    def _no_usage(self) -> NotImplementedError:
-        return NotImplementedError(f"{type(self).__name__} does not count usage")
-
-
-DEDUP_TTL = 24 * 60 * 60  # seconds a finished journal entry (and so its event id) is kept
-
-
-SOURCE_KEY_PREFIX = "source:"
-
-
-def source_key(name: str) -> str:
-    """The agent key under which a collection's passages are stored."""
-    return SOURCE_KEY_PREFIX + name
-
-
-@dataclass(slots=True)
-class SourceRecord:
-    """A shared collection. `id` is the id of the agent record holding its
-    passages; `attach_all` attaches it to every agent, present and future."""
-
-    id: str
-    name: str
-    created_at: datetime
-    attach_all: bool = False
-
-
-@dataclass(slots=True)
-class DocumentRecord:
-    """A file loaded completely into an agent's (or a collection's) archival storage."""
-
-    sha256: str
-    name: str
-    passages: int
-    loaded_at: datetime
-
-
-@dataclass(slots=True)
-class JournalEntry:
-    """An inbound event as its adapter received it. `payload` is whatever the
-    adapter needs to handle it again (plain JSON); `origin` names the adapter."""
-
-    event_id: str
-    origin: str
-    agent_key: str
-    payload: dict[str, Any]
-    received_at: datetime
-    # pending: received, not started | running: work on it started | waiting:
-    # storage failed it, replayed at next_try_at | done
-    state: str = "pending"
-    attempts: int = 0  # restarts that found it running
-    next_try_at: float = 0.0  # seconds since the epoch, while waiting
-
-
-@dataclass(slots=True)
-class OutboxEntry:
-    """One reply on its way out. `id` is "<event id>:<n>": the n-th reply to
-    that event, so redoing the event cannot record the same reply twice."""
-
-    id: str
-    event_id: str
-    position: int
-    agent_key: str
-    origin: str
-    user_id: str
-    reply_to: dict[str, Any]
-    text: str
-    created_at: datetime
-    state: str = "pending"  # pending | sent | dropped
-    attempts: int = 0
-    next_try_at: float = 0.0
-
-
-@dataclass(slots=True)
-class UsageTally:
-    """What Store.usage_since found: hits, the sum of their amounts, and the
-    times of the oldest and newest (None when there are no hits)."""
-
-    count: int
-    amount: int
-    oldest: datetime | None
-    newest: datetime | None
+@runtime_checkable
+class Store(
+    Lifecycle,
+    AgentStore,
+    BlockStore,
+    MessageStore,
+    MessageEmbeddingStore,
+    PassageStore,
+    SourceStore,
+    DocumentStore,
+    JournalStore,
+    LeaseStore,
+    UsageStore,
+    ScheduleHost,
+    Protocol,
+):
+    """Every role: memory (agents, working context, recall, archival), shared
+    collections and loaded documents, the event journal and outbox, leases
+    between bot processes, usage counters and check-in schedules."""

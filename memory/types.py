@@ -100,3 +100,80 @@ class SearchPage:
 
     items: list[Any]
     total: int
+
+
+# -- what the storage roles exchange besides memory (memory/roles.py) ----------
+SOURCE_KEY_PREFIX = "source:"
+
+
+def source_key(name: str) -> str:
+    """The agent key under which a collection's passages are stored."""
+    return SOURCE_KEY_PREFIX + name
+
+
+@dataclass(slots=True)
+class SourceRecord:
+    """A shared collection. `id` is the id of the agent record holding its
+    passages; `attach_all` attaches it to every agent, present and future."""
+
+    id: str
+    name: str
+    created_at: datetime
+    attach_all: bool = False
+
+
+@dataclass(slots=True)
+class DocumentRecord:
+    """A file loaded completely into an agent's (or a collection's) archival storage."""
+
+    sha256: str
+    name: str
+    passages: int
+    loaded_at: datetime
+
+
+@dataclass(slots=True)
+class JournalEntry:
+    """An inbound event as its adapter received it. `payload` is whatever the
+    adapter needs to handle it again (plain JSON); `origin` names the adapter."""
+
+    event_id: str
+    origin: str
+    agent_key: str
+    payload: dict[str, Any]
+    received_at: datetime
+    # pending: received, not started | running: work on it started | waiting:
+    # storage failed it, replayed at next_try_at | done
+    state: str = "pending"
+    attempts: int = 0  # restarts that found it running
+    next_try_at: float = 0.0  # seconds since the epoch, while waiting
+
+
+@dataclass(slots=True)
+class OutboxEntry:
+    """One reply on its way out. `id` is "<event id>:<n>": the n-th reply to
+    that event, so redoing the event cannot record the same reply twice."""
+
+    id: str
+    event_id: str
+    position: int
+    agent_key: str
+    origin: str
+    user_id: str
+    reply_to: dict[str, Any]
+    text: str
+    created_at: datetime
+    state: str = "pending"  # pending | sent | dropped
+    attempts: int = 0
+    next_try_at: float = 0.0
+
+
+@dataclass(slots=True)
+class UsageTally:
+    """What UsageStore.usage_since found: hits, the sum of their amounts, and the
+    times of the oldest and newest (None when there are no hits)."""
+
+    count: int
+    amount: int
+    oldest: datetime | None
+    newest: datetime | None

@@ -24,6 +24,25 @@ from tests.log_capture import SessionLogCapture, session_log_capture
 
 TEST_MODEL = "test-model"
 
+# The longest tests (each a minute or more on a busy 2-core machine), started
+# first so that the two workers (pytest-xdist) finish together instead of one
+# of them running a long test alone at the end.
+HEAVY = (
+    "tests/test_crash_harness.py",
+    "tests/test_llm_fault_property.py::test_any_llm_fault_sequence",
+    "tests/test_isolation.py",
+    "tests/test_multiprocess.py",
+    "tests/test_store_faults.py",
+    "tests/test_sources.py::test_cli_sources",
+    "tests/test_harnesses.py",
+    "tests/test_hybrid.py",
+    "tests/test_loader.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: not item.nodeid.startswith(HEAVY))  # stable: the order stays otherwise
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _session_log_scan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SessionLogCapture | None]:

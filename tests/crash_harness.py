@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import multiprocessing.process
@@ -29,15 +30,19 @@ import re
 import signal
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
+from bot.durable.inbox import GAVE_UP
 from tests.fake_llm import Reply, reply_text, reply_tool_calls, start_fake_llm, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.forks import FORKS
@@ -58,8 +63,10 @@ def free_port() -> int:
 # --------------------------------------------------------------------------- the scripted model
 
 
-def scripted_model(request: dict[str, Any]) -> Reply:
-    """Stateless, so a redone step gets the same answer: decided by the request alone."""
+def scripted_model(request: dict[str, Any], poison: Callable[[str, int], None] | None = None) -> Reply:
+    """Stateless, so a redone step gets the same answer: decided by the request alone.
+    `poison(user, number)` is called first with the message asked about: the
+    harness kills the bot there when that message is its poison event."""
     messages = request["messages"]
     if not request.get("tools"):  # the summarizer
         return reply_text("Earlier: numbered test messages.")
@@ -73,6 +80,8 @@ def scripted_model(request: dict[str, Any]) -> Reply:
     if asked is None:
         return reply_text("nothing to do")
     user, number = asked
+    if poison is not None:
+        poison(user, number)
     last = messages[-1]
     fact = f"[{user}:{number}]"
     # A save cut short by a kill comes back as "may or may not have taken
@@ -121,12 +130,17 @@ class BotProcess:
         self.process.start()
         self.starts += 1
 
-    async def wait_listening(self, within: float = 60.0) -> None:
+    async def wait_listening(self, within: float = 60.0, *, revive: bool = False) -> None:
+        """Until the bot accepts connections; with `revive`, a bot that died
+        meanwhile (the poison event) is started again, as a supervisor would."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             assert self.process is not None
             if not self.process.is_alive():
-                raise RuntimeError(f"the bot exited with {self.process.exitcode}; see {self.log_path}")
+                if not revive:
+                    raise RuntimeError(f"the bot exited with {self.process.exitcode}; see {self.log_path}")
+                self.process.join()
+                self.start()
             try:
                 _, writer = await asyncio.open_connection("127.0.0.1", self.port)
                 writer.close()
@@ -223,6 +237,8 @@ class Report:
     interrupted_calls: int = 0
     pending_events: int = 0
     pending_replies: int = 0
+    poison_deaths: int = 0  # the bot killed while it worked on the poison event
+    gave_up: Counter[str] = field(default_factory=Counter)  # "could not process" notices, by user
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -234,15 +250,31 @@ class Report:
             f"events not answered exactly once: {wrong_answers}; user messages not in recall exactly once: "
             f"{wrong_recall}; working context whole: {self.facts_ok} ({self.duplicate_facts} facts saved twice); "
             f"calls cut short by a kill and closed at restart: {self.interrupted_calls}; "
-            f"left pending: {self.pending_events} events, {self.pending_replies} replies"
+            f"left pending: {self.pending_events} events, {self.pending_replies} replies; "
+            f"given up: {sorted(self.gave_up)} after {self.poison_deaths} deaths on the poison event"
         )
 
 
-async def run(data_dir: Path, *, kills: int, users: int, per_user: int, seed: int, max_gap: float = 0.08) -> Report:
+async def run(
+    data_dir: Path,
+    *,
+    kills: int,
+    users: int,
+    per_user: int,
+    seed: int,
+    max_gap: float = 0.08,
+    startup_kills: int = 0,
+    poison: tuple[str, int] | None = None,
+    hogs: int = 0,
+) -> Report:
+    """Play the conversation, SIGKILLing the bot `kills` times (the first
+    `startup_kills` of them during start-up, before it listens) and
+    restarting it. With `poison` (user, message number), the bot is also
+    killed whenever the model is asked about that message, as if the event
+    itself crashed it. `hogs` processes spin on the CPU meanwhile."""
     rng = random.Random(seed)
     llm = start_fake_llm()
     slack = FakeSlack(bot_token="xoxb-crash-harness", team_id=TEAM).start()
-    llm.set_handler(scripted_model)
     port = free_port()
     env = {
         **os.environ,
@@ -263,41 +295,86 @@ async def run(data_dir: Path, *, kills: int, users: int, per_user: int, seed: in
         # The conversation is a burst far above any sane per-user rate: no limits here.
         "MEMGPT_RATE_LIMIT_PER_MINUTE": "0",
         "MEMGPT_DAILY_TOKEN_BUDGET": "0",
+        # Nothing here searches by meaning: a hundred starts need not load the model.
+        "MEMGPT_WARM_UP": "off",
     }
     for name in ("DISCORD_TOKEN", "SLACK_APP_TOKEN", "MONGODB_URI"):
         env.pop(name, None)
     bot = BotProcess(env, data_dir / "bot.log", port)
+    poison_deaths = 0
+
+    def kill_on_poison(user: str, number: int) -> None:
+        nonlocal poison_deaths
+        if (user, number) == poison and bot.process is not None and bot.process.pid is not None:
+            poison_deaths += 1
+            os.kill(bot.process.pid, signal.SIGKILL)
+
+    llm.set_handler(lambda request: scripted_model(request, kill_on_poison if poison else None))
     conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng)
     started = time.monotonic()
     done_killing = 0
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])  # noqa: ASYNC220 - started once, killed below
+        for _ in range(hogs)
+    ]
+    restarting = asyncio.Lock()  # the kills below and the poison watcher restart the bot in turn
+
+    async def restart_the_dead() -> None:
+        """A bot that died on its own (the poison event) is started again, as a supervisor would."""
+        while True:
+            await asyncio.sleep(0.05)
+            async with restarting:
+                if bot.process is not None and not bot.process.is_alive():
+                    await bot.wait_listening(revive=True)
+
     try:
         data_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before anything runs
         bot.start()
-        await bot.wait_listening()
+        await bot.wait_listening(revive=poison is not None)
+        start_up = time.monotonic() - started
+        watcher = asyncio.create_task(restart_the_dead())
         async with aiohttp.ClientSession() as session:
             player = asyncio.create_task(conversation.play(port, session))
             while done_killing < kills:
-                # Kill while work is going on: after a few more events were
-                # taken, at a random moment of what follows (receiving,
-                # calling the model, saving, posting the answer).
-                target = conversation.acked + rng.randint(1, 4)
-                while conversation.acked < target and not player.done():  # noqa: ASYNC110 - a counter, polled
-                    await asyncio.sleep(0.002)
-                await asyncio.sleep(rng.uniform(0.0, max_gap))
-                bot.kill()
-                done_killing += 1
-                bot.start()
-                await bot.wait_listening()
+                if done_killing < startup_kills:
+                    # During start-up, before the bot listens (as long as its
+                    # first start took to listen): the journal holds unfinished
+                    # events, the bot is still loading.
+                    await asyncio.sleep(rng.uniform(0.0, start_up))
+                else:
+                    # Kill while work is going on: after a few more events were
+                    # taken, at a random moment of what follows (receiving,
+                    # calling the model, saving, posting the answer).
+                    target = conversation.acked + rng.randint(1, 4)
+                    while conversation.acked < target and not player.done():  # noqa: ASYNC110 - a counter, polled
+                        await asyncio.sleep(0.002)
+                    await asyncio.sleep(rng.uniform(0.0, max_gap))
+                async with restarting:
+                    bot.kill()
+                    done_killing += 1
+                    bot.start()
+                    if done_killing >= startup_kills:
+                        await bot.wait_listening(revive=poison is not None)
+            async with restarting:
+                await bot.wait_listening(revive=poison is not None)
             await player
             total = len(conversation.events())
-            await _settle(slack, total, within=120.0)
-        exit_code = bot.stop()
+            await _settle(slack, total - (poison is not None), within=120.0)
+        watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watcher
+        async with restarting:
+            exit_code = bot.stop()
         report = Report(done_killing, total, conversation.deliveries, bot.starts, time.monotonic() - started)
+        report.poison_deaths = poison_deaths
         if exit_code != 0:
             report.problems.append(f"the bot exited with {exit_code} on SIGTERM")
         _check(report, slack, data_dir / "memgpt.sqlite3", conversation)
         return report
     finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
         if bot.process is not None and bot.process.is_alive():
             bot.kill()
         slack.stop()
@@ -316,10 +393,13 @@ async def _settle(slack: FakeSlack, expected: int, within: float) -> None:
 
 
 def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:
-    for text in slack.posted_texts():
+    for call in slack.calls_to("chat.postMessage"):
+        text = str(call.args.get("text", ""))
         found = re.fullmatch(r"re: (U\d+) (\d+)", text)
         if found:
             report.answers[(found.group(1), int(found.group(2)))] += 1
+        elif text == GAVE_UP:
+            report.gave_up[str(call.args.get("channel", "")).removeprefix("D")] += 1
         else:
             report.problems.append(f"unexpected post: {text[:80]!r}")
     conn = sqlite3.connect(db)
@@ -375,9 +455,27 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=10)
     parser.add_argument("--messages", type=int, default=40, help="messages per user")
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--startup-kills", type=int, default=0, help="how many of the kills land during start-up")
+    parser.add_argument("--poison", metavar="USER:N", help="the bot dies whenever it works on this message (U2:3)")
+    parser.add_argument("--hogs", type=int, default=0, help="processes spinning on the CPU meanwhile")
     parser.add_argument("--data-dir", type=Path, default=Path(f"/tmp/crash-harness-{uuid.uuid4().hex[:8]}"))
     args = parser.parse_args()
-    report = asyncio.run(run(args.data_dir, kills=args.kills, users=args.users, per_user=args.messages, seed=args.seed))
+    poison = None
+    if args.poison:
+        user, _, number = args.poison.partition(":")
+        poison = (user, int(number))
+    report = asyncio.run(
+        run(
+            args.data_dir,
+            kills=args.kills,
+            users=args.users,
+            per_user=args.messages,
+            seed=args.seed,
+            startup_kills=args.startup_kills,
+            poison=poison,
+            hogs=args.hogs,
+        )
+    )
     print(report.summary())
     for problem in report.problems[:20]:
         print("  -", problem)

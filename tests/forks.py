@@ -27,7 +27,7 @@ from typing import Any
 
 FORKS = multiprocessing.get_context("forkserver")
 FORKS.set_forkserver_preload(
-    ["cli.main", "cli.app", "bot.runtime", "adapters.slack_adapter", "memory.embeddings", "sentence_transformers"]
+    ["cli.main", "cli.app", "bot.runtime", "adapters.slack", "memory.embeddings", "sentence_transformers"]
 )
 
 

@@ -13,6 +13,7 @@ Test tool only, never part of the product.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,13 +59,21 @@ class SessionLogCapture:
         self.handler.close()
 
 
+def capture_file(target: str) -> Path:
+    """Where this test process writes the capture named `target`: each
+    pytest-xdist worker keeps its own file beside it (NAME-gw0.log, ...)."""
+    path = Path(target).expanduser().resolve()
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return path.with_name(f"{path.stem}-{worker}{path.suffix}") if worker else path
+
+
 @contextmanager
 def session_log_capture(target: str | None, subprocess_logs: Path | None) -> Iterator[SessionLogCapture | None]:
     """Capture into `target` (None or empty: do nothing) for the `with` body."""
     if not target:
         yield None
         return
-    capture = SessionLogCapture(Path(target).expanduser().resolve())
+    capture = SessionLogCapture(capture_file(target))
     capture.start()
     try:
         yield capture

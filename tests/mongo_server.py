@@ -63,7 +63,11 @@ def find_or_build_ferretdb() -> Path:
     env = {**os.environ, "FERRETDB_VERSION": FERRETDB_VERSION}
     # Past pytest's capture: the first run may build for minutes, say why.
     if sys.__stderr__ is not None:
-        sys.__stderr__.write(f"\nbuilding FerretDB v{FERRETDB_VERSION} into {tools_dir()} for the MongoDB tests\n")
+        sys.__stderr__.write(
+            f"\nbuilding FerretDB v{FERRETDB_VERSION} into {tools_dir()} for the MongoDB tests: once, about "
+            "2 minutes (more on a busy machine), fetching Go modules from the Go module proxy\n"
+        )
+        sys.__stderr__.flush()
     try:
         done = subprocess.run(
             ["bash", str(INSTALL_SCRIPT)], env=env, capture_output=True, text=True, timeout=BUILD_TIMEOUT, check=False

@@ -14,7 +14,7 @@ from bot.checkins.commands import checkin_command
 from bot.checkins.rules import CheckinSettings
 from bot.config import Settings
 from cli.checkins import add_checkin_commands
-from memory.schedules import ScheduleStore, schedule_store_for
+from memory.schedules import ScheduleStore
 from memory.sqlite.store import SQLiteStore
 
 NOW = datetime(2026, 11, 30, 10, tzinfo=UTC)  # Monday; 11:00 in Paris
@@ -25,7 +25,7 @@ DM = {"channel": "D9"}
 async def schedules(tmp_path: Path) -> AsyncIterator[ScheduleStore]:
     store = SQLiteStore(tmp_path / "data" / "memgpt.sqlite3")
     await store.open()
-    yield schedule_store_for(store)
+    yield store.schedules
     await store.close()
 
 

@@ -25,7 +25,7 @@ from bot.checkins.rules import (
     parse_when,
 )
 from bot.config import ConfigError
-from memory.schedules import CheckinPrefs, ScheduleStore, schedule_store_for
+from memory.schedules import CheckinPrefs, ScheduleStore
 from memory.sqlite.store import SQLiteStore
 from tests.mongo_server import shared_target
 
@@ -227,20 +227,23 @@ def test_parse_clock_weekday_zone_and_words() -> None:
         "2 hours",
         "3 days",
     ]
+    # A reminder "in 2 hours" is confirmed a moment later, 1:59:59 away: still "2 hours".
+    assert humanize(timedelta(hours=2) - timedelta(seconds=1)) == "2 hours"
+    assert humanize(timedelta(minutes=59, seconds=50)) == "1 hour"
 
 
 # -- the store -----------------------------------------------------------------
 async def _sqlite(path: Path) -> tuple[ScheduleStore, Callable[[], Awaitable[None]]]:
     backend = SQLiteStore(path / "memgpt.sqlite3")
     await backend.open()
-    return schedule_store_for(backend), backend.close
+    return backend.schedules, backend.close
 
 
 async def _mongodb(path: Path) -> tuple[ScheduleStore, Callable[[], Awaitable[None]]]:
     # FerretDB (or MONGODB_TEST_URI): a fresh database, dropped when the store closes.
     backend = shared_target().store()
     await backend.open()
-    return schedule_store_for(backend), backend.close
+    return backend.schedules, backend.close
 
 
 # One factory per backend, so both pass the same tests.
@@ -320,7 +323,7 @@ async def test_claim_across_two_connections_on_one_file(tmp_path: Path) -> None:
     for backend in stores:
         await backend.open()
     try:
-        a, b = (schedule_store_for(backend) for backend in stores)
+        a, b = (backend.schedules for backend in stores)
         due = utc(2026, 12, 1, 9)
         added = [await a.add(new(f"discord:{n}")) for n in range(10)]
         wins = await asyncio.gather(

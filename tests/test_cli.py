@@ -220,6 +220,12 @@ def test_forget_asks_at_a_terminal_and_yes_deletes_everything(alice: Chatted, tm
         assert "Nothing deleted" in declined.stdout
         ok(memgpt("memory", "show", "--user", "alice", env=env, cwd=tmp_path))
 
+    # Without a terminal, piped input is no answer, not even "y": nothing is deleted without --yes.
+    for piped in ("no\n", "y\n"):
+        refused = failed(memgpt("memory", "forget", "--user", "alice", env=env, cwd=tmp_path, stdin=piped))
+        assert "without a terminal" in refused and "--yes" in refused
+    assert "11 messages" in ok(memgpt("memory", "show", "--user", "alice", env=env, cwd=tmp_path))
+
     said = ok(memgpt("memory", "forget", "--user", "alice", "--yes", env=env, cwd=tmp_path))
     assert "terminal:alice" in said and "11 messages" in said
     error = failed(memgpt("memory", "show", "--user", "alice", env=env, cwd=tmp_path))
@@ -267,7 +273,28 @@ def test_import_then_recall_search_finds_it(llm_server: FakeLLMServer, tmp_path:
     assert first["content"] == "I adopted a parrot named Kiwi." and first["role"] == "user"
     assert first["created_at"].startswith("2023-04-01T09:30:00") and first["created_at"].endswith("+00:00")
     assert (tmp_path / "data" / "memgpt-bot.log").exists() and not (tmp_path / "elsewhere").exists()
+    # Again: everything is already held (same role, content and time), nothing is added twice.
+    again = ok(memgpt(*data, "memory", "import", "--user", "alice", str(history), env=env, cwd=tmp_path))
+    assert "Imported 0 messages" in again and "3 messages already held, skipped" in again
     assert llm_server.requests == []
+
+
+def test_an_export_restores_into_an_empty_store_once(alice: Chatted, tmp_path: Path) -> None:
+    exported = tmp_path / "alice.json"
+    exported.write_text(ok(memgpt("memory", "export", "--user", "alice", env=alice.env, cwd=alice.cwd)))
+    original = json.loads(exported.read_text())
+    env = {**alice.env, "MEMGPT_DATA_DIR": str(tmp_path / "restored")}
+    said = ok(memgpt("memory", "import", "--user", "alice", str(exported), env=env, cwd=tmp_path))
+    assert f"Imported {len(original['messages'])} messages" in said and "Restored the working context" in said
+    again = ok(memgpt("memory", "import", "--user", "alice", str(exported), env=env, cwd=tmp_path))
+    assert "Imported 0 messages" in again
+    restored = json.loads(ok(memgpt("memory", "export", "--user", "alice", env=env, cwd=tmp_path)))
+    fields = ("role", "content", "tool_calls", "tool_call_id", "created_at")
+    assert [[m[f] for f in fields] for m in restored["messages"]] == [
+        [m[f] for f in fields] for m in original["messages"]
+    ]
+    assert restored["working_context"] == original["working_context"]
+    assert [p["text"] for p in restored["passages"]] == [p["text"] for p in original["passages"]]
 
 
 def test_import_with_a_bad_line_imports_nothing(llm_server: FakeLLMServer, tmp_path: Path) -> None:

@@ -29,8 +29,8 @@ from discord.ext.test import backend
 from discord.http import Route
 from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
-from adapters.discord_adapter import DiscordAdapter, DiscordConfig, dm_address
-from adapters.discord_commands import (
+from adapters.discord import DiscordAdapter, DiscordConfig, dm_address
+from adapters.discord.commands import (
     FORGET_CANCELLED,
     FORGET_DONE,
     FORGET_QUESTION,
@@ -453,10 +453,10 @@ async def test_a_send_failure_is_logged_and_the_bot_keeps_working(
     # dpytest 0.7 writes overwrite types as strings, discord.py 2 compares them with ints.)
     await dpytest.set_permission_overrides(discord_bot.guild.default_role, general, send_messages=False)
     alice = discord_bot.member("alice")
-    with caplog.at_level(logging.WARNING, logger="adapters.discord_adapter"):
+    with caplog.at_level(logging.WARNING, logger="adapters.discord"):
         await dpytest.message(f"<@{discord_bot.me.id}> hello?", channel=general, member=alice)
     assert sent() == []
-    [record] = [r for r in caplog.records if r.name == "adapters.discord_adapter"]
+    [record] = [r for r in caplog.records if r.name == "adapters.discord.send"]
     assert record.levelno == logging.WARNING and str(alice.id) in record.getMessage()
     assert "test-token" not in caplog.text
 
@@ -740,6 +740,6 @@ async def test_slash_commands_sync_to_one_server_or_globally(
         assert all(command["contexts"] == [0, 1] for command in payload)  # servers and DMs with the bot
 
     adapter.tree._http = CommandsHTTP(fail=True)  # type: ignore[assignment]
-    with caplog.at_level(logging.WARNING, logger="adapters.discord_adapter"):
+    with caplog.at_level(logging.WARNING, logger="adapters.discord"):
         await adapter.sync_commands()  # logged, not raised: the bot still answers messages
     assert "could not sync slash commands" in caplog.text

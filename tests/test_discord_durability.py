@@ -25,7 +25,7 @@ import discord.ext.test as dpytest
 import pytest
 from discord.ext.test import backend
 
-from adapters.discord_adapter import DiscordAdapter, nonce_of
+from adapters.discord import DiscordAdapter, nonce_of
 from bot.durable.redelivery import Redelivery
 from bot.events import Event, UserMessage
 from bot.events import Reply as BotReply
@@ -316,7 +316,7 @@ async def test_a_person_who_closed_their_dms_gets_the_reply_dropped_not_retried(
         message = await dpytest.message("hello", channel=await alice.create_dm(), member=alice)
     assert sent() == []
     assert await outbox_states(runtime, str(message.id)) == ["dropped"]
-    [record] = [r for r in caplog.records if r.name == "adapters.discord_adapter" and r.levelno >= logging.WARNING]
+    [record] = [r for r in caplog.records if r.name == "adapters.discord.send" and r.levelno >= logging.WARNING]
     line = record.getMessage()
     assert str(alice.id) in line and "50007" in line and "dropped" in line
     assert "A secret answer" not in caplog.text  # who and why, never what
@@ -345,7 +345,7 @@ async def test_a_message_deleted_before_the_restart_is_not_redone(
     backend.delete_message(message)
 
     runtime2, adapter = await restart(discord_bot, make_runtime)
-    with caplog.at_level(logging.WARNING, logger="adapters.discord_adapter"):
+    with caplog.at_level(logging.WARNING, logger="adapters.discord"):
         assert await adapter.recover() == 1
     assert f"not redoing message {message.id}" in caplog.text
     assert sent() == [] and discord_bot.llm.requests == []

@@ -30,11 +30,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pytest
 from bson import Binary
 from pymongo import MongoClient
 
 from bot.config import Settings
+from bot.durable.leases import LeaseSettings
 from bot.events import FileUploaded, UserMessage, agent_key
 from bot.llm import LLMClient
 from bot.runtime import Runtime
@@ -344,13 +344,13 @@ async def two_users(runtime: Runtime, llm: FakeLLMServer) -> tuple[Person, str, 
 
 
 async def test_forget_leaves_nothing_in_the_sqlite_file_or_the_data_folder(
-    tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder
 ) -> None:
     # Leases on, as with several bot processes on one file: their tables too.
-    monkeypatch.setenv("MEMGPT_LEASES", "on")
     data = tmp_path / "data"
     db = data / "memgpt.sqlite3"
     settings = settings_for(data)
+    settings.leases = LeaseSettings(mode="on")
     runtime = await open_runtime(settings, SQLiteStore(db, ann_threshold=ANN_THRESHOLD), llm_server, embedder)
     try:
         gone, gone_id, kept, kept_id = await two_users(runtime, llm_server)

@@ -4,7 +4,9 @@ store, real embeddings (the session's model)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
+import tracemalloc
 from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -16,6 +18,7 @@ import pytest
 from bot.events import UserMessage
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
+from memory.ingest.chunking import chunk_text
 from memory.ingest.loader import load_document, load_paths
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store
@@ -300,3 +303,58 @@ async def test_a_large_load_never_stalls_the_bots_replies(
     assert report.passages_added >= 300 and report.failed == []
     assert answered_during_load >= 2
     assert max(gaps) < 0.5, f"event loop blocked for {max(gaps) * 1000:.0f} ms"
+
+
+# -- large files stream -----------------------------------------------------------
+class TinyVectors:
+    """Deterministic 8-dimension unit vectors from the text. The model's own
+    memory is not the loader's to bound, and its vectors (384 floats each)
+    would hide the loader's holdings in noise; everything else is real."""
+
+    def __init__(self) -> None:
+        self.texts = 0
+
+    async def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts += len(texts)
+        rows = [np.frombuffer(hashlib.sha256(text.encode()).digest()[:8], dtype=np.uint8) for text in texts]
+        matrix = np.asarray(rows, dtype=np.float32) + 1.0
+        return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+
+
+def write_book(path: Path, megabytes: float, markdown: bool) -> None:
+    with path.open("w") as out:
+        written, n = 0, 0
+        while written < megabytes * 2**20:
+            heading = f"# Chapter {n // 40}\n\n" if markdown and n % 40 == 0 else ""
+            paragraph = heading + prose(3 + n % 7, n) + f" Entry {n}.\n\n"
+            out.write(paragraph)
+            written, n = written + len(paragraph), n + 1
+
+
+@pytest.mark.parametrize("suffix", [".txt", ".md"])
+async def test_a_large_file_streams_in_memory_bounded_whatever_its_size(
+    store: SQLiteStore, tmp_path: Path, suffix: str
+) -> None:
+    agent = await new_agent(store)
+    book = tmp_path / f"book{suffix}"
+    write_book(book, 4, markdown=suffix == ".md")
+    size = book.stat().st_size
+    embedder = TinyVectors()
+    options: dict[str, Any] = {"counter": COUNTER, "max_tokens": 400, "progress": False, "write_batch": 32}
+
+    tracemalloc.start()
+    try:
+        baseline = tracemalloc.get_traced_memory()[0]
+        report = await load_paths(store, agent.id, [book], embedder=embedder, **options)
+        peak = tracemalloc.get_traced_memory()[1] - baseline
+    finally:
+        tracemalloc.stop()
+
+    [result] = report.loaded
+    assert result.passages_added == embedder.texts == await store.count_passages(agent.id) > 1000
+    # Reading the file whole would hold its bytes and its text (twice its size)
+    # and every passage; the stream holds a few windows of passages and parts.
+    assert peak < size / 4, f"the loader held {peak / 2**20:.1f} MiB of a {size / 2**20:.1f} MiB file"
+    # Streamed in parts, the passages are the ones the whole text chunks into.
+    whole = chunk_text(book.read_text(), COUNTER, max_tokens=400)
+    assert [p.text for p in await store.list_passages(agent.id, len(whole) + 1)] == [c.text for c in whole]

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
 from cli.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
-from memory.ingest.loader import passage_hash
+from memory.ingest.reading import passage_hash
 from memory.mongo.store import MongoStore
+from memory.schedules import CheckinPrefs, Schedule
 from memory.sqlite.store import SQLiteStore
 from memory.store import DocumentRecord, Store
 from memory.types import Block, Message, Passage
@@ -196,3 +198,54 @@ async def test_specs() -> None:
     with pytest.raises(MigrationError, match="same store"):
         same = argparse.Namespace(source="sqlite:/tmp/a/../x.db", target="sqlite:/tmp/x.db", no_progress=True)
         await cmd_migrate(same)
+
+
+async def test_check_ins_preferences_and_exemptions_are_copied_and_verified(tmp_path: Path, mongo: MongoStore) -> None:
+    first, last = SQLiteStore(tmp_path / "first.db"), SQLiteStore(tmp_path / "last.db")
+    await first.open()
+    await last.open()
+    try:
+        await fill(first)
+        schedules = first.schedules
+        reminder = Schedule(
+            id="",
+            agent_key="discord:alice",
+            platform="discord",
+            user_id="alice",
+            kind="once",
+            run_at=T0 + timedelta(days=400),
+            note="call mum",
+            reply_to={"channel": 5},
+            next_fire_at=T0 + timedelta(days=400),
+            created_at=T0,
+        )
+        await schedules.add(reminder)
+        daily = replace(reminder, id="", kind="daily", time_of_day="09:00", run_at=None, timezone="Europe/Paris")
+        await schedules.add(daily)
+        prefs = CheckinPrefs("discord:alice", timezone="Europe/Paris", quiet_start="22:00", quiet_end="07:00")
+        await schedules.save_prefs(prefs)
+        await first.set_usage_exempt("slack:T1:U2", True, T0)
+
+        there = await migrate(first, mongo, progress=False)
+        assert there.ok, there.summary()
+        assert (there.schedules, there.prefs, there.exemptions) == (2, 1, 1)
+        assert "2 check-ins and reminders, 1 users' time zone and quiet hours, 1 exemptions" in there.summary()
+        back = await migrate(mongo, last, progress=False)
+        assert back.ok, back.summary()
+        copied = last.schedules
+        assert sorted((s.id, s.kind, s.note) for s in await copied.list_all()) == sorted(
+            (s.id, s.kind, s.note) for s in await schedules.list_all()
+        )
+        assert await copied.get_prefs("discord:alice") == prefs
+        assert await last.list_usage_exempt() == ["slack:T1:U2"]
+    finally:
+        await first.close()
+        await last.close()
+
+
+async def test_a_missing_source_is_an_error_and_is_not_created(tmp_path: Path) -> None:
+    missing = tmp_path / "nonexistent.sqlite3"
+    args = argparse.Namespace(source=f"sqlite:{missing}", target=f"sqlite:{tmp_path / 'to.db'}", no_progress=True)
+    with pytest.raises(MigrationError, match="does not exist"):
+        await cmd_migrate(args)
+    assert not missing.exists() and not (tmp_path / "to.db").exists()

@@ -12,7 +12,7 @@ import pytest
 
 from memory.mongo.schedules import CLAIM_GRACE, MongoScheduleStore
 from memory.mongo.store import MongoStore
-from memory.schedules import Schedule, schedule_store_for
+from memory.schedules import Schedule
 from tests.mongo_server import MongoTarget, mongo_target
 
 __all__ = ["mongo_target"]  # the session fixture, imported to be found here
@@ -27,7 +27,7 @@ async def two(mongo_target: MongoTarget) -> AsyncIterator[tuple[MongoScheduleSto
     second = MongoStore(mongo_target.uri, first.database, server_selection_timeout=5.0)
     await second.open()
     try:
-        a, b = schedule_store_for(first), schedule_store_for(second)
+        a, b = first.schedules, second.schedules
         assert isinstance(a, MongoScheduleStore) and isinstance(b, MongoScheduleStore)
         yield a, b
     finally:

@@ -14,7 +14,8 @@ import pytest
 from pymongo.errors import OperationFailure, ServerSelectionTimeoutError
 
 from memory.mongo.capabilities import IN_PROCESS_VECTORS, RECALL_SEARCH, redact_uri, scrub, store_error
-from memory.mongo.store import ALL_INDEXES, MongoStore, bm25, words
+from memory.mongo.indexes import ALL_INDEXES
+from memory.mongo.store import MongoStore, bm25, words
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
 from tests.mongo_server import MongoTarget, _free_port, mongo_target

@@ -22,7 +22,7 @@ from bot.checkins.rules import CheckinSettings
 from bot.checkins.scheduler import CheckinScheduler, TickOutcome
 from bot.events import Event, Reply, UserMessage
 from bot.runtime import Runtime
-from memory.schedules import Schedule, ScheduleStore, schedule_store_for
+from memory.schedules import Schedule, ScheduleStore
 from memory.store import Store
 from memory.types import utc_now
 from tests.conftest import RuntimeFactory
@@ -74,7 +74,7 @@ async def make_rig(make_runtime: RuntimeFactory) -> RigFactory:
         start: datetime, data_dir: Path | None = None, settings: CheckinSettings | None = None, **overrides: Any
     ) -> Rig:
         runtime = await make_runtime(data_dir, **overrides)
-        schedules = schedule_store_for(runtime.store)
+        schedules = runtime.store.schedules
         clock = FakeClock(start)
         settings = settings or CheckinSettings()
         # Before any agent loads: each agent's queue manager counts the schemas once.

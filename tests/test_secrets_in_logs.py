@@ -43,7 +43,7 @@ from tests.conftest import RuntimeFactory
 from tests.fake_llm import RETRY_NOW, FakeLLMServer, Reply, fault_disconnect, fault_status, reply_tool_calls, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.log_capture import ENV as LOG_SCAN_ENV
-from tests.log_capture import session_log_capture
+from tests.log_capture import capture_file, session_log_capture
 from tests.test_cli import base_env, memgpt
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,8 +98,8 @@ def test_settings_show_no_secret(monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 
 
 def test_platform_configs_show_no_secret() -> None:
-    from adapters.discord_adapter import DiscordConfig
-    from adapters.slack_adapter import SlackConfig
+    from adapters.discord import DiscordConfig
+    from adapters.slack import SlackConfig
     from cli.app import plan_adapters
 
     discord_config = DiscordConfig.from_env(SECRET_ENV)
@@ -190,7 +190,7 @@ def slack_event(text: str, **extra: Any) -> dict[str, Any]:
 async def test_slack_credential_failures_and_traffic_log_no_secret(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from adapters.slack_adapter import SlackAdapter, SlackConfig
+    from adapters.slack import SlackAdapter, SlackConfig
 
     llm_server.set_handler(lambda request: reply_tool_calls(tool_call("send_message", {"message": "ok"})))
     runtime = await make_runtime()
@@ -291,7 +291,7 @@ async def fake_discord_api(monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[lis
 async def test_a_refused_discord_token_is_not_shown(
     make_runtime: RuntimeFactory, fake_discord_api: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from adapters.discord_adapter import DiscordAdapter, DiscordConfig
+    from adapters.discord import DiscordAdapter, DiscordConfig
     from cli.app import AdapterPlan, NoAdapterError, run_adapters
 
     config = DiscordConfig.from_env({"DISCORD_TOKEN": catalog.WRONG_DISCORD_TOKEN})
@@ -437,7 +437,7 @@ def test_the_session_capture_writes_every_record_at_debug() -> None:
         logging.getLogger("tests.secrets").debug(marker)
         for handler in logging.getLogger().handlers:
             handler.flush()
-        assert marker in Path(active).read_text(encoding="utf-8", errors="replace")
+        assert marker in capture_file(active).read_text(encoding="utf-8", errors="replace")
         return
     with tempfile.TemporaryDirectory(prefix="memgpt-scan-") as folder:
         target = Path(folder) / "capture.log"
@@ -450,8 +450,8 @@ def test_the_session_capture_writes_every_record_at_debug() -> None:
             logging.getLogger().setLevel(logging.WARNING)  # as code under test may leave it...
             capture.keep_debug()  # ...and as the per-test fixture restores it
             logging.getLogger("some.library").debug(marker)
-        text = target.read_text()
+        text = capture_file(str(target)).read_text()
         assert marker in text and "written by a subprocess" in text
         # And the scanner reads what the capture wrote.
         logging.getLogger("tests.secrets").debug("unrelated")
-        assert scanner(str(target)).returncode == 0
+        assert scanner(str(capture_file(str(target)))).returncode == 0

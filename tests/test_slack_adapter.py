@@ -23,7 +23,7 @@ from urllib.parse import urlencode
 import aiohttp
 import pytest
 
-from adapters.slack_adapter import (
+from adapters.slack import (
     APOLOGY,
     FORGET_CANCEL,
     FORGET_CONFIRM,
@@ -32,7 +32,7 @@ from adapters.slack_adapter import (
     SlackAdapter,
     SlackConfig,
 )
-from adapters.slack_format import markdown_to_mrkdwn, slack_to_plain
+from adapters.slack.format import markdown_to_mrkdwn, slack_to_plain
 from bot.events import Event
 from bot.events import Reply as BotReply
 from bot.runtime import Runtime
@@ -418,7 +418,7 @@ async def test_failed_sends_are_logged_and_the_bot_carries_on(
 ) -> None:
     llm_server.set_handler(echo_number)
     bot.slack.fail("chat.postMessage", "channel_not_found")
-    with caplog.at_level(logging.ERROR, logger="adapters.slack_adapter"):
+    with caplog.at_level(logging.ERROR, logger="adapters.slack"):
         await bot.event(dm("number 1"))
         bot_calls = await bot.slack.wait_for("chat.postMessage")
         await bot.adapter.drain()

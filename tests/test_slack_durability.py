@@ -10,7 +10,7 @@ import logging
 
 import pytest
 
-from adapters.slack_adapter import METADATA_TYPE
+from adapters.slack import METADATA_TYPE
 from bot.durable.inbox import GAVE_UP, MAX_RESTARTS
 from bot.durable.outbox import retry_delay
 from bot.durable.redelivery import Redelivery

@@ -235,6 +235,10 @@ def test_cli_sources_errors_and_management(llm_server: FakeLLMServer, tmp_path: 
     )
     ok(memgpt("sources", "detach", "faq", "--user", "discord:42", env=env, cwd=tmp_path))
     assert "searched by nobody yet" in ok(memgpt("sources", "list", env=env, cwd=tmp_path))
+    # Attached to all, then one person detached: the listing says so.
+    ok(memgpt("sources", "attach", "faq", "--all", env=env, cwd=tmp_path))
+    ok(memgpt("sources", "detach", "faq", "--user", "discord:42", env=env, cwd=tmp_path))
+    assert "searched by every user except discord:42" in ok(memgpt("sources", "list", env=env, cwd=tmp_path))
     assert "--yes" in failed(memgpt("sources", "delete", "faq", env=env, cwd=tmp_path))
     assert "Deleted collection faq" in ok(memgpt("sources", "delete", "faq", "--yes", env=env, cwd=tmp_path))
     assert "No collections yet" in ok(memgpt("sources", "list", env=env, cwd=tmp_path))

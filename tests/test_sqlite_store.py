@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from memory.sqlite.migrations import MIGRATIONS, migrate
+from memory.sqlite.migrations import MIGRATIONS, RECORDED_AS, Migration, migrate, migration, recorded_name
 from memory.sqlite.store import SQLiteStore, fts_terms
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
@@ -137,7 +137,7 @@ async def test_everything_survives_close_and_reopen(store: SQLiteStore, db_path:
 
 
 async def test_migrations_recorded_once(store: SQLiteStore, db_path: Path) -> None:
-    names = [fn.__name__ for fn in MIGRATIONS]
+    names = [recorded_name(fn) for fn in MIGRATIONS]
     raw = sqlite3.connect(db_path)
     recorded = raw.execute("SELECT name, applied_at FROM _migrations ORDER BY rowid").fetchall()
     raw.close()
@@ -176,6 +176,58 @@ def test_migrate_applies_only_new_functions_in_order() -> None:
     # A failed migration is rolled back whole and not recorded.
     assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'u'").fetchone() is None
     assert [r[0] for r in conn.execute("SELECT name FROM _migrations")] == ["m1", "m2"]
+
+
+def _as_named(fn: Migration, name: str) -> Migration:
+    """`fn` under another function name."""
+
+    def renamed(conn: sqlite3.Connection) -> None:
+        fn(conn)
+
+    renamed.__name__ = name
+    return renamed
+
+
+def _old_release(count: int) -> list[Migration]:
+    """The first `count` migrations as the release before numbering named them."""
+    return [_as_named(fn, recorded_name(fn)) for fn in MIGRATIONS[:count]]
+
+
+def test_migrations_are_numbered_in_order() -> None:
+    assert [fn.__name__[:5] for fn in MIGRATIONS] == [f"m{n:03d}_" for n in range(1, len(MIGRATIONS) + 1)]
+    assert set(RECORDED_AS) <= {fn.__name__ for fn in MIGRATIONS}
+
+    def m002_out_of_turn(conn: sqlite3.Connection) -> None: ...
+
+    with pytest.raises(ValueError, match=f"must be named m{len(MIGRATIONS) + 1:03d}_"):
+        migration(m002_out_of_turn)
+    assert m002_out_of_turn not in MIGRATIONS
+
+
+@pytest.mark.parametrize("done", [len(RECORDED_AS) + 1, 4])
+async def test_a_database_of_the_release_before_numbering_runs_none_again(db_path: Path, done: int) -> None:
+    # Build the file as the release before numbering did: its migrations under
+    # their unnumbered names (all of them, or the first few), and some data.
+    db_path.parent.mkdir(parents=True)
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    old_names = [fn.__name__ for fn in _old_release(done)]
+    assert migrate(raw, _old_release(done)) == old_names
+    raw.execute("INSERT INTO agents (id, key, created_at) VALUES ('a1', 'discord:alice', 0)")
+    raw.close()
+
+    store = SQLiteStore(db_path)
+    await store.open()  # would fail if m002... ran again: CREATE TABLE schedules twice
+    try:
+        assert [agent.key for agent in await store.list_agents()] == ["discord:alice"]
+    finally:
+        await store.close()
+    raw = sqlite3.connect(db_path, isolation_level=None)
+    recorded = [row[0] for row in raw.execute("SELECT name FROM _migrations ORDER BY rowid")]
+    # Every migration recorded once, in order; and the older release, opening
+    # the file again (a rollback), finds nothing of its own left to run.
+    assert recorded == [recorded_name(fn) for fn in MIGRATIONS]
+    assert migrate(raw, _old_release(len(MIGRATIONS))) == []
+    raw.close()
 
 
 async def test_connection_settings(store: SQLiteStore, db_path: Path) -> None:
@@ -283,3 +335,16 @@ async def test_message_timestamps_survive_microseconds(store: SQLiteStore) -> No
 )
 def test_fts_terms(text: str, expected: str | None) -> None:
     assert fts_terms(text) == expected
+
+
+async def test_a_forget_gives_the_space_back_to_the_file_system(store: SQLiteStore, db_path: Path) -> None:
+    gone, _ = await store.get_or_create_agent("terminal:gone", blocks())
+    kept, _ = await store.get_or_create_agent("terminal:kept", blocks())
+    await store.insert_passages(gone.id, [Passage(f"passage {n} " + "x" * 2_000) for n in range(1_500)])
+    await store.insert_passages(kept.id, [Passage("a fact to keep")])
+    await store.flush_deleted()
+    full = await asyncio.to_thread(os.path.getsize, db_path)
+    await store.delete_agent(gone.id)
+    await store.flush_deleted()
+    assert await asyncio.to_thread(os.path.getsize, db_path) < full / 4, "the freed pages stayed in the file"
+    assert [p.text for p in await store.list_passages(kept.id, 10)] == ["a fact to keep"]

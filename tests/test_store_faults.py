@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from adapters.slack_adapter import APOLOGY
+from adapters.slack import APOLOGY
 from bot.durable.leases import AgentLeases, LeaseSettings, NoLeases
 from bot.durable.redelivery import Redelivery
 from bot.durable.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE

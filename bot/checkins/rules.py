@@ -8,7 +8,6 @@ model type ("daily 09:00", "in 2 hours", "tomorrow 09:00").
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -62,8 +61,7 @@ class CheckinSettings:
     concurrency: int = 8  # ticks run at once per process (09:00 is popular; LLM rate limits)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> CheckinSettings:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> CheckinSettings:
         default = cls()
 
         def read(name: str, attribute: str, minimum: int) -> int:
@@ -368,14 +366,16 @@ def format_local(moment: datetime, tz_name: str | None, *, with_zone: bool = Tru
 
 
 def humanize(delta: timedelta) -> str:
-    seconds = max(0, int(delta.total_seconds()))
+    """To the nearest unit: a reminder set "in 2 hours" is 1:59:59 away a moment
+    later, and must still read "2 hours", not "1 hour"."""
+    seconds = max(0, round(delta.total_seconds()))
     if seconds < 60:
         return "less than a minute"
-    if seconds < 3600:
-        return plural(seconds // 60, "minute")
-    if seconds < 48 * 3600:
-        return plural(seconds // 3600, "hour")
-    return plural(seconds // 86400, "day")
+    if (minutes := (seconds + 30) // 60) < 60:
+        return plural(minutes, "minute")
+    if (hours := (seconds + 1800) // 3600) < 48:
+        return plural(hours, "hour")
+    return plural((seconds + 43200) // 86400, "day")
 
 
 def describe(schedule: Schedule) -> str:

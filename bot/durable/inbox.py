@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bot.durable.quarantine import Quarantine
 from bot.events import Event, Redo, agent_key
 from bot.sanitize import fix_surrogates_in
 from memory.store import JournalEntry, Store, StoreError
@@ -63,6 +64,8 @@ class Inbox:
         # their next `due` round replays them without waiting for their time.
         self._waiting: set[str] = set()
         self._answered: set[str] = set()
+        # Events running when the process died run one at a time, alone (quarantine.py).
+        self.quarantine = Quarantine()
 
     # -- the adapters' side (through the bot's port) --------------------------
     async def receive(self, origin: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
@@ -102,6 +105,8 @@ class Inbox:
                 redo.notice = GAVE_UP
             if entry.state != "pending" or stops != entry.attempts:
                 await self.store.journal_update(entry.event_id, state="pending", attempts=stops, next_try_at=0.0)
+            if stops and not redo.notice:
+                self.quarantine.suspect([entry.event_id])
             redos.append(redo)
         if redos:
             log.info("%s: replaying %d events left unfinished by the last run", origin, len(redos))

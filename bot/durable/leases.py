@@ -78,6 +78,7 @@ from typing import Literal, Protocol
 
 from bot.config import ConfigError
 from bot.durable.lanes import Lanes
+from memory.roles import LeaseStore
 from memory.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,7 @@ class LeaseSettings:
             raise ConfigError(f"MEMGPT_LEASE_WAIT must be positive, got {self.max_wait}")
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> LeaseSettings:
-        env = os.environ if env is None else env
+    def from_env(cls, env: Mapping[str, str]) -> LeaseSettings:
         mode = (env.get("MEMGPT_LEASES") or "auto").strip().lower()
         if mode not in ("auto", "on", "off"):
             raise ConfigError(f"MEMGPT_LEASES must be auto, on or off, got {mode!r}")
@@ -171,7 +171,7 @@ class NoLeases:
 def leases_for(store: Store, settings: LeaseSettings | None = None) -> Leases:
     """AgentLeases when MEMGPT_LEASES says so, or (auto) when the store is
     MongoDB, the backend meant for several processes; else NoLeases."""
-    settings = settings or LeaseSettings.from_env()
+    settings = settings or LeaseSettings()
     if settings.mode == "auto":
         from memory.mongo.base import MongoBase
 
@@ -214,7 +214,7 @@ class _Heartbeat:
 
 
 class AgentLeases:
-    def __init__(self, store: Store, settings: LeaseSettings | None = None, *, name: str | None = None) -> None:
+    def __init__(self, store: LeaseStore, settings: LeaseSettings | None = None, *, name: str | None = None) -> None:
         self.store = store
         self.settings = settings or LeaseSettings()
         self.name = name or process_name()  # owner ids are NAME/1, NAME/2...

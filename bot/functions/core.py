@@ -1,7 +1,9 @@
-"""What each core function does, on one agent's memory.
+"""The core functions: each one's schema (what the model is told) beside its
+body (what it does, on one agent's memory).
 
 None of them takes an agent or user id: a function can only ever reach the
-memory of the agent that called it.
+memory of the agent that called it. The schemas go out in CORE_FUNCTIONS order
+with every request, so that order is part of the prompt: keep it stable.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
-from bot.functions.registry import CORE_SCHEMAS, FunctionError, FunctionSet
+from bot.functions.registry import HEARTBEAT, PAGE, FunctionError, FunctionSet, Implementation, function_schema
 from memory.types import Message, Passage
 from memory.working_context import MemoryEditError
 
@@ -20,6 +22,16 @@ MAX_ARCHIVAL_INSERT_CHARS = 8_000
 # A shortened result keeps at least this much: enough for a UUID and its context.
 MIN_ITEM_TOKENS = 40
 
+BLOCK_NAME = {"type": "string", "description": "Block: persona or human."}
+
+
+SEND_MESSAGE = function_schema(
+    "send_message",
+    "Send a message to the person. The only way they see anything you write.",
+    {"message": {"type": "string", "description": "Text, in the person's language."}},
+    ["message"],
+)
+
 
 async def send_message(agent: Agent, args: dict[str, Any]) -> str:
     text = args["message"].strip()
@@ -27,6 +39,14 @@ async def send_message(agent: Agent, args: dict[str, Any]) -> str:
         raise FunctionError("message is empty; write something for the person to read.")
     await agent.send(text)
     return "Sent."
+
+
+CORE_MEMORY_APPEND = function_schema(
+    "core_memory_append",
+    "Append a line to a working context block.",
+    {"name": BLOCK_NAME, "content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
+    ["name", "content", "request_heartbeat"],
+)
 
 
 async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
@@ -38,6 +58,19 @@ async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
     return f"Appended. {block.label}: {len(block.value)}/{block.limit} chars."
 
 
+CORE_MEMORY_REPLACE = function_schema(
+    "core_memory_replace",
+    "Replace exact text in a working context block; empty new_content deletes it.",
+    {
+        "name": BLOCK_NAME,
+        "old_content": {"type": "string", "description": "Exact text to replace."},
+        "new_content": {"type": "string"},
+        "request_heartbeat": HEARTBEAT,
+    },
+    ["name", "old_content", "new_content", "request_heartbeat"],
+)
+
+
 async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
     try:
         block = agent.working_context.replace(args["name"], args["old_content"], args["new_content"])
@@ -45,6 +78,14 @@ async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
         raise FunctionError(str(error)) from None
     await agent.save_block(block)
     return f"Replaced. {block.label}: {len(block.value)}/{block.limit} chars."
+
+
+ARCHIVAL_MEMORY_INSERT = function_schema(
+    "archival_memory_insert",
+    "Save a passage to archival storage (long-term, searchable by meaning). Self-contained text.",
+    {"content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
+    ["content", "request_heartbeat"],
+)
 
 
 async def archival_memory_insert(agent: Agent, args: dict[str, Any]) -> str:
@@ -61,12 +102,28 @@ async def archival_memory_insert(agent: Agent, args: dict[str, Any]) -> str:
     return f"Saved to archival storage ({agent.archival_count} passages)."
 
 
+ARCHIVAL_MEMORY_SEARCH = function_schema(
+    "archival_memory_search",
+    "Search archival storage by meaning, best first.",
+    {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
+    ["query", "request_heartbeat"],
+)
+
+
 async def archival_memory_search(agent: Agent, args: dict[str, Any]) -> str:
     query, page = _query_and_page(args)
     size = agent.services.search_page_size
     found = await agent.services.archival.search(agent.id, query, size, page * size)
     items = [_passage_line(passage, score) for passage, score in found.items]
     return _page_text(agent, "archival storage", query, page, size, found.total, items)
+
+
+CONVERSATION_SEARCH = function_schema(
+    "conversation_search",
+    "Search all past messages (recall storage) by words, most relevant first.",
+    {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
+    ["query", "request_heartbeat"],
+)
 
 
 async def conversation_search(agent: Agent, args: dict[str, Any]) -> str:
@@ -76,6 +133,19 @@ async def conversation_search(agent: Agent, args: dict[str, Any]) -> str:
     found = await agent.services.recall.search(agent.id, query, size, page * size)
     items = [_message_line(message) for message in found.items]
     return _page_text(agent, "recall storage", query, page, size, found.total, items)
+
+
+CONVERSATION_SEARCH_DATE = function_schema(
+    "conversation_search_date",
+    "List past messages between two dates, oldest first.",
+    {
+        "start_date": {"type": "string", "description": "YYYY-MM-DD (or ISO time), inclusive."},
+        "end_date": {"type": "string", "description": "YYYY-MM-DD (or ISO time), inclusive."},
+        "page": PAGE,
+        "request_heartbeat": HEARTBEAT,
+    },
+    ["start_date", "end_date", "request_heartbeat"],
+)
 
 
 async def conversation_search_date(agent: Agent, args: dict[str, Any]) -> str:
@@ -91,19 +161,22 @@ async def conversation_search_date(agent: Agent, args: dict[str, Any]) -> str:
     return _page_text(agent, "recall storage", label, page, size, found.total, items)
 
 
+# In the order the model is shown them.
+CORE_FUNCTIONS: list[tuple[dict[str, Any], Implementation]] = [
+    (SEND_MESSAGE, send_message),
+    (CORE_MEMORY_APPEND, core_memory_append),
+    (CORE_MEMORY_REPLACE, core_memory_replace),
+    (CONVERSATION_SEARCH, conversation_search),
+    (CONVERSATION_SEARCH_DATE, conversation_search_date),
+    (ARCHIVAL_MEMORY_INSERT, archival_memory_insert),
+    (ARCHIVAL_MEMORY_SEARCH, archival_memory_search),
+]
+
+
 def build_core_functions() -> FunctionSet:
-    implementations = {
-        "send_message": send_message,
-        "core_memory_append": core_memory_append,
-        "core_memory_replace": core_memory_replace,
-        "conversation_search": conversation_search,
-        "conversation_search_date": conversation_search_date,
-        "archival_memory_insert": archival_memory_insert,
-        "archival_memory_search": archival_memory_search,
-    }
     functions = FunctionSet()
-    for schema in CORE_SCHEMAS:
-        functions.register(schema, implementations[schema["function"]["name"]])
+    for schema, implementation in CORE_FUNCTIONS:
+        functions.register(schema, implementation)
     return functions
 
 

@@ -1,4 +1,6 @@
-"""The functions the model may call: their schemas, validation and dispatch.
+"""The machinery of the functions the model may call: schemas, validation
+and dispatch. Each family of functions keeps its schemas beside its bodies
+(bot/functions/core.py, bot/checkins/functions.py) and registers them here.
 
 Names and arguments are a contract (see the agent core issue). Schemas are
 written tersely because they are sent with every request. Anything wrong with
@@ -33,64 +35,6 @@ def function_schema(name: str, description: str, properties: dict[str, Any], req
             "parameters": {"type": "object", "properties": properties, "required": required},
         },
     }
-
-
-BLOCK_NAME = {"type": "string", "description": "Block: persona or human."}
-
-CORE_SCHEMAS: list[dict[str, Any]] = [
-    function_schema(
-        "send_message",
-        "Send a message to the person. The only way they see anything you write.",
-        {"message": {"type": "string", "description": "Text, in the person's language."}},
-        ["message"],
-    ),
-    function_schema(
-        "core_memory_append",
-        "Append a line to a working context block.",
-        {"name": BLOCK_NAME, "content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
-        ["name", "content", "request_heartbeat"],
-    ),
-    function_schema(
-        "core_memory_replace",
-        "Replace exact text in a working context block; empty new_content deletes it.",
-        {
-            "name": BLOCK_NAME,
-            "old_content": {"type": "string", "description": "Exact text to replace."},
-            "new_content": {"type": "string"},
-            "request_heartbeat": HEARTBEAT,
-        },
-        ["name", "old_content", "new_content", "request_heartbeat"],
-    ),
-    function_schema(
-        "conversation_search",
-        "Search all past messages (recall storage) by words, most relevant first.",
-        {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
-        ["query", "request_heartbeat"],
-    ),
-    function_schema(
-        "conversation_search_date",
-        "List past messages between two dates, oldest first.",
-        {
-            "start_date": {"type": "string", "description": "YYYY-MM-DD (or ISO time), inclusive."},
-            "end_date": {"type": "string", "description": "YYYY-MM-DD (or ISO time), inclusive."},
-            "page": PAGE,
-            "request_heartbeat": HEARTBEAT,
-        },
-        ["start_date", "end_date", "request_heartbeat"],
-    ),
-    function_schema(
-        "archival_memory_insert",
-        "Save a passage to archival storage (long-term, searchable by meaning). Self-contained text.",
-        {"content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
-        ["content", "request_heartbeat"],
-    ),
-    function_schema(
-        "archival_memory_search",
-        "Search archival storage by meaning, best first.",
-        {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
-        ["query", "request_heartbeat"],
-    ),
-]
 
 
 class FunctionError(Exception):

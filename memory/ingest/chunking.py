@@ -7,12 +7,15 @@ where they fit; longer ones are cut at line, then sentence, then word
 boundaries. Consecutive passages of a section overlap by a short tail of
 the previous one, so an answer that straddles a cut is still found in one
 piece. No passage is ever over `max_tokens`.
+
+`iter_chunks` packs a stream of sections as it comes (a long section in
+parts, see memory/ingest/documents.py), holding one passage's worth of text.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from memory.ingest.documents import Document, Section, markdown_sections
@@ -60,14 +63,30 @@ def chunk_sections(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
 ) -> list[Chunk]:
+    return list(iter_chunks(sections, counter, max_tokens, overlap_tokens))
+
+
+def iter_chunks(
+    sections: Iterable[Section],
+    counter: TokenCounter,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
+) -> Iterator[Chunk]:
+    """Passages of `sections` as they are packed; a section marked `continues`
+    is packed on with the one before it."""
     if max_tokens < 16:
         raise ValueError(f"max_tokens must be at least 16, got {max_tokens}")
     # At most half a passage may repeat the previous one, or passages would crawl.
     overlap = max(0, min(overlap_tokens, max_tokens // 2))
-    chunks: list[Chunk] = []
+    packer: _Packer | None = None
     for section in sections:
-        chunks.extend(_Packer(counter, max_tokens, overlap, section.position).pack(section.text))
-    return chunks
+        if packer is None or not section.continues:
+            if packer is not None:
+                yield from packer.finish()
+            packer = _Packer(counter, max_tokens, overlap, section.position)
+        yield from packer.feed(section.text)
+    if packer is not None:
+        yield from packer.finish()
 
 
 class _Packer:
@@ -84,7 +103,8 @@ class _Packer:
         self.parts: list[tuple[str, str]] = []  # (joiner before it, text)
         self.tokens = 0
 
-    def pack(self, text: str) -> list[Chunk]:
+    def feed(self, text: str) -> list[Chunk]:
+        """Pack more of the section; the passages completed by it."""
         for paragraph in _PARAGRAPH_BREAK.split(text.strip()):
             paragraph = paragraph.strip("\n")
             if not paragraph.strip():
@@ -105,8 +125,16 @@ class _Packer:
                         self._emit(room_for=piece_size)
                     self._add(joiner, piece, piece_size)
                     joiner = next_joiner
+        return self._take()
+
+    def finish(self) -> list[Chunk]:
+        """The section's last passage."""
         self._emit(room_for=None)
-        return self.chunks
+        return self._take()
+
+    def _take(self) -> list[Chunk]:
+        chunks, self.chunks = self.chunks, []
+        return chunks
 
     def _fits(self, size: int) -> bool:
         return self.tokens + (1 if self.parts else 0) + size <= self.max_tokens

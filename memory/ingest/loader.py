@@ -1,14 +1,19 @@
 """Load files and folders into archival storage: an agent's own, or a shared
-collection's (a collection is an agent record too, see memory/store.py).
+collection's (a collection is an agent record too, see SourceStore in memory/roles.py).
 
-The work is a pipeline, so the embedding model, the slowest part, never waits:
-files are read, extracted, chunked and hashed in a worker thread, a file ahead
-of the model; passages are embedded in batches on the Embedder's own thread
-(the one thread that may touch the model: Hugging Face's fast tokenizers fail
-with "Already borrowed" when two threads encode at once); and each batch is
-written, vectors included, by the store's thread while the next one embeds.
-The event loop only hands batches along, so a bot that loads a collection
-keeps answering chat.
+Files are streamed, so memory does not grow with file size: a file is read
+twice in blocks, once to hash it (sha256, to skip files loaded before) and once
+to extract, chunk and hash its passages (memory/ingest/documents.py says how
+each format streams). The work is a pipeline in which the embedding model, the
+slowest part, never waits: passages are prepared in a worker thread a batch or
+two ahead of the model; embedded in batches on the Embedder's own thread (the
+one thread that may touch the model: Hugging Face's fast tokenizers fail with
+"Already borrowed" when two threads encode at once), two batches in flight so
+the model goes from one to the next; and each window of passages is written,
+vectors included, by the store's thread while the next one embeds. At most a
+few windows of passages are held at any time, whatever the file's size. The
+event loop only hands batches along, so a bot that loads a collection keeps
+answering chat.
 
 Re-loading is cheap and safe. A file whose bytes (sha256) were loaded before
 is skipped whole. Inside a file every passage has a content hash stored with
@@ -16,61 +21,64 @@ it, and passages already held are neither embedded nor stored again; a file
 is recorded as loaded only after its last passage is committed. So a load
 that was interrupted (Ctrl-C, a crash, a failing model) is resumed by running
 it again, and ends with exactly the passages one clean run would have stored.
+A file whose extraction fails part-way (a PDF damaged on page 40) is reported
+failed and keeps the passages before the failure, like an interrupted load.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
+import contextlib
 import logging
 import os
 import sys
 import time
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
-from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from memory.archival import ArchivalMemory
 from memory.embeddings import MAX_BATCH
-from memory.ingest.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS, chunk_document, chunk_text
-from memory.ingest.documents import Document, DocumentError, document_kind, extract_document
-from memory.store import DocumentRecord, Store
+from memory.ingest.chunking import DEFAULT_MAX_TOKENS, DEFAULT_OVERLAP_TOKENS
+from memory.ingest.documents import (
+    DocumentError,
+    ScannedFile,
+)
+from memory.ingest.reading import (
+    Batch,
+    Chunking,
+    FileProgress,
+    FileResult,
+    Input,
+    Piece,
+    Status,
+    collect_files,
+    read_batch,
+    read_chunks,
+    scan_file_of,
+)
+from memory.roles import DocumentStore
 from memory.tokens import TokenCounter, load_encoder
-from memory.types import Passage, utc_now
+from memory.types import DocumentRecord, utc_now
 
 log = logging.getLogger(__name__)
 
 # Passages per store commit: large enough that commits cost little, small
 # enough that an interrupted load loses at most a few seconds of embedding.
 WRITE_BATCH = 256
-# Passages prepared ahead of the model, in windows: enough that each window
-# is full (large, length-sorted model batches), bounded so a huge folder does
-# not sit in memory.
+# Windows of passages prepared ahead of the model: enough that the next window
+# is ready when the model wants it, bounded so a huge file does not sit in memory.
 WINDOWS_AHEAD = 2
-
-Status = Literal["loaded", "unchanged", "failed"]
+# Model batches handed to the embedder at once: it starts the next while the
+# loader takes the last one's vectors, and a chat query waits behind at most two.
+EMBEDS_IN_FLIGHT = 2
 
 
 class BatchEmbedder(Protocol):
     async def embed(self, texts: Sequence[str]) -> np.ndarray: ...
-
-
-@dataclass(slots=True)
-class FileResult:
-    name: str
-    status: Status
-    passages_added: int = 0
-    passages_existing: int = 0  # already stored (this file loaded before, or the same text elsewhere)
-    reason: str = ""
-
-    @property
-    def passages(self) -> int:
-        return self.passages_added + self.passages_existing
 
 
 @dataclass(slots=True)
@@ -104,121 +112,28 @@ class LoadReport:
         return self.passages_added / self.seconds if self.seconds > 0 else 0.0
 
 
-def passage_hash(text: str) -> str:
-    """Content key of a passage: whitespace differences do not make it new."""
-    return hashlib.sha256(" ".join(text.split()).encode("utf-8")).hexdigest()
-
-
-# -- what to load --------------------------------------------------------------
-@dataclass(slots=True)
-class _Input:
-    name: str
-    path: Path | None = None
-    data: bytes | None = None
-    content_type: str = ""
-    text: str | None = None  # already extracted (a chat adapter may have it)
-
-
-def collect_files(paths: Iterable[str | os.PathLike[str]]) -> tuple[list[_Input], list[FileResult], list[str]]:
-    """Files to load (folders walked recursively, hidden files and folders left
-    out), paths that do not exist (as failures), and unsupported files found in
-    folders (skipped: a folder of mixed files is normal). A file named
-    explicitly is always tried, so its failure is reported."""
-    inputs: list[_Input] = []
-    missing: list[FileResult] = []
-    skipped: list[str] = []
-    for raw in paths:
-        path = Path(raw).expanduser()
-        if path.is_file():
-            inputs.append(_Input(path.name, path))
-        elif path.is_dir():
-            root_name = path.resolve().name or str(path)
-            # Symlinked folders are not followed: they can loop.
-            for folder, dirs, files in os.walk(path):
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-                for filename in sorted(files):
-                    if filename.startswith("."):
-                        continue
-                    full = Path(folder) / filename
-                    name = f"{root_name}/{full.relative_to(path).as_posix()}"
-                    if document_kind(filename) is None:
-                        skipped.append(name)
-                    else:
-                        inputs.append(_Input(name, full))
-        else:
-            missing.append(FileResult(str(raw), "failed", reason="no such file or folder"))
-    return inputs, missing, skipped
-
-
-# -- preparing one file (in a worker thread) ----------------------------------
-@dataclass(slots=True)
-class _Prepared:
-    index: int
-    name: str
-    sha256: str
-    passages: list[Passage]
-    hashes: list[str]
-    fresh: list[int] = field(default_factory=list)  # passages not stored yet, by position
-    remaining: int = 0  # fresh passages not yet committed
-    added: int = 0
-    existing: int = 0
-
-
-@dataclass(slots=True)
-class _Chunking:
-    counter: TokenCounter
-    max_tokens: int
-    overlap_tokens: int
-
-
-def _prepare(
-    index: int, item: _Input, loaded: dict[str, DocumentRecord], chunking: _Chunking, loaded_at: datetime
-) -> _Prepared | FileResult:
-    try:
-        data = item.data if item.data is not None else item.path.read_bytes() if item.path else b""
-    except OSError as error:
-        return FileResult(item.name, "failed", reason=f"cannot read it ({error.strerror or error})")
-    sha = hashlib.sha256(item.text.encode("utf-8") if item.text else data).hexdigest()
-    earlier = loaded.get(sha)
-    if earlier is not None:
-        return FileResult(
-            item.name,
-            "unchanged",
-            passages_existing=earlier.passages,
-            reason="" if earlier.name == item.name else f"same content as {earlier.name}",
-        )
-    try:
-        if item.text:
-            chunks = chunk_text(item.text, chunking.counter, chunking.max_tokens, chunking.overlap_tokens)
-        else:
-            document: Document = extract_document(item.name, data, item.content_type)
-            chunks = chunk_document(document, chunking.counter, chunking.max_tokens, chunking.overlap_tokens)
-    except DocumentError as error:
-        return FileResult(item.name, "failed", reason=str(error))
-    except Exception as error:
-        # A bug or a parser choking on odd input must cost this file, not the load.
-        log.exception("loading %s failed", item.name)
-        return FileResult(item.name, "failed", reason=f"{type(error).__name__}: {error}")
-    passages = [
-        Passage(text=chunk.text, source=item.name, position=chunk.position or None, created_at=loaded_at)
-        for chunk in chunks
-    ]
-    return _Prepared(index, item.name, sha, passages, [passage_hash(chunk.text) for chunk in chunks])
-
-
 # -- the pipeline ---------------------------------------------------------------
 class _ProducerFailed:
     def __init__(self, error: BaseException) -> None:
         self.error = error
 
 
+@dataclass(slots=True)
+class _Window:
+    """Passages embedded and written together, and the files complete with them."""
+
+    pieces: list[Piece]
+    finished: list[FileProgress]
+    unembedded: int = 0  # model batches not back yet
+
+
 class _Loader:
     def __init__(
         self,
-        store: Store,
+        store: DocumentStore,
         embedder: BatchEmbedder,
         agent_id: str,
-        chunking: _Chunking,
+        chunking: Chunking,
         *,
         write_batch: int,
         embed_batch: int,
@@ -234,146 +149,195 @@ class _Loader:
         self.loaded_at = utc_now()
         self.results: dict[int, FileResult] = {}
         self._bar = _progress_bar(progress, label)
-        self._ahead = 0  # fresh passages prepared and not yet taken by the consumer
-        self._room = asyncio.Condition()
+        # Batches read ahead of the model: the bound on what a load holds.
+        self._queue: asyncio.Queue[Batch | _ProducerFailed | None] = asyncio.Queue(maxsize=WINDOWS_AHEAD)
+        self._writing: asyncio.Task[None] | None = None
+        # For tests: the most passages held at once between reading and the store.
+        self.held = 0
+        self.most_held = 0
 
-    async def run(self, inputs: list[_Input]) -> list[FileResult]:
+    async def run(self, inputs: list[Input]) -> list[FileResult]:
         loaded = {record.sha256: record for record in await self.store.list_documents(self.agent_id)}
-        queue: asyncio.Queue[_Prepared | _ProducerFailed | None] = asyncio.Queue()
-        producer = asyncio.create_task(self._produce(inputs, loaded, queue), name="loader-prepare")
+        producer = asyncio.create_task(self._produce(inputs, loaded), name="loader-read")
         try:
-            await self._consume(queue)
+            await self._consume()
         finally:
             producer.cancel()
             await asyncio.gather(producer, return_exceptions=True)
             self._bar.close()
         return [self.results[n] for n in sorted(self.results)]
 
-    async def _produce(
-        self,
-        inputs: list[_Input],
-        loaded: dict[str, DocumentRecord],
-        queue: asyncio.Queue[_Prepared | _ProducerFailed | None],
-    ) -> None:
+    # -- reading ahead --------------------------------------------------------
+    async def _produce(self, inputs: list[Input], loaded: dict[str, DocumentRecord]) -> None:
         try:
-            seen: dict[str, DocumentRecord] = dict(loaded)
+            seen: dict[str, DocumentRecord | FileProgress] = dict(loaded)
             for index, item in enumerate(inputs):
-                prepared = await asyncio.to_thread(_prepare, index, item, seen, self.chunking, self.loaded_at)
-                if isinstance(prepared, FileResult):
-                    self.results[index] = prepared
-                    continue
-                # The same bytes twice in one run: the second is a duplicate, not new work.
-                seen[prepared.sha256] = DocumentRecord(
-                    prepared.sha256, prepared.name, len(prepared.passages), self.loaded_at
-                )
-                known = await self.store.known_passage_hashes(self.agent_id, prepared.hashes)
-                prepared.fresh = [n for n, h in enumerate(prepared.hashes) if h not in known]
-                prepared.remaining = len(prepared.fresh)
-                prepared.existing = len(prepared.passages) - len(prepared.fresh)
-                self._bar.total = (self._bar.total or 0) + len(prepared.fresh)
-                self._bar.refresh()
-                async with self._room:
-                    await self._room.wait_for(lambda: self._ahead < WINDOWS_AHEAD * self.write_batch)
-                    self._ahead += len(prepared.fresh)
-                await queue.put(prepared)
+                started = await self._start_file(index, item, seen)
+                if started is not None:
+                    await self._read_file(item, *started)
         except Exception as error:
-            await queue.put(_ProducerFailed(error))
+            await self._queue.put(_ProducerFailed(error))
             return
-        await queue.put(None)
+        await self._queue.put(None)
 
-    async def _consume(self, queue: asyncio.Queue[_Prepared | _ProducerFailed | None]) -> None:
-        pending: deque[tuple[_Prepared, int]] = deque()
-        vectors_for: list[tuple[_Prepared, int]] = []  # embedded, not yet handed to a write
-        embedded: list[tuple[_Prepared, int]] = []
-        finished: list[_Prepared] = []  # files whose every passage is embedded (or was stored before)
-        writing: asyncio.Task[None] | None = None
-        done = False
+    async def _start_file(
+        self, index: int, item: Input, seen: dict[str, DocumentRecord | FileProgress]
+    ) -> tuple[FileProgress, ScannedFile] | None:
         try:
-            while True:
-                # Fill a window, but never keep the model waiting for a slow file.
-                while not done and len(pending) < self.write_batch and not (pending and queue.empty()):
-                    item = await queue.get()
-                    if item is None:
-                        done = True
-                    elif isinstance(item, _ProducerFailed):
-                        raise item.error
-                    elif item.fresh:
-                        pending.extend((item, n) for n in item.fresh)
-                        async with self._room:
-                            self._ahead -= len(item.fresh)
-                            self._room.notify_all()
-                    else:
-                        finished.append(item)
-                if not pending:
+            scanned = await asyncio.to_thread(scan_file_of, item)
+        except OSError as error:
+            self.results[index] = FileResult(item.name, "failed", reason=f"cannot read it ({error.strerror or error})")
+            return None
+        except DocumentError as error:
+            self.results[index] = FileResult(item.name, "failed", reason=str(error))
+            return None
+        earlier = seen.get(scanned.sha256)
+        if earlier is not None:
+            # Loaded before, or the same bytes earlier in this run: a duplicate, not new work.
+            self.results[index] = FileResult(
+                item.name,
+                "unchanged",
+                passages_existing=earlier.passages,
+                reason="" if earlier.name == item.name else f"same content as {earlier.name}",
+            )
+            return None
+        file = FileProgress(index, item.name, scanned.sha256)
+        seen[scanned.sha256] = file
+        return file, scanned
+
+    async def _read_file(self, item: Input, file: FileProgress, scanned: ScannedFile) -> None:
+        chunks = read_chunks(item, scanned, self.chunking)
+        try:
+            ended = False
+            while not ended:
+                try:
+                    pieces, ended = await asyncio.to_thread(read_batch, chunks, file, self.write_batch, self.loaded_at)
+                except DocumentError as error:
+                    self.results[file.index] = FileResult(file.name, "failed", reason=str(error))
+                    return
+                except Exception as error:
+                    # A bug or a parser choking on odd input must cost this file, not the load.
+                    log.exception("loading %s failed", file.name)
+                    reason = f"{type(error).__name__}: {error}"
+                    self.results[file.index] = FileResult(file.name, "failed", reason=reason)
+                    return
+                file.passages += len(pieces)
+                known = await self.store.known_passage_hashes(self.agent_id, [piece.hash for piece in pieces])
+                fresh = [piece for piece in pieces if piece.hash not in known]
+                file.existing += len(pieces) - len(fresh)
+                self._bar.total = (self._bar.total or 0) + len(fresh)
+                self._bar.refresh()
+                self._hold(len(fresh))
+                await self._queue.put(Batch(fresh, [file] if ended else []))
+        finally:
+            # Closes the file; a read still running in its thread (the load was
+            # cancelled) finishes on its own and the file closes when collected.
+            with contextlib.suppress(ValueError):
+                chunks.close()
+
+    def _hold(self, count: int) -> None:
+        self.held += count
+        self.most_held = max(self.most_held, self.held)
+
+    # -- embedding and writing -----------------------------------------------------
+    async def _windows(self) -> AsyncIterator[_Window]:
+        """Windows of up to write_batch passages, in file order; a window is cut
+        short rather than keep the model waiting for a slow file."""
+        done = False
+        while not done:
+            window = _Window([], [])
+            while not done and len(window.pieces) < self.write_batch:
+                if window.pieces and self._queue.empty():
                     break
-                window = [pending.popleft() for _ in range(min(self.write_batch, len(pending)))]
+                item = await self._queue.get()
+                if item is None:
+                    done = True
+                elif isinstance(item, _ProducerFailed):
+                    raise item.error
+                else:
+                    window.pieces.extend(item.pieces)
+                    window.finished.extend(item.finished)
+            if window.pieces or window.finished:
+                yield window
+
+    async def _consume(self) -> None:
+        in_flight: deque[tuple[_Window, list[Piece], asyncio.Task[np.ndarray]]] = deque()
+        windows: deque[_Window] = deque()  # not yet written, in order
+        try:
+            async for window in self._windows():
+                windows.append(window)
                 # The model pads every batch to its longest text: texts of like
                 # length together waste least (what one big encode call does),
-                # while small calls keep a chat query's wait to one batch.
-                window.sort(key=lambda item: len(item[0].passages[item[1]].text))
-                for start in range(0, len(window), self.embed_batch):
-                    batch = window[start : start + self.embed_batch]
-                    vectors = await self.embedder.embed([doc.passages[n].text for doc, n in batch])
-                    for (doc, n), vector in zip(batch, vectors, strict=True):
-                        doc.passages[n].embedding = vector.tolist()
-                    vectors_for.extend(batch)
-                self._hand_over(vectors_for, embedded, finished)
-                writing = await self._start_write(writing, embedded, finished)
+                # while small calls keep a chat query's wait short.
+                by_length = sorted(window.pieces, key=lambda piece: len(piece.passage.text))
+                for start in range(0, len(by_length), self.embed_batch):
+                    batch = by_length[start : start + self.embed_batch]
+                    if len(in_flight) >= EMBEDS_IN_FLIGHT:
+                        await self._settle(in_flight.popleft(), windows)
+                    texts = [piece.passage.text for piece in batch]
+                    in_flight.append((window, batch, asyncio.ensure_future(self.embedder.embed(texts))))
+                    window.unembedded += 1
+                await self._write_ready(windows)
+            while in_flight:
+                await self._settle(in_flight.popleft(), windows)
+            await self._write_ready(windows)
         finally:
+            for _, _, task in in_flight:
+                task.cancel()
+            await asyncio.gather(*(task for _, _, task in in_flight), return_exceptions=True)
             # Whatever was embedded is kept, even when the load stops early: a
-            # re-run then has less to do.
-            self._hand_over(vectors_for, embedded, finished)
-            if embedded or finished:
-                writing = await self._start_write(writing, embedded, finished)
-            if writing is not None:
-                await writing
+            # re-run then has less to do. Files of an unfinished window are not
+            # recorded: a re-run finds their passages stored and records them.
+            for window in windows:
+                embedded = [piece for piece in window.pieces if piece.passage.embedding is not None]
+                if window.unembedded == 0:
+                    await self._start_write(embedded, window.finished)
+                elif embedded:
+                    await self._start_write(embedded, [])
+            if self._writing is not None:
+                await self._writing
+            windows.clear()
 
-    @staticmethod
-    def _hand_over(
-        vectors_for: list[tuple[_Prepared, int]], embedded: list[tuple[_Prepared, int]], finished: list[_Prepared]
+    async def _settle(
+        self, flight: tuple[_Window, list[Piece], asyncio.Task[np.ndarray]], windows: deque[_Window]
     ) -> None:
-        """Move embedded passages to the write buffer in document order (so
-        passage ids follow the files), noting files now complete."""
-        vectors_for.sort(key=lambda item: (item[0].index, item[1]))
-        for doc, n in vectors_for:
-            embedded.append((doc, n))
-            doc.remaining -= 1
-            if doc.remaining == 0:
-                finished.append(doc)
-        vectors_for.clear()
+        window, batch, task = flight
+        vectors = await task
+        for piece, vector in zip(batch, vectors, strict=True):
+            piece.passage.embedding = vector.tolist()
+        window.unembedded -= 1
+        await self._write_ready(windows)
 
-    async def _start_write(
-        self,
-        writing: asyncio.Task[None] | None,
-        embedded: list[tuple[_Prepared, int]],
-        finished: list[_Prepared],
-    ) -> asyncio.Task[None]:
-        """Wait for the previous batch's write (writes stay in order), then
-        start this one in the background and clear the buffers."""
-        if writing is not None:
-            await writing
-        task = asyncio.create_task(self._write(list(embedded), list(finished)), name="loader-write")
-        embedded.clear()
-        finished.clear()
-        return task
+    async def _write_ready(self, windows: deque[_Window]) -> None:
+        while windows and windows[0].unembedded == 0:
+            window = windows.popleft()
+            await self._start_write(window.pieces, window.finished)
 
-    async def _write(self, items: list[tuple[_Prepared, int]], finished: list[_Prepared]) -> None:
-        if items:
+    async def _start_write(self, pieces: list[Piece], finished: list[FileProgress]) -> None:
+        """Wait for the previous window's write (writes stay in order), then
+        start this one in the background."""
+        if self._writing is not None:
+            await self._writing
+        self._writing = asyncio.create_task(self._write(pieces, finished), name="loader-write")
+
+    async def _write(self, pieces: list[Piece], finished: list[FileProgress]) -> None:
+        if pieces:
             ids = await self.store.insert_hashed_passages(
-                self.agent_id, [doc.passages[n] for doc, n in items], [doc.hashes[n] for doc, n in items]
+                self.agent_id, [piece.passage for piece in pieces], [piece.hash for piece in pieces]
             )
-            for (doc, _), new_id in zip(items, ids, strict=True):
+            for piece, new_id in zip(pieces, ids, strict=True):
                 if new_id:
-                    doc.added += 1
+                    piece.file.added += 1
                 else:  # stored meanwhile by another load, or repeated inside this file
-                    doc.existing += 1
-            self._bar.update(len(items))
-        for doc in finished:
+                    piece.file.existing += 1
+            self.held -= len(pieces)
+            self._bar.update(len(pieces))
+        for file in finished:
             # Only now is every passage of the file committed.
             await self.store.record_document(
-                self.agent_id, DocumentRecord(doc.sha256, doc.name, len(doc.passages), self.loaded_at)
+                self.agent_id, DocumentRecord(file.sha256, file.name, file.passages, self.loaded_at)
             )
-            self.results[doc.index] = FileResult(doc.name, "loaded", doc.added, doc.existing)
+            self.results[file.index] = FileResult(file.name, "loaded", file.added, file.existing)
 
 
 class _NoBar:
@@ -398,8 +362,12 @@ def _progress_bar(progress: bool | None, label: str) -> Any:
 
 
 # -- entry points ---------------------------------------------------------------
-def _target(target: ArchivalMemory | Store, embedder: BatchEmbedder | None) -> tuple[Store, BatchEmbedder]:
+def _target(
+    target: ArchivalMemory | DocumentStore, embedder: BatchEmbedder | None
+) -> tuple[DocumentStore, BatchEmbedder]:
     if isinstance(target, ArchivalMemory):
+        if not isinstance(target.store, DocumentStore):
+            raise TypeError(f"{type(target.store).__name__} cannot keep loaded documents")
         return target.store, embedder or target.embedder
     if embedder is None:
         raise TypeError("load_paths(store, ...) needs embedder=")
@@ -407,7 +375,7 @@ def _target(target: ArchivalMemory | Store, embedder: BatchEmbedder | None) -> t
 
 
 async def load_paths(
-    target: ArchivalMemory | Store,
+    target: ArchivalMemory | DocumentStore,
     agent_id: str,
     paths: Iterable[str | os.PathLike[str]],
     *,
@@ -433,7 +401,7 @@ async def load_paths(
         store,
         model,
         agent_id,
-        _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
+        Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
         write_batch=write_batch,
         embed_batch=embed_batch,
         progress=progress,
@@ -444,7 +412,7 @@ async def load_paths(
 
 
 async def load_document(
-    target: ArchivalMemory | Store,
+    target: ArchivalMemory | DocumentStore,
     agent_id: str,
     name: str,
     data: bytes = b"",
@@ -462,13 +430,13 @@ async def load_document(
         store,
         model,
         agent_id,
-        _Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
+        Chunking(counter or _default_counter(), max_tokens, overlap_tokens),
         write_batch=WRITE_BATCH,
         embed_batch=MAX_BATCH,
         progress=False,
         label=name,
     )
-    [result] = await loader.run([_Input(name, data=data, content_type=content_type, text=text)])
+    [result] = await loader.run([Input(name, data=data, content_type=content_type, text=text)])
     return result
 
 

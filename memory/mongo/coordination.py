@@ -1,6 +1,5 @@
 """MongoStore's share of coordinating several bot processes on one database:
-the `# -- coordination between bot processes` part of the Store interface
-(memory/store.py), as a mixin of MongoStore.
+the LeaseStore role (memory/roles.py), as a mixin of MongoStore.
 
     lease_owners      {_id: owner (a bot process), expires_at}
     lease_tickets     {_id: ObjectId, name, seq, owner, done}      unique (name, seq)

@@ -1,5 +1,5 @@
-"""MongoStore's event journal and reply outbox: the `# -- crash safety` part of
-the Store interface (memory/store.py), as a mixin of MongoStore.
+"""MongoStore's event journal and reply outbox: the JournalStore role
+(memory/roles.py), as a mixin of MongoStore.
 
     event_journal  {_id: event id, n, origin, agent_key, payload, received_at, state, attempts,
                     next_try_at}

@@ -1,6 +1,6 @@
 """MongoStore's shared collections ("sources") and loaded-document records:
-the `# -- shared collections` and `# -- loaded documents` parts of the Store
-interface (memory/store.py), as a mixin of MongoStore.
+the SourceStore and DocumentStore roles (memory/roles.py), as a mixin of
+MongoStore.
 
     sources             {_id: the source's agent id, name, attach_all, created_at}
     source_attachments  {agent_id, source_id, attached}   attached=False: a detach

@@ -5,7 +5,8 @@ The store is four layers, one class each: MongoBase (memory/mongo/base.py:
 values, state, errors, transactions), MongoArchival (memory/mongo/archival.py:
 passages and vectors), MongoSources (memory/mongo/sources.py: shared
 collections, loaded files) and MongoStore here (life cycle, agents, working
-context, recall storage). Collections (every document but the counters
+context, recall storage); memory/mongo/indexes.py creates the indexes of all
+of them. Collections (every document but the counters
 carries `agent_id`, and every query filters on it):
 
     agents    {_id: agent id, key, created_at, summary, queue_start_seq,
@@ -68,18 +69,17 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, IndexModel, UpdateOne
-from pymongo.asynchronous.database import AsyncDatabase
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
-from memory.mongo.archival import ARCHIVAL_INDEXES
 from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us
 from memory.mongo.capabilities import detect, guarded, scrub
-from memory.mongo.coordination import COORDINATION_INDEXES, MongoCoordination
-from memory.mongo.journal import JOURNAL_INDEXES, MongoJournal
-from memory.mongo.schedules import SCHEDULE_INDEXES
-from memory.mongo.sources import SOURCE_INDEXES, MongoSources
-from memory.mongo.usage import USAGE_INDEXES, MongoUsage
+from memory.mongo.coordination import MongoCoordination
+from memory.mongo.indexes import ensure_indexes
+from memory.mongo.journal import MongoJournal
+from memory.mongo.schedules import MongoScheduleStore
+from memory.mongo.sources import MongoSources
+from memory.mongo.usage import MongoUsage
 from memory.search.hybrid import STOPWORDS, coverage, fuse
 from memory.search.vector_index import VectorIndex, check_dimension, embedding_matrix
 from memory.store import Store, StoreError
@@ -95,37 +95,6 @@ _BM25_K1, _BM25_B = 1.2, 0.75
 _NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0, "embedding": 0}
 # Hits taken from each side (keywords, meaning) in a hybrid recall search.
 _RECALL_POOL = 100
-
-INDEXES: dict[str, list[IndexModel]] = {
-    "agents": [
-        IndexModel([("key", ASCENDING)], unique=True, name="key_unique"),
-        IndexModel([("created_at", ASCENDING)], name="created_at"),
-        IndexModel([("deleting", ASCENDING)], name="deleting"),
-    ],
-    "blocks": [
-        IndexModel([("agent_id", ASCENDING), ("label", ASCENDING)], unique=True, name="agent_label_unique"),
-        IndexModel([("agent_id", ASCENDING), ("position", ASCENDING)], name="agent_position"),
-    ],
-    "messages": [
-        IndexModel([("agent_id", ASCENDING), ("seq", ASCENDING)], unique=True, name="agent_seq_unique"),
-        IndexModel([("agent_id", ASCENDING), ("created_at", ASCENDING), ("seq", ASCENDING)], name="agent_created"),
-        IndexModel([("agent_id", ASCENDING), ("terms", ASCENDING)], name="agent_terms"),
-    ],
-}
-
-# Every index the store creates at open(), by collection.
-ALL_INDEXES: dict[str, list[IndexModel]] = {}
-for _part in (
-    INDEXES,
-    ARCHIVAL_INDEXES,
-    SOURCE_INDEXES,
-    COORDINATION_INDEXES,
-    SCHEDULE_INDEXES,
-    JOURNAL_INDEXES,
-    USAGE_INDEXES,
-):
-    for _collection, _indexes in _part.items():
-        ALL_INDEXES.setdefault(_collection, []).extend(_indexes)
 
 
 # -- values ------------------------------------------------------------------
@@ -191,17 +160,12 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
     return int(end), int(newest.get("tok_total") or 0)
 
 
-async def _ensure_indexes(db: AsyncDatabase[Doc]) -> None:
-    """Create the missing indexes, one per call: FerretDB 1.24 drops the
-    connection on a createIndexes of several indexes that already exist."""
-    for name, models in ALL_INDEXES.items():
-        present = set(await db[name].index_information())
-        for model in models:
-            if model.document["name"] not in present:
-                await db[name].create_indexes([model])
-
-
 class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Store):
+    @functools.cached_property
+    def schedules(self) -> MongoScheduleStore:
+        """Check-in schedules, in this store's database."""
+        return MongoScheduleStore(self)
+
     # -- life cycle --------------------------------------------------------
     async def open(self) -> None:
         if self._client is not None:
@@ -218,7 +182,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         try:
             db = client[self.database]
             await db.command("ping")
-            await _ensure_indexes(db)
+            await ensure_indexes(db)
             await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
             await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)
@@ -290,6 +254,9 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
             {"_id": agent_id}, {"$set": {"deleting": True, "key": f"#deleted:{agent_id}"}}
         )
         await self._purge(agent_id)
+
+    async def flush_deleted(self) -> None:
+        return None  # a server-backed store has no files of its own to clean
 
     async def _purge(self, agent_id: str) -> None:
         for name in ("messages", "passages", "blocks"):

@@ -1,5 +1,5 @@
-"""MongoStore's share of usage limits: the `# -- usage limits` part of the
-Store interface (memory/store.py), as a mixin of MongoStore.
+"""MongoStore's share of usage limits: the UsageStore role (memory/roles.py),
+as a mixin of MongoStore.
 
     usage_hits    {_id: ObjectId, key, kind, at, amount}    index (key, kind, at), (at)
     usage_exempt  {_id: agent key, since}

@@ -1,6 +1,5 @@
 """SQLiteStore's share of coordinating several bot processes on one database
-file: the `# -- coordination between bot processes` part of the Store
-interface (memory/store.py), as a mixin of SQLiteStore.
+file: the LeaseStore role (memory/roles.py), as a mixin of SQLiteStore.
 
 Every write is one transaction (BEGIN IMMEDIATE, through `run_in_db`), so
 SQLite's own lock makes each read-then-write atomic across processes: a
@@ -18,11 +17,9 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from abc import abstractmethod
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
-T = TypeVar("T")
+from memory.sqlite.base import SQLiteBase
 
 # Finished tickets are cleared away when one numbered a multiple of this leaves
 # (a few writes fewer per event; at most this many wait per agent).
@@ -37,10 +34,7 @@ def position(ahead: Sequence[tuple[int, str]], seq: int, owner: str, live_owners
     return sum(1 for _, other in ahead[1:] if other in live_owners)
 
 
-class SQLiteCoordination:
-    @abstractmethod
-    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
-
+class SQLiteCoordination(SQLiteBase):
     async def _store_clock(self) -> float:
         """The store's clock: this machine's, shared by every process on the file."""
         return time.time()

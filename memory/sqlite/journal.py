@@ -1,5 +1,5 @@
-"""SQLiteStore's event journal and reply outbox: the `# -- crash safety` part
-of the Store interface (memory/store.py), as a mixin of SQLiteStore.
+"""SQLiteStore's event journal and reply outbox: the JournalStore role
+(memory/roles.py), as a mixin of SQLiteStore.
 
 Each call is one transaction on the store's worker thread, so a journal entry,
 an outbox reply or a state change is either wholly written or not at all.
@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from abc import abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 
+from memory.sqlite.base import SQLiteBase
 from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
-
-T = TypeVar("T")
 
 _SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
 _JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts, next_try_at"
@@ -52,11 +50,8 @@ def _outbox(row: Sequence[Any]) -> OutboxEntry:
     )
 
 
-class SQLiteJournal:
+class SQLiteJournal(SQLiteBase):
     _last_journal_sweep = 0.0
-
-    @abstractmethod
-    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
 
     async def journal_receive(self, entry: JournalEntry) -> bool:
         now = time.time()

@@ -1,26 +1,58 @@
-"""SQLite schema versioning: an ordered list of small named migration functions.
+"""SQLite schema versioning: an ordered list of small numbered migration
+functions, as simonw/llm keeps its own (llm/migrations.py).
 
 Each migration runs once, in list order, inside its own write transaction, and
 its name is recorded in the `_migrations` table of the same database. To change
-the schema, append a new function decorated with `@migration`; never edit or
-reorder one that has shipped, because existing databases have already run it.
+the schema, append a new function named `mNNN_what_it_does` (the next number)
+and decorated with `@migration`; never edit, rename or reorder one that has
+shipped, because existing databases have already run it.
+
+The first migrations shipped unnumbered (`m_checkin_schedules`...): they are
+still recorded under those names (RECORDED_AS), so a database made by any
+release, older or newer, runs none of them twice.
 """
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 Migration = Callable[[sqlite3.Connection], None]
 
 MIGRATIONS: list[Migration] = []
 
+# Function name -> the name the migration was shipped and is recorded under.
+RECORDED_AS: Mapping[str, str] = {
+    "m002_checkin_schedules": "m_checkin_schedules",
+    "m003_shared_collections": "m_shared_collections",
+    "m004_passages_fts": "m_passages_fts",
+    "m005_process_coordination": "m_process_coordination",
+    "m006_message_embeddings": "m_message_embeddings",
+    "m007_event_journal": "m_event_journal",
+    "m008_usage_limits": "m_usage_limits",
+    "m009_drop_delivered_events": "m_drop_delivered_events",
+    "m010_journal_running_and_waiting": "m_journal_running_and_waiting",
+}
+
+_NUMBERED = re.compile(r"m(\d{3})_\w+")
+
 
 def migration(fn: Migration) -> Migration:
-    """Register `fn` as the next migration of the store schema."""
+    """Register `fn` as the next migration of the store schema. Its name must
+    carry the next number: a misnumbered one fails at import, not in the field."""
+    expected = len(MIGRATIONS) + 1
+    match = _NUMBERED.fullmatch(fn.__name__)
+    if match is None or int(match.group(1)) != expected:
+        raise ValueError(f"migration {fn.__name__} must be named m{expected:03d}_<what it does>")
     MIGRATIONS.append(fn)
     return fn
+
+
+def recorded_name(fn: Migration) -> str:
+    """The name `fn` is recorded under in `_migrations`."""
+    return RECORDED_AS.get(fn.__name__, fn.__name__)
 
 
 def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIONS) -> list[str]:
@@ -32,7 +64,7 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[Migration] = MIGRATIO
     conn.execute("CREATE TABLE IF NOT EXISTS _migrations (name TEXT PRIMARY KEY, applied_at REAL NOT NULL)")
     applied_now: list[str] = []
     for fn in migrations:
-        name = fn.__name__
+        name = recorded_name(fn)
         # BEGIN IMMEDIATE takes the write lock before the check, so two
         # processes opening the same new file cannot both run a migration.
         conn.execute("BEGIN IMMEDIATE")
@@ -116,7 +148,7 @@ def m001_initial(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_checkin_schedules(conn: sqlite3.Connection) -> None:
+def m002_checkin_schedules(conn: sqlite3.Connection) -> None:
     # Times are INTEGER unix seconds (not REAL like the tables above): claim()
     # compares next_fire_at for equality, which must be exact.
     _run(
@@ -157,7 +189,7 @@ def m_checkin_schedules(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_shared_collections(conn: sqlite3.Connection) -> None:
+def m003_shared_collections(conn: sqlite3.Connection) -> None:
     _run(
         conn,
         # A collection's passages live under its own agent record (key
@@ -200,7 +232,7 @@ def m_shared_collections(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_passages_fts(conn: sqlite3.Connection) -> None:
+def m004_passages_fts(conn: sqlite3.Connection) -> None:
     _run(
         conn,
         # Keyword half of hybrid archival search. External content: the text is
@@ -231,7 +263,7 @@ def m_passages_fts(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_process_coordination(conn: sqlite3.Connection) -> None:
+def m005_process_coordination(conn: sqlite3.Connection) -> None:
     # Several bot processes on one database file (see bot/durable/leases.py).
     _run(
         conn,
@@ -265,7 +297,7 @@ def m_process_coordination(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_message_embeddings(conn: sqlite3.Connection) -> None:
+def m006_message_embeddings(conn: sqlite3.Connection) -> None:
     # Recall messages are embedded lazily, the first time their agent searches
     # recall (memory/recall.py). ADD COLUMN only writes the schema: existing
     # rows read the column as NULL, so a large history migrates instantly.
@@ -281,7 +313,7 @@ def m_message_embeddings(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_event_journal(conn: sqlite3.Connection) -> None:
+def m007_event_journal(conn: sqlite3.Connection) -> None:
     # Crash safety (bot/durable/journal.py): inbound events recorded before they are
     # acknowledged, replies recorded before they are sent.
     _run(
@@ -325,7 +357,7 @@ def m_event_journal(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_usage_limits(conn: sqlite3.Connection) -> None:
+def m008_usage_limits(conn: sqlite3.Connection) -> None:
     # Per-user message rate and daily token budget (bot/limits.py): one row per
     # hit, counted or summed over a window, swept once older than a day or two.
     _run(
@@ -350,14 +382,14 @@ def m_usage_limits(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m_drop_delivered_events(conn: sqlite3.Connection) -> None:
+def m009_drop_delivered_events(conn: sqlite3.Connection) -> None:
     # Repeat deliveries are recognised by the event journal's key now
     # (Store.journal_receive): the table of delivered event ids is not used.
     _run(conn, "DROP TABLE delivered_events")
 
 
 @migration
-def m_journal_running_and_waiting(conn: sqlite3.Connection) -> None:
+def m010_journal_running_and_waiting(conn: sqlite3.Connection) -> None:
     # The durable-event pipeline (bot/durable/): an entry is "running" once work
     # on it starts (only those count as restarts), and "waiting" for a replay at
     # next_try_at after storage failed it. Every state but "done" is unfinished.

@@ -21,18 +21,17 @@ import json
 import sqlite3
 from abc import abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from memory.search.hybrid import coverage, fuse, keyword_query
 from memory.search.vector_index import VectorIndex, check_dimension, embedding_matrix
+from memory.sqlite.base import SQLiteBase
 from memory.sqlite.search import CachedRowCount, read_vectors, weigh_expressions
 from memory.types import Message, SearchPage
-
-T = TypeVar("T")
 
 _F32 = np.dtype("<f4")
 
@@ -48,15 +47,12 @@ PENDING_WHERE = (
 )
 
 
-class SQLiteRecall:
+class SQLiteRecall(SQLiteBase):
     """SQLiteStore's lazily embedded recall: the backlog, storing vectors and
     the hybrid search (a mixin of SQLiteStore, on its worker thread)."""
 
     _recall: MessageSearch
     _message_columns: str
-
-    @abstractmethod
-    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
 
     @staticmethod
     @abstractmethod

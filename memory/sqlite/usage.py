@@ -1,5 +1,5 @@
-"""SQLiteStore's share of usage limits: the `# -- usage limits` part of the
-Store interface (memory/store.py), as a mixin of SQLiteStore.
+"""SQLiteStore's share of usage limits: the UsageStore role (memory/roles.py),
+as a mixin of SQLiteStore.
 
 One row per hit (a message let through, the tokens of one event's LLM calls,
 a notice sent), counted or summed over a time window. The MongoDB twin
@@ -16,14 +16,10 @@ so a stored instant comes back exactly.
 from __future__ import annotations
 
 import sqlite3
-from abc import abstractmethod
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import TypeVar
 
+from memory.sqlite.base import SQLiteBase
 from memory.store import UsageTally
-
-T = TypeVar("T")
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -49,10 +45,7 @@ def tally(count: int, amount: int, oldest: int | None, newest: int | None) -> Us
     )
 
 
-class SQLiteUsage:
-    @abstractmethod
-    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T: ...
-
+class SQLiteUsage(SQLiteBase):
     async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
         def job(conn: sqlite3.Connection) -> None:
             conn.execute(

@@ -1,5 +1,5 @@
 """Shared collections and loaded-document bookkeeping: behaviour every Store
-backend must share (see the `# -- shared collections` section of memory/store.py)."""
+backend must share (see SourceStore and DocumentStore in memory/roles.py)."""
 
 from __future__ import annotations
 

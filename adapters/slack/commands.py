@@ -16,8 +16,9 @@ from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 
-from adapters.slack_format import escape, markdown_to_mrkdwn
-from adapters.slack_support import CALL_ERRORS, PLATFORM, REPLY_LIMIT, error_code
+from adapters.slack.api import CALL_ERRORS, error_code
+from adapters.slack.config import PLATFORM, REPLY_LIMIT
+from adapters.slack.format import escape, markdown_to_mrkdwn
 from adapters.splitting import split_message
 from bot.ports import BotPort
 

@@ -13,13 +13,13 @@ import logging
 import discord
 from discord import app_commands
 
+from adapters.discord.config import MESSAGE_LIMIT, PLATFORM
+from adapters.discord.parse import dm_address
 from adapters.splitting import split_message
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
 
-PLATFORM = "discord"
-MESSAGE_LIMIT = 2_000
 # A report longer than this many messages is cut: a wall of ephemeral messages helps nobody.
 MAX_REPORT_MESSAGES = 5
 FORGET_TIMEOUT = 60.0
@@ -149,7 +149,7 @@ async def run_checkin(bot: BotPort, interaction: discord.Interaction, command: s
     """`/checkin ...`: check-ins are delivered to the person's DMs, wherever they set them up."""
     await interaction.response.defer(ephemeral=True, thinking=True)
     user_id = interaction.user.id
-    reply_to = {"channel_id": None, "guild": False, "user_id": user_id, "fallback_channel_id": interaction.channel_id}
+    reply_to = dm_address(user_id, fallback_channel_id=interaction.channel_id)
     try:
         answer = await bot.checkin_command(PLATFORM, str(user_id), command, reply_to)
     except Exception:

@@ -1,0 +1,278 @@
+"""The Discord adapter: gateway events in, the agent's replies out.
+
+Like discord.py's own connection state, which turns each raw payload into a
+typed model in one small `parse_<event>` method and then dispatches it, each
+Discord event here is turned into a typed bot event by one small function
+(adapters/discord/parse.py) and handed on by one handler (`on_message`,
+`on_member_join`), which gives it to the bot and delivers the replies
+(adapters/discord/send.py). The adapter only ever calls the bot's port
+(`handle`, `memory_report`, `forget_user`, and the journal calls below); it
+knows nothing of memory. The client itself is built and run in
+adapters/discord/client.py.
+
+Crash safety (bot/durable/__init__.py tells the protocol). Discord neither waits for an
+acknowledgement nor delivers a gateway event again, so here the journal is for
+redoing work a crash cut short. With a bot that keeps one (the runtime), each
+message meant for the bot and each join is recorded (`receive`) before any
+work, with what rebuilds it: a message by channel and message id (fetched again
+at replay, its files downloaded again; a message deleted meanwhile is skipped),
+a join by the few fields its event needs (no fetch). `recover()` replays the
+unfinished ones at start, in arrival order, through the same per-user lanes.
+An event is `finished` once each of its replies was sent or handed to the
+retrier. Bots without a journal (simple test bots) work as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import discord
+from discord import app_commands
+
+from adapters.discord.client import build_client, log_ready, run_client, sync_commands
+from adapters.discord.commands import FORGET_TIMEOUT, add_commands
+from adapters.discord.config import PLATFORM, DiscordConfig
+from adapters.discord.parse import (
+    addressed_text,
+    join_payload,
+    message_payload,
+    parse_attachment,
+    parse_member_join,
+    parse_message,
+    refusal,
+    reply_to,
+)
+from adapters.discord.send import CALL_ERRORS, send_reply, typing
+from bot.durable.lanes import Lanes
+from bot.events import Delivery, Event, Redo, Reply, UserJoined, agent_key
+from bot.ports import BotPort
+
+log = logging.getLogger(__name__)
+
+SORRY = "Sorry, something went wrong on my side and I could not answer that. Please try again in a moment."
+
+
+class DiscordAdapter:
+    """Runs the bot on Discord: `await adapter.start()` until `await adapter.close()`."""
+
+    def __init__(self, bot: BotPort, config: DiscordConfig, *, forget_timeout: float = FORGET_TIMEOUT) -> None:
+        self.bot = bot
+        self.config = config
+        self._closing = False
+        self.client = build_client(config)
+        self.tree: app_commands.CommandTree[discord.Client] = app_commands.CommandTree(self.client)
+        add_commands(self.tree, bot, forget_timeout=forget_timeout)
+        # One first-in, first-out lane per user (bot/durable/lanes.py). The runtime already
+        # handles one user's events in arrival order, but that alone does not keep their replies
+        # in order: downloads and the typing indicator come before `handle`, and sending comes
+        # after it, so event N+1 could otherwise reach the runtime first, or send while N is
+        # still sending its chunks.
+        self.lanes = Lanes()
+        # A bot with a journal (the runtime) records events and reports deliveries, so a
+        # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are served without.
+        self._durable = callable(getattr(bot, "receive", None))
+        for handler in (self.on_ready, self.on_message, self.on_member_join):
+            self.client.event(handler)
+        self.client.setup_hook = self.sync_commands  # type: ignore[method-assign]
+
+    # -- lifecycle -----------------------------------------------------------
+    async def start(self) -> None:
+        """Log in and connect (retrying while Discord is unreachable); returns once the client
+        is closed. Raises discord.LoginFailure for a bad token and discord.PrivilegedIntentsRequired
+        when the portal switches are off (adapters/discord/client.py)."""
+        await run_client(self.client, self.config.token, lambda: self._closing)
+
+    async def close(self) -> None:
+        self._closing = True
+        await self.client.close()
+
+    async def sync_commands(self) -> None:
+        """Publish /memory, /forget and /checkin (runs once, after login)."""
+        await sync_commands(self.tree, self.config.command_guild_id)
+
+    async def on_ready(self) -> None:
+        log_ready(self.client, self.config)
+
+    async def wait_ready(self) -> None:
+        """Return once the gateway session is ready, so deliveries can go out."""
+        await self.client.wait_until_ready()
+
+    # -- handlers: record the event, hand it to the bot, deliver the replies -------
+    async def on_message(self, message: discord.Message) -> None:
+        text = addressed_text(message, self.client.user, self.config.always_on_channels)
+        if text is None:
+            return
+        # Entered before any await: see self.lanes.
+        async with self.lanes.hold(agent_key(PLATFORM, str(message.author.id))):
+            durable = await self._record(message_payload(message))
+            if durable is not None:
+                await self._answer(message, text, durable=durable)
+
+    async def on_member_join(self, member: discord.Member) -> None:
+        if member.bot:
+            return
+        payload = join_payload(member)
+        event = parse_member_join(payload)
+        async with self.lanes.hold(event.agent_key):
+            durable = await self._record(payload)
+            if durable is not None:
+                event.durable = durable
+                await self._greet(event, member)
+
+    async def _record(self, payload: dict[str, Any]) -> bool | None:
+        """Record an event in the bot's journal before any work on it. True: recorded (a
+        crash from here on is redone at restart); False: the bot keeps no journal, or it
+        could not be written (the event is handled all the same, without that safety
+        net); None: already recorded (Discord dispatched it twice), so it is dropped."""
+        if not self._durable:
+            return False
+        event_id = str(payload["event_id"])
+        try:
+            if not await self.bot.receive(PLATFORM, event_id, str(payload["user_id"]), payload):
+                log.info("Discord event %s was already received; ignoring the repeat", event_id)
+                return None
+        except Exception as error:  # the store is down: answering beats staying silent
+            log.warning("could not record Discord event %s (%s); handling it without crash recovery", event_id, error)
+            return False
+        return True
+
+    async def _answer(self, message: discord.Message, text: str, *, durable: bool) -> None:
+        channel = message.channel
+        # Files first, so the agent has read them by the time it answers the text.
+        for attachment in message.attachments:
+            await self.deliver(await self._upload(message, attachment, durable=durable), channel=channel)
+        if text:
+            event = parse_message(message, text, durable=durable)
+            await self.deliver(await self._handle(event, channel), channel=channel)
+        # Not reached when a crash (or a bug) stops the work: then it stays pending and is redone.
+        if durable:
+            await self.bot.finished(str(message.id))
+
+    async def _greet(self, event: UserJoined, channel: discord.abc.Messageable | None) -> None:
+        # A greeting goes to the newcomer's DMs (delivery falls back to the system channel).
+        await self.deliver(await self._handle(event, None), channel=channel)
+        if event.durable:
+            await self.bot.finished(event.event_id)
+
+    async def run_event(self, event: Event) -> None:
+        """Handle an event that did not come from Discord (a scheduled check-in, say) and deliver
+        its replies where `event.reply_to` says, in the user's lane like their messages."""
+        async with self.lanes.hold(event.agent_key):
+            await self.deliver(await self._handle(event, None))
+
+    async def _upload(
+        self, message: discord.Message, attachment: discord.Attachment, *, durable: bool = False
+    ) -> list[Reply]:
+        reason = refusal(attachment, self.config.max_upload_bytes)
+        if reason is None:
+            try:
+                data = await attachment.read()
+            except CALL_ERRORS as error:
+                log.warning("could not download attachment %s of message %s: %s", attachment.id, message.id, error)
+                reason = f"I couldn't download {attachment.filename}; please try again."
+            else:
+                event = parse_attachment(message, attachment, data, durable=durable)
+                return await self._handle(event, message.channel)
+        return [Reply(reason, PLATFORM, str(message.author.id), reply_to(message), f"{message.id}:{attachment.id}")]
+
+    async def _handle(self, event: Event, channel: discord.abc.Messageable | None) -> list[Reply]:
+        async with typing(channel):
+            try:
+                return await self.bot.handle(event)
+            except Exception:
+                log.exception("handling %s %s of Discord user %s failed", event.kind, event.event_id, event.user_id)
+                return [event.reply(SORRY)]
+
+    # -- crash recovery ----------------------------------------------------------
+    async def recover(self) -> int:
+        """Replay the events a crash left unfinished, in arrival order, and wait for them; the
+        number replayed. Call once connected (cli/app.py does), before check-ins start."""
+        if not self._durable:
+            return 0
+        return await self.replay(await self.bot.pending_events(PLATFORM))
+
+    async def replay(self, redos: Sequence[Redo]) -> int:
+        """Handle recorded events again, in order, and wait for them; how many."""
+        # One task per event, created in arrival order: each joins its user's lane before its
+        # first await, so one user's events are redone in order while different users' overlap.
+        tasks = [asyncio.create_task(self._replay(redo), name=f"discord-replay-{redo.event_id}") for redo in redos]
+        for redo, outcome in zip(redos, await asyncio.gather(*tasks, return_exceptions=True), strict=True):
+            if isinstance(outcome, Exception):
+                # Left unfinished: the next start tries it again (bot/durable/inbox.py caps the restarts).
+                log.error("replaying Discord event %s failed", redo.event_id, exc_info=outcome)
+        return len(redos)
+
+    async def _replay(self, redo: Redo) -> None:
+        payload, event_id = redo.payload, redo.event_id
+        kind = payload.get("kind")
+        if redo.notice:  # given up: the person is told, instead of a redo
+            async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"]))):
+                if kind == "message":  # only someone who wrote waits for an answer
+                    where = {
+                        "channel_id": int(payload["channel_id"]),
+                        "guild": payload.get("guild_id") is not None,
+                        "user_id": int(payload["user_id"]),
+                    }
+                    await self.deliver([Reply(redo.notice, PLATFORM, str(payload["user_id"]), where, event_id)])
+                await self.bot.finished(event_id)
+            return
+        if kind == "join":
+            event = parse_member_join(payload)
+            event.durable = True
+            async with self.lanes.hold(event.agent_key):
+                await self._greet(event, None)  # to reply_to: the DM, else the system channel
+            return
+        if kind != "message":
+            log.error("cannot replay Discord event %s of unknown kind %r; dropping it", event_id, kind)
+            await self.bot.finished(event_id)
+            return
+        async with self.lanes.hold(agent_key(PLATFORM, str(payload["user_id"]))):
+            message = await self._fetch_again(payload)
+            text = (
+                addressed_text(message, self.client.user, self.config.always_on_channels)
+                if message is not None
+                else None
+            )
+            if message is None or text is None:
+                await self.bot.finished(event_id)
+                return
+            await self._answer(message, text, durable=True)
+
+    async def _fetch_again(self, payload: Mapping[str, Any]) -> discord.Message | None:
+        """The recorded message as it is now; None if it was deleted or can no longer be read.
+        Other failures (network, 5xx) are raised: the event is kept for the next start."""
+        channel_id = int(payload["channel_id"])
+        cached = self.client.get_channel(channel_id)
+        channel: discord.abc.Messageable
+        if isinstance(cached, discord.abc.Messageable):
+            channel = cached
+        else:  # a DM channel is not cached after a restart
+            guild_id = payload.get("guild_id")
+            channel = self.client.get_partial_messageable(channel_id, guild_id=int(guild_id) if guild_id else None)
+        try:
+            return await channel.fetch_message(int(payload["message_id"]))
+        except (discord.NotFound, discord.Forbidden) as error:
+            log.warning(
+                "not redoing message %s of Discord user %s: it is gone (%s %s)",
+                payload["message_id"],
+                payload["user_id"],
+                error.status,
+                error.text or error,
+            )
+            return None
+
+    # -- delivery --------------------------------------------------------------
+    async def deliver(self, replies: Sequence[Reply], *, channel: discord.abc.Messageable | None = None) -> None:
+        """Send replies in order to `channel`, or where each reply's `reply_to` says (a channel id,
+        else the user's DMs, else `fallback_channel_id` when their DMs are closed), and report
+        each one with an outbox entry to the bot. A failure is logged; while a reply waits for a
+        retry, that person's later replies are held behind it (Lanes.deliver), so no later part
+        arrives before an earlier one."""
+
+        async def send(reply: Reply) -> tuple[Delivery, str]:
+            return await send_reply(self.client, reply, channel)
+
+        await self.lanes.deliver(replies, send, self.bot.report_delivery if self._durable else None)

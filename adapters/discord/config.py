@@ -1,0 +1,77 @@
+"""The Discord adapter's settings, read from the environment, and the
+platform's constants that every part of the adapter shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from bot.config import ConfigError
+
+PLATFORM = "discord"
+MESSAGE_LIMIT = 2_000
+DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
+
+
+@dataclass(slots=True)
+class DiscordConfig:
+    token: str = field(repr=False)  # never in a log line or a traceback
+    always_on_channels: frozenset[int] = frozenset()
+    sharded: bool = False  # AutoShardedClient instead of a plain Client
+    shard_count: int | None = None  # None with sharded: Discord's recommended count
+    shard_ids: tuple[int, ...] | None = None  # the shards this process runs (several processes)
+    command_guild_id: int | None = None  # sync slash commands to one server only (instant)
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    # The base of Discord's REST API (DISCORD_API_URL): a REST proxy in front of the
+    # rate limits, or a local stand-in; discord.py asks it for the gateway address.
+    api_url: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> DiscordConfig | None:
+        """The Discord settings, or None when DISCORD_TOKEN is unset (Discord is off)."""
+        token = env.get("DISCORD_TOKEN", "").strip()
+        if not token:
+            return None
+        shards = env.get("DISCORD_SHARD_COUNT", "").strip().lower()
+        shard_count = None if shards in ("", "auto") else _positive(shards, "DISCORD_SHARD_COUNT")
+        shard_ids = tuple(_ids(env.get("DISCORD_SHARD_IDS", ""), "DISCORD_SHARD_IDS", allow_zero=True)) or None
+        if shard_ids is not None:
+            if shard_count is None:
+                raise ConfigError("DISCORD_SHARD_IDS needs a numeric DISCORD_SHARD_COUNT (the total across processes)")
+            if max(shard_ids) >= shard_count:
+                raise ConfigError(f"DISCORD_SHARD_IDS must be below DISCORD_SHARD_COUNT ({shard_count})")
+        guild = env.get("DISCORD_COMMAND_GUILD_ID", "").strip()
+        upload = env.get("DISCORD_MAX_UPLOAD_BYTES", "").strip()
+        return cls(
+            token=token,
+            always_on_channels=frozenset(_ids(env.get("DISCORD_ALWAYS_ON_CHANNELS", ""), "DISCORD_ALWAYS_ON_CHANNELS")),
+            sharded=bool(shards),
+            shard_count=shard_count,
+            shard_ids=shard_ids,
+            command_guild_id=_positive(guild, "DISCORD_COMMAND_GUILD_ID") if guild else None,
+            max_upload_bytes=_positive(upload, "DISCORD_MAX_UPLOAD_BYTES") if upload else DEFAULT_MAX_UPLOAD_BYTES,
+            api_url=_api_url(env.get("DISCORD_API_URL", "")),
+        )
+
+
+def _api_url(value: str) -> str | None:
+    value = value.strip().rstrip("/")
+    if value and not value.startswith(("http://", "https://")):
+        raise ConfigError(
+            f"DISCORD_API_URL={value!r}: must be an http:// or https:// URL, e.g. https://discord.com/api/v10"
+        )
+    return value or None
+
+
+def _positive(value: str, name: str) -> int:
+    if not value.isdigit() or int(value) <= 0:
+        raise ConfigError(f"{name} must be a positive whole number, not {value!r}")
+    return int(value)
+
+
+def _ids(value: str, name: str, *, allow_zero: bool = False) -> list[int]:
+    parts = [part.strip() for part in value.split(",") if part.strip()]
+    bad = [part for part in parts if not part.isdigit() or (int(part) == 0 and not allow_zero)]
+    if bad:
+        raise ConfigError(f"{name} takes comma-separated numeric ids (Developer Mode → Copy ID), not {bad[0]!r}")
+    return [int(part) for part in parts]

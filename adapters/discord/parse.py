@@ -1,0 +1,168 @@
+"""Discord's models into typed bot events, without any I/O.
+
+discord.py's connection state has already turned the raw gateway payload into
+a `discord.Message` or `discord.Member` (its `parse_message_create`,
+`parse_guild_member_add`); here each of those becomes the bot's own event, one
+small function each: `parse_message` (a DM, a mention, a message in an
+always-on channel), `parse_attachment` (a file shared with the bot) and
+`parse_member_join`. `addressed_text` says whether a message is for the bot at
+all, and `message_payload` / `join_payload` are what the journal keeps to
+build the event again after a crash.
+
+Who is answered: direct messages always; in servers, messages that mention the
+bot, or any message in an always-on channel (and its threads). Other bots,
+webhooks, system messages and the bot itself are never answered.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+import discord
+
+from adapters.discord.config import PLATFORM
+from bot.events import FileUploaded, UserJoined, UserMessage
+from bot.ports import readable
+
+
+def addressed_text(message: discord.Message, me: discord.ClientUser | None, always_on: frozenset[int]) -> str | None:
+    """The text meant for the bot, or None if the message is not for it."""
+    author = message.author
+    if me is None or author.bot or author.id == me.id or message.webhook_id is not None or message.is_system():
+        return None
+    guild = message.guild
+    role = guild.self_role if guild is not None else None
+    mentioned = any(user.id == me.id for user in message.mentions) or (
+        role is not None and role in message.role_mentions
+    )
+    if guild is not None and not (mentioned or _always_on(message.channel, always_on)):
+        return None
+    text = re.sub(rf"<@!?{me.id}>[ \t]?", "", message.content)
+    if role is not None:
+        text = text.replace(f"<@&{role.id}>", "")
+    for user in message.mentions:  # other people's mentions become names the model can read
+        text = re.sub(rf"<@!?{user.id}>", f"@{user.display_name}", text)
+    text = text.strip()
+    if not text and mentioned and not message.attachments:  # a bare ping still deserves an answer
+        text = f"@{((guild.me if guild else None) or me).display_name}"
+    return text
+
+
+def _always_on(channel: discord.abc.Messageable, ids: frozenset[int]) -> bool:
+    # A thread inherits its parent channel's setting.
+    return getattr(channel, "id", None) in ids or getattr(channel, "parent_id", None) in ids
+
+
+def reply_to(message: discord.Message) -> dict[str, Any]:
+    return {"channel_id": message.channel.id, "guild": message.guild is not None, "user_id": message.author.id}
+
+
+def dm_address(user_id: int, *, fallback_channel_id: int | None = None) -> dict[str, Any]:
+    """A `reply_to` that sends to the user's DMs (for replies not answering a message, such as
+    check-ins); `fallback_channel_id`, if set, is used, with a mention, when their DMs are closed."""
+    return {"channel_id": None, "guild": False, "user_id": user_id, "fallback_channel_id": fallback_channel_id}
+
+
+def parse_message(message: discord.Message, text: str, *, durable: bool = False) -> UserMessage:
+    return UserMessage(
+        platform=PLATFORM,
+        user_id=str(message.author.id),
+        text=text,
+        display_name=message.author.display_name,
+        channel=_place(message.channel),
+        created_at=message.created_at,
+        event_id=str(message.id),
+        reply_to=reply_to(message),
+        durable=durable,
+    )
+
+
+def parse_attachment(
+    message: discord.Message, attachment: discord.Attachment, data: bytes, *, durable: bool = False
+) -> FileUploaded:
+    return FileUploaded(
+        platform=PLATFORM,
+        user_id=str(message.author.id),
+        filename=attachment.filename,
+        data=data,
+        content_type=media_type(attachment),
+        display_name=message.author.display_name,
+        created_at=message.created_at,
+        event_id=f"{message.id}:{attachment.id}",
+        journal_id=str(message.id),
+        reply_to=reply_to(message),
+        durable=durable,
+    )
+
+
+def parse_member_join(payload: Mapping[str, Any]) -> UserJoined:
+    """A join, from its `join_payload` (fresh or read back from the journal)."""
+    system = payload.get("system_channel_id")
+    return UserJoined(
+        platform=PLATFORM,
+        user_id=str(payload["user_id"]),
+        display_name=str(payload["display_name"]),
+        place=f"the {payload['guild_name']} server",
+        created_at=datetime.fromisoformat(str(payload["joined_at"])),
+        event_id=str(payload["event_id"]),
+        reply_to=dm_address(int(payload["user_id"]), fallback_channel_id=int(system) if system else None),
+    )
+
+
+def join_payload(member: discord.Member) -> dict[str, Any]:
+    """All a join's event needs, as plain JSON: a replay rebuilds it without asking Discord."""
+    system = member.guild.system_channel
+    joined_at = member.joined_at or discord.utils.utcnow()
+    return {
+        "kind": "join",
+        # Discord gives a join no id of its own; this one is the same however often it is built.
+        "event_id": f"join:{member.guild.id}:{member.id}:{int(joined_at.timestamp())}",
+        "user_id": str(member.id),
+        "display_name": member.display_name,
+        "guild_name": member.guild.name,
+        "system_channel_id": str(system.id) if system else None,
+        "joined_at": joined_at.isoformat(),
+    }
+
+
+def message_payload(message: discord.Message) -> dict[str, Any]:
+    """Where to fetch the message again (ids as strings: snowflakes exceed some JSON readers)."""
+    return {
+        "kind": "message",
+        "event_id": str(message.id),
+        "user_id": str(message.author.id),  # the lane a replay joins before fetching
+        "channel_id": str(message.channel.id),
+        "guild_id": str(message.guild.id) if message.guild else None,
+        "message_id": str(message.id),
+    }
+
+
+def refusal(attachment: discord.Attachment, max_upload_bytes: int) -> str | None:
+    """Why this attachment will not be read, or None if it will."""
+    name = attachment.filename
+    if not readable(name, media_type(attachment)):
+        return f"I can't read {name}: I only take text, Markdown, HTML or PDF files."
+    if attachment.size > max_upload_bytes:
+        return f"I can't take {name}: it is {_size(attachment.size)} and my limit is {_size(max_upload_bytes)}."
+    return None
+
+
+def _place(channel: discord.abc.Messageable) -> str:
+    if isinstance(channel, discord.abc.GuildChannel | discord.Thread):
+        return f"#{channel.name} in {channel.guild.name}"
+    if isinstance(channel, discord.PartialMessageable) and channel.guild is not None:
+        return f"a channel in {channel.guild.name}"  # refetched after a restart, not in the cache
+    return "DM"
+
+
+def media_type(attachment: discord.Attachment) -> str:
+    return (attachment.content_type or "").split(";")[0].strip().lower()
+
+
+def _size(size: int) -> str:
+    if size >= 100 * 1024:
+        return f"{size / (1024 * 1024):.1f} MB"
+    return f"{max(1, round(size / 1024))} KB"

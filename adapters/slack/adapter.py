@@ -1,0 +1,244 @@
+"""The Slack adapter: Events API in (Socket Mode or HTTP), chat.postMessage out.
+
+Each Slack payload is read by one small listener that drops what the bot must
+not answer (adapters/slack/parse.py: `origin_of_<event>`), records the event
+in the bot's journal (bot/durable/) and hands its builder to `_submit`; the
+builder (`SlackParser.parse_<kind>`) turns the payload into typed events
+(`UserMessage`, `UserJoined`, `FileUploaded`). Bolt acks an event only once its
+listener returns (`process_before_response=True`): an event Slack stops
+re-delivering is always one the bot has kept. The listeners only record and
+schedule work, so the agent's LLM calls never delay the HTTP response or the
+Socket Mode ack. Replies carry their outbox id in message metadata, so a reply
+re-sent after a crash is first looked for in the conversation (adapters/slack/send.py).
+
+Work for one user runs in arrival order (their lane, bot/durable/lanes.py,
+taken before any await) so that reading the display name or downloading a
+file cannot let a later message overtake an earlier one; different users run
+concurrently. Replies keep that order too: while one waits for a retry, the
+same person's later replies wait behind it (Lanes.deliver).
+Slack's retried deliveries are dropped by Events API `event_id` (the journal's key).
+
+Like every adapter it knows nothing of memory: it calls only the `BotPort`.
+Its parts, one job each: `app` (the Bolt app and its connection), `parse`
+(payloads into typed events), `send` (replies out), `directory` (names),
+`files` (shared files), `commands` (slash commands), `format` (mrkdwn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from slack_bolt.async_app import AsyncBoltContext, AsyncBoltRequest
+
+from adapters.slack.app import SlackApp
+from adapters.slack.commands import add_commands
+from adapters.slack.config import PLATFORM, SlackConfig
+from adapters.slack.dedupe import EventDeduper, RecentEventIds
+from adapters.slack.directory import Directory
+from adapters.slack.files import FileReader
+from adapters.slack.parse import (
+    Builder,
+    Origin,
+    SlackParser,
+    gave_up,
+    message_kind,
+    origin_of_app_mention,
+    origin_of_member_joined_channel,
+    origin_of_message,
+    origin_of_team_join,
+)
+from adapters.slack.send import SlackSender
+from bot.durable.lanes import Lanes
+from bot.events import Redo, Reply, agent_key
+from bot.ports import BotPort
+
+log = logging.getLogger(__name__)
+
+APOLOGY = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
+
+
+class SlackClosingError(Exception):
+    """An event arrived while the adapter closes: not acknowledged, so Slack delivers it again."""
+
+
+class SlackAdapter:
+    """One Bolt app serving every event; `start()` runs until `close()`."""
+
+    def __init__(self, bot: BotPort, config: SlackConfig, *, deduper: EventDeduper | None = None) -> None:
+        self.bot = bot
+        self.config = config
+        self.deduper: EventDeduper = deduper or RecentEventIds()
+        # A bot with a journal (the runtime) records events and replies so a
+        # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are
+        # de-duplicated in memory and not replayed.
+        self._durable = callable(getattr(bot, "receive", None))
+        self.app = SlackApp(config)
+        self.client = self.app.client
+        self.directory = Directory(self.client)
+        self.parser = SlackParser(self.directory, FileReader(self.client, config))
+        self.sender = SlackSender(self.client, self.directory)
+        bolt = self.app.bolt
+        bolt.event("message")(self._on_message)
+        bolt.event("app_mention")(self._on_app_mention)
+        bolt.event("team_join")(self._on_team_join)
+        bolt.event("member_joined_channel")(self._on_member_joined_channel)
+        add_commands(bolt, bot)
+        self._lanes = Lanes()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = asyncio.Event()
+        self._ready = asyncio.Event()
+        self._closing = False
+
+    # -- lifecycle ---------------------------------------------------------
+    async def start(self) -> None:
+        """Connect (Socket Mode) or listen (HTTP mode), then run until `close()`."""
+        await self.connect()
+        await self._closed.wait()
+
+    async def connect(self) -> None:
+        """Check the credentials and start receiving events; returns once ready."""
+        if await self.app.connect(self._identify):
+            self._ready.set()
+
+    def _identify(self, auth: Mapping[str, Any]) -> None:
+        self.directory.bot_user_id = auth.get("user_id")
+        if auth.get("team_id") and auth.get("team"):
+            self.directory.team_names[str(auth["team_id"])] = str(auth["team"])
+
+    async def wait_ready(self) -> None:
+        """Return once connected (Socket Mode) or listening (HTTP mode)."""
+        await self._ready.wait()
+
+    @property
+    def port(self) -> int | None:
+        """The bound HTTP port in HTTP mode once listening (useful with port 0), else None."""
+        return self.app.port
+
+    async def close(self, grace: float = 10.0) -> None:
+        """Stop receiving, give work in flight `grace` seconds to finish, then cancel it."""
+        if self._closing:
+            return
+        self._closing = True
+        try:
+            await self.app.stop_receiving()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(grace):
+                    await self.drain()
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        finally:
+            await self.app.close()
+            self._closed.set()
+
+    async def drain(self) -> None:
+        """Wait until every event taken so far has been answered."""
+        while self._tasks:
+            await asyncio.wait(set(self._tasks))
+
+    # -- listeners: filter, then hand a builder on ---------------------------
+    def _own_id(self, context: AsyncBoltContext) -> str | None:
+        return context.bot_user_id or self.directory.bot_user_id
+
+    async def _on_message(
+        self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext, request: AsyncBoltRequest
+    ) -> None:
+        origin = origin_of_message(body, event, self._own_id(context))
+        if origin is None:
+            return
+        retry = request.headers.get("x-slack-retry-num", [None])[0]
+        if retry and retry != "0":
+            log.info(
+                "slack: retry %s of event %s (%s)",
+                retry,
+                body.get("event_id"),
+                request.headers.get("x-slack-retry-reason", ["?"])[0],
+            )
+        await self._accept(origin, message_kind(event), event)
+
+    async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext) -> None:
+        origin = origin_of_app_mention(body, event, self._own_id(context))
+        if origin is not None:
+            await self._accept(origin, "app_mention", event)
+
+    async def _on_team_join(self, body: dict[str, Any], event: dict[str, Any]) -> None:
+        origin = origin_of_team_join(body, event)
+        if origin is not None:
+            self.directory.learn(origin.team, origin.user, event["user"])
+            await self._accept(origin, "team_join", event)
+
+    async def _on_member_joined_channel(
+        self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
+    ) -> None:
+        origin = origin_of_member_joined_channel(body, event, self._own_id(context))
+        if origin is not None:
+            await self._accept(origin, "member_joined_channel", event)
+
+    # -- taking an event: journal, then work ------------------------------------
+    async def _accept(self, origin: Origin, kind: str, event: Mapping[str, Any]) -> None:
+        """Record the event in the bot's journal (before Bolt acknowledges it)
+        and queue its work; a repeat delivery is dropped here."""
+        if self._closing:
+            log.info("slack: closing; event %s left for Slack to deliver again", origin.event_id)
+            raise SlackClosingError("closing")
+        if self._durable:
+            payload = {"kind": kind, "event": dict(event), "origin": origin.to_json()}
+            if not await self.bot.receive(PLATFORM, origin.event_id, origin.user_id, payload):
+                log.info("slack: event %s was already received; ignoring the repeat", origin.event_id)
+                return
+        elif await self.deduper.seen(origin.event_id):
+            log.info("slack: event %s was already delivered; ignoring the retry", origin.event_id)
+            return
+        self._submit(origin, self.parser.builder(kind, origin, event))
+
+    async def recover(self) -> int:
+        """Replay the events a crash left unfinished, in arrival order, and
+        wait for them; the number replayed. Call once connected, before new work."""
+        if not self._durable:
+            return 0
+        return await self.replay(await self.bot.pending_events(PLATFORM))
+
+    async def replay(self, redos: Sequence[Redo]) -> int:
+        """Handle recorded events again, in order (through the users' lanes), and wait for them."""
+        for redo in redos:
+            origin = Origin.from_json(redo.payload["origin"])
+            if redo.notice:  # given up: the person is told, instead of a redo
+                self._submit(origin, gave_up(origin, redo.notice))
+            else:
+                self._submit(origin, self.parser.builder(str(redo.payload["kind"]), origin, redo.payload["event"]))
+        await self.drain()
+        return len(redos)
+
+    # -- running the work ------------------------------------------------------
+    def _submit(self, origin: Origin, build: Builder) -> None:
+        if self._closing:
+            log.info("slack: closing; dropping event %s", origin.event_id)
+            return
+        # Our own task (not Bolt's untracked future) so close() can wait for it.
+        task = asyncio.create_task(self._process(origin, build), name=f"slack-event-{origin.event_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _process(self, origin: Origin, build: Builder) -> None:
+        async with self._lanes.hold(
+            agent_key(PLATFORM, origin.user_id)
+        ):  # the first await: it fixes this event's place in line
+            try:
+                for item in await build():
+                    await self.deliver([item] if isinstance(item, Reply) else await self.bot.handle(item))
+            except Exception:
+                log.exception("slack: handling event %s failed", origin.event_id)
+                if origin.awaits_answer:
+                    await self.deliver([origin.notice(APOLOGY)])
+            if self._durable:
+                await self.bot.finished(origin.event_id)
+
+    async def deliver(self, replies: Sequence[Reply]) -> None:
+        """Post each reply, as mrkdwn in ordered chunks, where its `reply_to` says
+        (adapters/slack/send.py), each person's in order (Lanes.deliver).
+        Also the way in for proactive messages and the outbox's retries."""
+        await self._lanes.deliver(replies, self.sender.send, self.bot.report_delivery if self._durable else None)

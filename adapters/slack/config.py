@@ -1,0 +1,81 @@
+"""The Slack adapter's settings, read from the environment, and the
+platform's constants that every part of the adapter shares."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+PLATFORM = "slack"
+REPLY_LIMIT = 3_000  # Slack truncates long texts and renders ~4,000 chars per message well
+DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
+
+
+class SlackSetupError(RuntimeError):
+    """Slack refused the configured credentials, or cannot be reached, at start-up."""
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+@dataclass(frozen=True, slots=True)
+class SlackConfig:
+    """Credentials and where to listen. Tokens are kept out of repr (and so out of logs)."""
+
+    bot_token: str = field(repr=False)
+    app_token: str | None = field(default=None, repr=False)
+    signing_secret: str | None = field(default=None, repr=False)
+    api_url: str | None = None
+    http_host: str = "0.0.0.0"
+    http_port: int = 3000
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+
+    def __post_init__(self) -> None:
+        # Without a secret, HTTP mode would accept requests signed with an empty key.
+        if not self.app_token and not self.signing_secret:
+            raise ValueError(
+                "Slack needs SLACK_APP_TOKEN (Socket Mode) or SLACK_SIGNING_SECRET (HTTP mode) "
+                "besides SLACK_BOT_TOKEN; see docs/slack.md"
+            )
+
+    @property
+    def socket_mode(self) -> bool:
+        return bool(self.app_token)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> SlackConfig | None:
+        """None when SLACK_BOT_TOKEN is unset; ValueError when it is set but unusable."""
+
+        def get(name: str) -> str | None:
+            return (env.get(name) or "").strip() or None
+
+        bot_token = get("SLACK_BOT_TOKEN")
+        if bot_token is None:
+            return None
+        if not bot_token.startswith("xoxb-"):
+            raise ValueError("SLACK_BOT_TOKEN must be the bot token (it starts with xoxb-)")
+        app_token, signing_secret = get("SLACK_APP_TOKEN"), get("SLACK_SIGNING_SECRET")
+        if app_token is not None and not app_token.startswith("xapp-"):
+            raise ValueError("SLACK_APP_TOKEN must be an app-level token (it starts with xapp-)")
+        return cls(
+            bot_token=bot_token,
+            app_token=app_token,
+            signing_secret=signing_secret,
+            api_url=get("SLACK_API_URL"),
+            http_host=get("SLACK_HTTP_HOST") or "0.0.0.0",
+            http_port=_int_setting(env, "SLACK_HTTP_PORT", 3000, low=0, high=65_535),
+            max_upload_bytes=_int_setting(env, "SLACK_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES, low=1),
+        )
+
+
+def _int_setting(env: Mapping[str, str], name: str, default: int, *, low: int, high: int | None = None) -> int:
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be a whole number, not {raw!r}") from None
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{name} must be between {low} and {high}" if high is not None else f"{name} must be >= {low}")
+    return value

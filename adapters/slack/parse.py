@@ -1,0 +1,250 @@
+"""Slack payloads into typed bot events, in two steps.
+
+First, before Slack gets its acknowledgement, `origin_of_<event>` reads a raw
+Events API payload without any I/O: is it for the bot at all (never another
+bot's message, an edit or the bot's own), who is it from, and where do answers
+go. Its `Origin` is what the journal keeps with the payload.
+
+Then, in the person's lane, `SlackParser.parse_<kind>` turns a recorded payload
+into typed events (`UserMessage`, `UserJoined`, `FileUploaded`), reading the
+names and files it needs; a replay after a crash runs the same function on the
+same recorded payload. Like discord.py's `ConnectionState.parse_<event>`: one
+small function per platform event.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from adapters.slack.config import PLATFORM
+from adapters.slack.directory import Directory
+from adapters.slack.files import DownloadError, FileReader, FileRefused
+from adapters.slack.format import slack_to_plain
+from bot.events import Event, FileUploaded, Reply, UserJoined, UserMessage
+
+log = logging.getLogger(__name__)
+
+Item = Event | Reply  # an event for the bot, or a notice the adapter sends itself
+Builder = Callable[[], Awaitable[list[Item]]]
+
+
+def time_of(ts: str | float | None) -> datetime:
+    """A Slack timestamp (`ts`, `event_time`) as an aware datetime; now if there is none."""
+    try:
+        return datetime.fromtimestamp(float(ts or ""), UTC)
+    except ValueError:
+        return datetime.now(UTC)
+
+
+def _team_of(body: Mapping[str, Any], event: Mapping[str, Any]) -> str:
+    # The user's own team: in shared channels that differs from the workspace receiving the event.
+    return str(event.get("user_team") or event.get("team") or body.get("team_id") or "")
+
+
+@dataclass(slots=True)
+class Origin:
+    """Who a payload is from, where answers to it go, and its Events API id."""
+
+    team: str
+    user: str
+    reply_to: dict[str, Any]
+    event_id: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any], team: str, user: str, reply_to: dict[str, Any], ts: Any) -> Origin:
+        return cls(team, user, reply_to, str(body.get("event_id") or uuid.uuid4().hex), time_of(ts))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "team": self.team,
+            "user": self.user,
+            "reply_to": self.reply_to,
+            "event_id": self.event_id,
+            "created_at": self.created_at.isoformat(),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Origin:
+        return cls(
+            str(data["team"]),
+            str(data["user"]),
+            dict(data["reply_to"]),
+            str(data["event_id"]),
+            datetime.fromisoformat(str(data["created_at"])),
+        )
+
+    @property
+    def user_id(self) -> str:
+        return f"{self.team}:{self.user}"
+
+    @property
+    def awaits_answer(self) -> bool:
+        """Someone wrote and waits for an answer (not so after a join)."""
+        return "channel" in self.reply_to
+
+    def fields(self, **extra: Any) -> dict[str, Any]:
+        """The arguments every event built from this payload shares."""
+        return {
+            "platform": PLATFORM,
+            "user_id": self.user_id,
+            "reply_to": self.reply_to,
+            "event_id": self.event_id,
+            "created_at": self.created_at,
+            "durable": True,
+            "journal_id": self.event_id,  # a file's event has its own id, the journal entry is the payload's
+            **extra,
+        }
+
+    def notice(self, text: str, event_id: str | None = None) -> Reply:
+        """A message the adapter sends itself (a refused file, an apology)."""
+        return Reply(
+            text=text,
+            platform=PLATFORM,
+            user_id=self.user_id,
+            reply_to=self.reply_to,
+            event_id=event_id or self.event_id,
+        )
+
+
+# --------------------------------------------------------------------------- step one: for the bot?
+
+
+def is_from_a_bot(event: Mapping[str, Any], own_user_id: str | None) -> bool:
+    return bool(event.get("bot_id")) or not event.get("user") or event.get("user") == own_user_id
+
+
+def origin_of_message(body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None) -> Origin | None:
+    """A direct message (with or without files); None for anything else."""
+    if event.get("channel_type") != "im" or event.get("subtype") not in (None, "file_share"):
+        return None  # edits, deletions, bot messages, joins...: nothing a person said to the bot
+    if is_from_a_bot(event, own_user_id):
+        return None
+    reply_to = {"channel": event["channel"]}
+    if event.get("thread_ts"):
+        reply_to["thread_ts"] = event["thread_ts"]
+    return Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
+
+
+def message_kind(event: Mapping[str, Any]) -> str:
+    return "file_share" if event.get("subtype") == "file_share" else "message"
+
+
+def origin_of_app_mention(body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None) -> Origin | None:
+    if is_from_a_bot(event, own_user_id):
+        return None
+    # Answer in the mention's thread (or the thread it was posted in), addressed to its author.
+    reply_to = {
+        "channel": event["channel"],
+        "thread_ts": event.get("thread_ts") or event["ts"],
+        "mention": event["user"],
+    }
+    return Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
+
+
+def origin_of_team_join(body: Mapping[str, Any], event: Mapping[str, Any]) -> Origin | None:
+    person = event.get("user") or {}
+    if not isinstance(person, dict) or not person.get("id") or person.get("is_bot"):
+        return None
+    team = str(person.get("team_id") or body.get("team_id") or "")
+    return Origin.of(body, team, str(person["id"]), {"dm_user": person["id"]}, body.get("event_time"))
+
+
+def origin_of_member_joined_channel(
+    body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None
+) -> Origin | None:
+    if is_from_a_bot(event, own_user_id):
+        return None  # the bot itself was added to a channel
+    return Origin.of(body, _team_of(body, event), str(event["user"]), {"dm_user": event["user"]}, event.get("event_ts"))
+
+
+# --------------------------------------------------------------------------- step two: typed events
+
+
+class SlackParser:
+    """Recorded payloads into typed events, with the names and files they need."""
+
+    def __init__(self, directory: Directory, files: FileReader) -> None:
+        self.directory = directory
+        self.files = files
+        self._parsers: dict[str, Callable[[Origin, Mapping[str, Any]], Awaitable[list[Item]]]] = {
+            "message": self.parse_message,
+            "file_share": self.parse_file_share,
+            "app_mention": self.parse_app_mention,
+            "team_join": self.parse_team_join,
+            "member_joined_channel": self.parse_member_joined_channel,
+        }
+
+    def builder(self, kind: str, origin: Origin, event: Mapping[str, Any]) -> Builder:
+        """The work of one recorded event, by kind (also how a replay rebuilds it)."""
+        parse = self._parsers[kind]
+        return lambda: parse(origin, event)
+
+    async def parse_message(self, origin: Origin, event: Mapping[str, Any], *, channel: str = "") -> list[Item]:
+        text = str(event.get("text") or "")
+        if self.directory.bot_user_id:
+            text = re.sub(rf"<@{re.escape(self.directory.bot_user_id)}(?:\|[^>]*)?>", "", text)
+        person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
+        plain = slack_to_plain(text, self.directory.known_names(origin.team)).strip()
+        return [
+            UserMessage(**origin.fields(text=plain or "(an empty message)", display_name=person.name, channel=channel))
+        ]
+
+    async def parse_app_mention(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
+        return await self.parse_message(origin, event, channel=await self.directory.channel_name(str(event["channel"])))
+
+    async def parse_file_share(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
+        person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
+        items: list[Item] = []
+        for number, shared in enumerate(event.get("files") or []):
+            file_event_id = f"{origin.event_id}:{number}"
+            try:
+                got = await self.files.read(shared)
+            except FileRefused as refusal:
+                items.append(origin.notice(str(refusal), file_event_id))
+            except DownloadError as error:
+                log.warning("slack: could not download file %s: %s", shared.get("id"), error)
+                name = shared.get("name") or "that file"
+                items.append(
+                    origin.notice(f"I couldn't download {name} from Slack, so I didn't save it.", file_event_id)
+                )
+            else:
+                uploaded = origin.fields(
+                    event_id=file_event_id,
+                    filename=got.name,
+                    data=got.data,
+                    content_type=got.content_type,
+                    display_name=person.name,
+                )
+                items.append(FileUploaded(**uploaded))
+        if str(event.get("text") or "").strip():
+            items += await self.parse_message(origin, event)
+        return items
+
+    async def parse_team_join(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
+        person = await self.directory.person(origin.team, origin.user, (event.get("user") or {}).get("profile"))
+        workspace = self.directory.team_names.get(origin.team)
+        place = f"the {workspace} Slack workspace" if workspace else "the Slack workspace"
+        return [UserJoined(**origin.fields(display_name=person.name, place=place))]
+
+    async def parse_member_joined_channel(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
+        person = await self.directory.person(origin.team, origin.user)
+        if person.is_bot:
+            return []
+        place = await self.directory.channel_name(str(event["channel"]))
+        return [UserJoined(**origin.fields(display_name=person.name, place=place))]
+
+
+def gave_up(origin: Origin, notice: str) -> Builder:
+    """A recorded event the bot gave up on: the person is told, instead of a redo."""
+
+    async def build() -> list[Item]:
+        return [origin.notice(notice)] if origin.awaits_answer else []
+
+    return build

@@ -1,0 +1,83 @@
+"""Prometheus metrics any layer can record, and one registry to serve them.
+
+Module-level metrics (prometheus-client), so a layer records with one call and
+needs no wiring: `metrics.EVENTS_RECEIVED.labels("slack").inc()`, or the
+helpers below. `memgpt-bot run` serves them at /metrics, beside /healthz, when
+MEMGPT_METRICS_PORT is set (cli/health.py). Label values are few and fixed
+(platforms, outcomes, error kinds), never user ids: one series per value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Our own registry: nothing of the process's default collectors or of other
+# libraries, and a test can read exact values.
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+# Seconds: a reply is usually 1-20 s (one or a few LLM calls), a check-in can take longer.
+_SECONDS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
+
+EVENTS_RECEIVED = Counter(
+    "memgpt_events_received",
+    "Platform events recorded in the journal (repeats not counted)",
+    ["platform"],
+    registry=REGISTRY,
+)
+EVENTS_HANDLED = Counter(
+    "memgpt_events_handled",
+    "Events run through an agent, by outcome (replied, silent, error)",
+    ["platform", "outcome"],
+    registry=REGISTRY,
+)
+EVENT_SECONDS = Histogram(
+    "memgpt_event_reply_seconds",
+    "From an event's arrival to its replies being ready",
+    ["platform"],
+    buckets=_SECONDS,
+    registry=REGISTRY,
+)
+LLM_CALLS = Counter("memgpt_llm_calls", "LLM calls, by outcome (ok, error)", ["outcome"], registry=REGISTRY)
+LLM_SECONDS = Histogram(
+    "memgpt_llm_call_seconds", "One LLM call, retries included", buckets=_SECONDS, registry=REGISTRY
+)
+LLM_TOKENS = Counter(
+    "memgpt_llm_tokens",
+    "Tokens the LLM server reported: prompt, cached (part of prompt), completion",
+    ["kind"],
+    registry=REGISTRY,
+)
+ERRORS = Counter("memgpt_errors", "Errors by kind (llm, store, delivery, internal)", ["kind"], registry=REGISTRY)
+PENDING_JOURNAL = Gauge(
+    "memgpt_journal_pending", "Inbound events journaled but not finished", ["platform"], registry=REGISTRY
+)
+PENDING_OUTBOX = Gauge("memgpt_outbox_pending", "Replies not yet confirmed sent", ["platform"], registry=REGISTRY)
+AGENTS_LOADED = Gauge("memgpt_agents_in_memory", "Agents loaded in this process", registry=REGISTRY)
+
+
+def record_llm_call(seconds: float, *, ok: bool) -> None:
+    """One LLM call (with the SDK's retries), answered or failed."""
+    LLM_CALLS.labels("ok" if ok else "error").inc()
+    LLM_SECONDS.observe(seconds)
+    if not ok:
+        ERRORS.labels("llm").inc()
+
+
+def record_tokens(usage: Any) -> None:
+    """The tokens of one answer, from its `usage` (OpenAI shape; None: not reported)."""
+    if usage is None:
+        return
+    LLM_TOKENS.labels("prompt").inc(getattr(usage, "prompt_tokens", 0) or 0)
+    LLM_TOKENS.labels("completion").inc(getattr(usage, "completion_tokens", 0) or 0)
+    details = getattr(usage, "prompt_tokens_details", None)
+    LLM_TOKENS.labels("cached").inc(getattr(details, "cached_tokens", 0) or 0)
+
+
+def record_event(platform: str, seconds: float, outcome: str) -> None:
+    """One event through an agent: `outcome` is replied, silent or error."""
+    EVENTS_HANDLED.labels(platform, outcome).inc()
+    EVENT_SECONDS.labels(platform).observe(seconds)
+    if outcome == "error":
+        ERRORS.labels("internal").inc()

@@ -1,0 +1,126 @@
+"""`memgpt-bot run`'s health endpoint and Prometheus metrics, and the meter
+that counts every event the adapters hand to the bot.
+
+With MEMGPT_METRICS_PORT set, an HTTP server on MEMGPT_METRICS_HOST (default
+127.0.0.1) answers:
+
+- `GET /healthz`: 200 and JSON when the store answers and every adapter is
+  connected; 503 (same JSON, saying what is wrong) otherwise.
+- `GET /metrics`: the Prometheus text format (bot/metrics.py), with the pending
+  journal and outbox entries and the agents in memory read at scrape time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from bot import metrics
+from bot.events import Event, Reply
+
+if TYPE_CHECKING:
+    from bot.ports import BotPort
+    from bot.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+STORE_CHECK_TIMEOUT = 5.0
+
+
+class MeteredBot:
+    """The bot as the adapters see it, counting what passes: events recorded
+    (new ones, not repeats) and events handled with their time to reply."""
+
+    def __init__(self, bot: BotPort) -> None:
+        self._bot = bot
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._bot, name)
+
+    async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
+        fresh = await self._bot.receive(platform, event_id, user_id, payload)
+        if fresh:
+            metrics.EVENTS_RECEIVED.labels(platform).inc()
+        return fresh
+
+    async def handle(self, event: Event) -> list[Reply]:
+        started = time.perf_counter()
+        try:
+            replies = await self._bot.handle(event)
+        except BaseException:
+            metrics.record_event(event.platform, time.perf_counter() - started, "error")
+            raise
+        metrics.record_event(event.platform, time.perf_counter() - started, "replied" if replies else "silent")
+        return replies
+
+
+class Startable(Protocol):
+    async def wait_ready(self) -> None: ...
+
+
+class HealthServer:
+    def __init__(self, runtime: Runtime, adapters: Mapping[str, Startable], host: str, port: int) -> None:
+        self.runtime = runtime
+        self.adapters = adapters
+        self.host, self.port = host, port
+        self.connected: set[str] = set()
+        self._watchers: list[asyncio.Task[None]] = []
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/metrics", self.metrics)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        if self._runner.addresses:  # port 0 (tests): the one the system chose
+            self.port = int(self._runner.addresses[0][1])
+        self._watchers = [
+            asyncio.create_task(self._watch(name, adapter), name=f"ready-{name}")
+            for name, adapter in self.adapters.items()
+        ]
+
+    async def _watch(self, name: str, adapter: Startable) -> None:
+        await adapter.wait_ready()
+        self.connected.add(name)
+
+    async def close(self) -> None:
+        for watcher in self._watchers:
+            watcher.cancel()
+        await asyncio.gather(*self._watchers, return_exceptions=True)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        platforms = {name: "connected" if name in self.connected else "not connected" for name in self.adapters}
+        try:
+            await asyncio.wait_for(self.runtime.store.find_agent("health:check"), STORE_CHECK_TIMEOUT)
+            store = "ok"
+        except Exception as error:  # any failure is the answer: storage is not usable
+            store = f"error: {type(error).__name__}"
+        healthy = store == "ok" and all(state == "connected" for state in platforms.values())
+        body = {"status": "ok" if healthy else "unhealthy", "store": store, "platforms": platforms}
+        return web.json_response(body, status=200 if healthy else 503)
+
+    async def metrics(self, _request: web.Request) -> web.Response:
+        await refresh_gauges(self.runtime, list(self.adapters))
+        return web.Response(body=generate_latest(metrics.REGISTRY), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def refresh_gauges(runtime: Runtime, platforms: list[str]) -> None:
+    """The gauges that are read, not counted: pending journal and outbox entries, agents loaded."""
+    metrics.AGENTS_LOADED.set(runtime.agents_in_memory)
+    for platform in platforms:
+        try:
+            metrics.PENDING_JOURNAL.labels(platform).set(len(await runtime.store.journal_pending(platform)))
+            metrics.PENDING_OUTBOX.labels(platform).set(len(await runtime.store.outbox_pending(platform)))
+        except Exception as error:  # storage down: the counts are unknown, /healthz says why
+            log.debug("metrics: cannot read the journal of %s: %s", platform, error)

@@ -1,0 +1,228 @@
+"""`memgpt-bot memory show|search|export|forget`: what the bot holds on a user.
+
+(`memory import` is in cli/history.py.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from bot.config import Settings
+from bot.reports import plural, render_description
+from cli.args import User
+from cli.common import EXIT_ERROR, EXIT_OK, CLIError, dumps, isatty, iso, open_runtime, read_line, unknown, write
+from memory.types import Message, Passage
+
+if TYPE_CHECKING:
+    from bot.runtime import Runtime
+
+log = logging.getLogger("memgpt_bot.cli")
+T = TypeVar("T")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def add_memory_commands(
+    actions: argparse._SubParsersAction[argparse.ArgumentParser],
+    parents: list[argparse.ArgumentParser],
+) -> None:
+    """`show`, `search`, `export` and `forget` under `memory`; `parents` carry
+    the global options and `--user`."""
+    show = actions.add_parser("show", parents=parents, help="working context, summary and counts")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.set_defaults(func=cmd_show)
+
+    search = actions.add_parser(
+        "search",
+        parents=parents,
+        help="search recall or archival storage",
+        description="Search recall storage (words) or archival storage (meaning). With '-' as the query, "
+        "queries are read one a line from standard input and answered as JSON lines, in order. "
+        "Results are listed best first, numbered by rank.",
+    )
+    where = search.add_mutually_exclusive_group(required=True)
+    where.add_argument("--recall", metavar="QUERY", help="search every past message by words")
+    where.add_argument("--archival", metavar="QUERY", help="search saved passages by meaning")
+    search.add_argument("--limit", type=_positive, default=10, metavar="K", help="results per query (default 10)")
+    search.add_argument("--json", action="store_true", help="print JSON")
+    search.set_defaults(func=cmd_search)
+
+    export = actions.add_parser(
+        "export",
+        parents=parents,
+        help="print everything held on the user as JSON (`memory import` restores its messages)",
+    )
+    export.set_defaults(func=cmd_export)
+
+    forget = actions.add_parser(
+        "forget",
+        parents=parents,
+        help="delete everything held on the user",
+        description="Asks for confirmation at a terminal; without one (a pipe, a script) --yes is required.",
+    )
+    forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    forget.set_defaults(func=cmd_forget)
+
+
+# -- show ----------------------------------------------------------------------
+async def held_on(settings: Settings, user: User, read: Callable[[Runtime], Awaitable[T | None]]) -> T:
+    """What `read` finds on a user, or the one-line "no memory held" error."""
+    runtime = await open_runtime(settings)
+    try:
+        found = await read(runtime)
+    finally:
+        await runtime.close()
+    if found is None:
+        raise unknown(user)
+    return found
+
+
+async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
+    user: User = args.user
+    description = await held_on(settings, user, lambda runtime: runtime.describe(user.key))
+    write(dumps(description, indent=2) if args.json else render_description(description))
+    return EXIT_OK
+
+
+# -- search --------------------------------------------------------------------
+def message_json(message: Message, rank: int) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        "seq": message.seq,
+        "role": message.role,
+        "name": message.name,
+        "content": message.content,
+        "tool_calls": message.tool_calls,
+        "created_at": iso(message.created_at),
+    }
+
+
+def passage_json(passage: Passage, score: float, rank: int) -> dict[str, Any]:
+    return {
+        "rank": rank,
+        # The hybrid ranking's internal score: comparable within one answer only.
+        "score": round(float(score), 4),
+        "id": passage.id,
+        "text": passage.text,
+        "source": passage.source,
+        "collection": getattr(passage, "collection", None),
+        "position": passage.position,
+        "created_at": iso(passage.created_at),
+    }
+
+
+async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
+    user: User = args.user
+    archival = args.archival is not None
+    query: str = args.archival if archival else args.recall
+    runtime = await open_runtime(settings)
+    try:
+        record = await runtime.store.find_agent(user.key)
+        if record is None:
+            raise unknown(user)
+        has_passages = archival and await runtime.store.count_passages(record.id) > 0
+        if has_passages:
+            # Passages a crash left without a vector become searchable first.
+            await runtime.archival.resume_pending(record.id)
+
+        async def answer(text: str) -> dict[str, Any]:
+            results: list[dict[str, Any]] = []
+            total = 0
+            if archival:
+                if has_passages and text.strip():
+                    found = await runtime.archival.search(record.id, text, args.limit)
+                    results = [passage_json(p, score, rank) for rank, (p, score) in enumerate(found.items, 1)]
+                    total = found.total
+            else:
+                page = await runtime.store.search_messages(record.id, text, args.limit)
+                results = [message_json(message, rank) for rank, message in enumerate(page.items, 1)]
+                total = page.total
+            return {"query": text, "store": "archival" if archival else "recall", "total": total, "results": results}
+
+        if query == "-":
+            from adapters.terminal import read_lines
+
+            async with aclosing(read_lines(sys.stdin)) as lines:
+                async for line in lines:
+                    write(dumps(await answer(line)))
+            return EXIT_OK
+        found = await answer(query)
+    finally:
+        await runtime.close()
+    write(dumps(found, indent=2) if args.json else render_search(found))
+    return EXIT_OK
+
+
+def render_search(found: dict[str, Any]) -> str:
+    """Results best first, numbered by rank (raw hybrid scores mean nothing to a reader)."""
+    results = found["results"]
+    where = f"{found['store']} storage"
+    if not results:
+        return f"No match in {where} for {found['query']!r}."
+    lines = [f"{len(results)} of {found['total']} matches in {where} for {found['query']!r}, best first:"]
+    for item in results:
+        stamp = item["created_at"][:16].replace("T", " ")
+        if found["store"] == "archival":
+            head = f"  {item['rank']}. {stamp}"
+            text = item["text"]
+        else:
+            head = f"  {item['rank']}. #{item['seq']} {stamp} {item['role']}"
+            text = item["content"] or ", ".join(
+                f"{call.get('function', {}).get('name', '?')}({call.get('function', {}).get('arguments', '')})"
+                for call in item["tool_calls"] or []
+            )
+        body = text.splitlines() or [""]
+        lines.append(f"{head}: {body[0]}")
+        lines.extend(f"      {line}" for line in body[1:])
+    return "\n".join(lines)
+
+
+# -- export / forget -------------------------------------------------------------
+async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
+    user: User = args.user
+    data = await held_on(settings, user, lambda runtime: runtime.export(user.key))
+    write(dumps(data, indent=2))
+    return EXIT_OK
+
+
+async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
+    user: User = args.user
+    if not args.yes and not isatty(sys.stdin):
+        # Piped input is no answer: `echo no | ... forget` must not delete, nor must `yes |`.
+        raise CLIError(f"refusing to delete {user.spec}'s memory without a terminal to confirm at: add --yes")
+    runtime = await open_runtime(settings)
+    try:
+        record = await runtime.store.find_agent(user.key)
+        if record is None:
+            raise unknown(user)
+        messages = await runtime.store.count_messages(record.id)
+        passages = await runtime.store.count_passages(record.id)
+        held = f"{plural(messages, 'message')}, {plural(passages, 'passage')} and the working context"
+        if not args.yes:
+            sys.stderr.write(f"Delete everything held on {user.key} ({held})? This cannot be undone. [y/N] ")
+            sys.stderr.flush()
+            answer = await read_line(sys.stdin)
+            if (answer or "").strip().lower() not in ("y", "yes"):
+                write("Nothing deleted.")
+                return EXIT_ERROR
+        deleted = await runtime.forget(user.key)
+    finally:
+        await runtime.close()
+    if not deleted:  # deleted by someone else in between
+        raise unknown(user)
+    log.info("forgot %s (%s)", user.key, held)
+    write(f"Forgot {user.key}: deleted {held}.")
+    return EXIT_OK

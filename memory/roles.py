@@ -1,0 +1,359 @@
+"""The storage roles: one small protocol per thing a store can keep.
+
+A caller asks for the role it needs (`RecallMemory` takes a MessageStore, the
+usage limits a UsageStore...), and a backend declares the roles it plays
+(memory/sqlite/store.py, memory/mongo/store.py). Where a caller can do without
+a role, it checks for it as a type: `isinstance(store, MessageEmbeddingStore)`
+(every role is runtime-checkable), never by catching NotImplementedError.
+memory/store.py composes them into `Store`, the complete backend the runtime
+is given. The shared conformance suite (tests/conformance) holds every backend
+to what the docstrings here promise.
+
+Every method that touches memory takes the agent id first: no call reads or
+searches across agents, except the admin ones whose names say so
+(`list_agents`, `delete_agent`, `list_sources`...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from memory.schedules import ScheduleStore
+from memory.types import (
+    AgentRecord,
+    Block,
+    DocumentRecord,
+    JournalEntry,
+    Message,
+    OutboxEntry,
+    Passage,
+    SearchPage,
+    SourceRecord,
+    UsageTally,
+)
+
+
+@runtime_checkable
+class Lifecycle(Protocol):
+    async def open(self) -> None:
+        """Connect, create or migrate the schema and indexes (idempotent)."""
+
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class AgentStore(Protocol):
+    """Agents and their FIFO queue state (admin calls are the only ones that span agents)."""
+
+    async def get_or_create_agent(self, key: str, default_blocks: Sequence[Block]) -> tuple[AgentRecord, list[Block]]:
+        """The agent for `key` ("platform:user"), created with `default_blocks`
+        on first use. Safe under concurrent calls for the same key."""
+
+    async def find_agent(self, key: str) -> AgentRecord | None: ...
+
+    async def list_agents(self) -> list[AgentRecord]:
+        """Admin: every agent, oldest first."""
+
+    async def delete_agent(self, agent_id: str) -> None:
+        """Admin / forget: remove the agent and everything stored for it."""
+
+    async def flush_deleted(self) -> None:
+        """After a forget: make what was just deleted unreadable from the
+        store's own files too (SQLite keeps old pages in its WAL)."""
+
+    async def update_queue(
+        self, agent_id: str, summary: str, queue_start_seq: int, summary_updated_at: datetime
+    ) -> None:
+        """Record an eviction: the new recursive summary and where the queue now
+        starts, in one atomic write."""
+
+
+@runtime_checkable
+class BlockStore(Protocol):
+    """Working context: the agent's labelled blocks, in order."""
+
+    async def load_blocks(self, agent_id: str) -> list[Block]: ...
+
+    async def save_block(self, agent_id: str, block: Block) -> None:
+        """Replace one block whole (a single atomic write)."""
+
+
+@runtime_checkable
+class MessageStore(Protocol):
+    """Recall storage: every message, in `seq` order, and its search."""
+
+    async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
+        """Store messages in order, in one transaction, assigning each the next
+        `seq`. Returns them with `seq` set."""
+
+    async def messages_since(self, agent_id: str, seq: int) -> list[Message]:
+        """Messages with `seq >= seq`, oldest first."""
+
+    async def count_messages(self, agent_id: str) -> int: ...
+
+    async def search_messages(
+        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
+    ) -> SearchPage:
+        """Ranked by relevance to `query` (not bare substring match): BM25.
+
+        With `query_vector` (the embedding of `query`) the ranking is hybrid,
+        the archival formula: cosine(query_vector, message embedding) +
+        memory.search.hybrid.KEYWORD_WEIGHT x BM25 coverage, over the candidates =
+        the best keyword hits (embedded or not: a message without an embedding
+        counts cosine 0) and the nearest embedded messages. `total` is the
+        number of candidates. Ties go to the lower seq."""
+
+    async def messages_between(
+        self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
+    ) -> SearchPage:
+        """Messages with start <= created_at < end, oldest first."""
+
+    async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
+        """The seq of the agent's message recorded for `event_id` (Message.event_id),
+        if any: how a redone event knows its message is already in recall."""
+
+
+@runtime_checkable
+class MessageEmbeddingStore(Protocol):
+    """Embeddings of recall messages, computed lazily, only for agents that
+    search their recall (memory/recall.py): embedding every message on arrival
+    would cost CPU on every chat event. Without this role recall search is by
+    keywords alone."""
+
+    async def messages_without_embedding(self, agent_id: str, limit: int) -> list[Message]:
+        """Up to `limit` of the agent's messages still without an embedding,
+        newest first; only role user or assistant with non-empty content
+        (tool results and system alerts are left to keyword search)."""
+
+    async def set_message_embeddings(self, agent_id: str, vectors: Mapping[int, Sequence[float]]) -> None:
+        """Attach embeddings to the agent's messages by seq (seqs of other
+        agents or unknown ones are ignored); ValueError if their length
+        differs from the agent's stored message embeddings."""
+
+
+@runtime_checkable
+class PassageStore(Protocol):
+    """Archival storage: passages, their embeddings, and their search."""
+
+    async def insert_passages(self, agent_id: str, passages: Sequence[Passage]) -> list[int]:
+        """Store passages (embedding may still be None); returns their ids."""
+
+    async def set_embeddings(self, agent_id: str, vectors: dict[int, list[float]]) -> None:
+        """Attach computed embeddings to passages by id."""
+
+    async def passages_without_embedding(self, agent_id: str) -> list[Passage]: ...
+
+    async def search_passages(
+        self,
+        agent_id: str,
+        query_text: str,
+        query_vector: Sequence[float],
+        limit: int,
+        offset: int = 0,
+    ) -> SearchPage:
+        """Embedded passages ranked by a hybrid of meaning and keywords, best
+        first (ties by id, so pages never overlap): relevance is the cosine of
+        `query_vector` plus a keyword bonus of up to memory.search.hybrid.KEYWORD_WEIGHT
+        for how much of `query_text` (rare words, ids, codes, names) the
+        passage holds. With empty `query_text` it is the plain cosine. Passages
+        without an embedding are not returned. `total` is how many passages
+        were ranked: every embedded one while the archive is searched exactly,
+        the candidate pool once an approximate index serves it."""
+
+    async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]: ...
+
+    async def count_passages(self, agent_id: str) -> int: ...
+
+    async def delete_passages(self, agent_id: str, ids: Sequence[int]) -> None: ...
+
+
+@runtime_checkable
+class SourceStore(Protocol):
+    """Shared collections. A collection ("source") is stored once, as an agent
+    record keyed `source:NAME` that holds its passages, so every PassageStore
+    call works on it unchanged. Agents only ever read it, through
+    ArchivalMemory.search, which merges the attached collections in."""
+
+    async def create_source(self, name: str) -> tuple[SourceRecord, bool]:
+        """The collection `name`, created if new (with its `source:NAME` agent
+        record); the bool says whether this call created it. Safe under
+        concurrent calls for the same name."""
+
+    async def find_source(self, name: str) -> SourceRecord | None: ...
+
+    async def list_sources(self) -> list[SourceRecord]:
+        """Admin: every collection, by name."""
+
+    async def attach_source(self, source_id: str, agent_id: str | None) -> None:
+        """Let one agent search the collection; with None, every agent, present
+        and future (this also undoes earlier per-agent detaches)."""
+
+    async def detach_source(self, source_id: str, agent_id: str | None) -> None:
+        """Stop one agent searching the collection, even if it is attached to
+        all; with None, detach it from every agent."""
+
+    async def attached_sources(self, agent_id: str) -> list[SourceRecord]:
+        """The collections this agent searches, by name: attached to it, or
+        to all agents and not detached from it. Never the agent itself."""
+
+    async def source_attachments(self, source_id: str) -> list[str]:
+        """Admin: ids of the agents the collection is attached to one by one
+        (agents covered only by `attach_all` are not listed)."""
+
+
+@runtime_checkable
+class DocumentStore(Protocol):
+    """Loaded documents, for any agent or collection: what makes a load resumable."""
+
+    async def record_document(self, agent_id: str, document: DocumentRecord) -> None:
+        """Mark a file as completely loaded (insert or replace by sha256).
+        Written only after all its passages are stored, so a load that was
+        interrupted before this call is resumed by loading the file again."""
+
+    async def list_documents(self, agent_id: str) -> list[DocumentRecord]:
+        """Files completely loaded for this agent, oldest first."""
+
+    async def known_passage_hashes(self, agent_id: str, hashes: Sequence[str]) -> set[str]:
+        """Which of `hashes` belong to passages this agent already holds."""
+
+    async def insert_hashed_passages(
+        self, agent_id: str, passages: Sequence[Passage], hashes: Sequence[str]
+    ) -> list[int]:
+        """Like insert_passages, keyed by content hash (one per passage): a
+        passage whose hash the agent already holds (or that repeats one earlier
+        in the call) is skipped and gets id 0; the others are stored and their
+        hashes recorded. Deleting a passage forgets its hash."""
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Coordination between bot processes: one agent is worked on by one
+    process at a time, in arrival order (bot/durable/leases.py tells the
+    protocol). Times are the store's clock, in seconds."""
+
+    async def lease_register(self, owner: str, ttl: float) -> None:
+        """Start the heartbeat of a new lease owner (a bot process; the id is
+        never used again once it expires): alive for `ttl` seconds."""
+
+    async def lease_renew(self, owner: str, ttl: float) -> bool:
+        """Keep `owner` alive for another `ttl` seconds from now. False when it
+        already expired (or was never registered): it can never come back,
+        and every ticket it holds is dead."""
+
+    async def lease_join(self, name: str, owner: str) -> int:
+        """Take a ticket for `name` (an agent key): its place in that name's
+        line, after every ticket already taken. Returns its number."""
+
+    async def lease_position(self, name: str, seq: int, owner: str) -> int | None:
+        """How many live tickets are ahead of ticket `seq` (reads): 0 means it
+        holds the lease. A ticket is live until it is done or its owner's
+        heartbeat expires. None when the ticket itself is not live. May clear
+        away dead tickets ahead of it."""
+
+    async def lease_leave(self, name: str, seq: int, owner: str) -> None:
+        """Done with ticket `seq` (held, given up or lost): it no longer
+        counts. Now and then also clears away the name's done tickets, but
+        never its highest-numbered one (bot/durable/leases.py says why)."""
+
+    async def lease_swap_holder(self, name: str, holder: str) -> str | None:
+        """Record `holder` as the last one to hold `name` and return the one
+        recorded before (None if never; `holder` itself if it was already
+        recorded: nothing is written then). Called only by the lease holder."""
+
+
+@runtime_checkable
+class JournalStore(Protocol):
+    """Crash safety: the event journal and the reply outbox. An inbound event
+    is recorded (journal_receive) before the platform is told it arrived,
+    marked "running" when work on it starts, "waiting" (with its next try)
+    when storage failed it, and "done" once every reply to it is handed to the
+    outbox; a reply is recorded (outbox_add) when the agent sends it and
+    marked sent when the platform confirms. A restarted bot redoes the
+    unfinished events and re-sends the unsent replies (bot/durable/__init__.py
+    tells the protocol)."""
+
+    async def journal_receive(self, entry: JournalEntry) -> bool:
+        """Record an inbound event; True the first time its id is seen (by any
+        process), False for a repeat delivery. Done entries are kept
+        DEDUP_TTL, so repeats within a day are recognised."""
+
+    async def journal_update(
+        self,
+        event_id: str,
+        *,
+        state: str | None = None,
+        attempts: int | None = None,
+        next_try_at: float | None = None,
+        only_from: Collection[str] = (),
+    ) -> bool:
+        """Change an entry's state (JournalEntry.state), attempt count and/or
+        next try; with `only_from`, only if its state is one of those. Whether
+        an entry was changed (or, with nothing to change, matched)."""
+
+    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
+        """Entries from `origin` not yet done, in the order they were received;
+        with `due_by`, only the "waiting" ones whose next try is at or before it."""
+
+    async def outbox_add(self, entry: OutboxEntry) -> bool:
+        """Record a reply (id unique); False, and nothing changes, if that id
+        is already there (a redo of the same send)."""
+
+    async def outbox_update(
+        self, entry_id: str, *, state: str, attempts: int | None = None, next_try_at: float | None = None
+    ) -> None:
+        """Mark a reply "sent", "dropped" (undeliverable) or "pending" (a retry
+        at `next_try_at`, seconds since the epoch)."""
+
+    async def outbox_for_event(self, event_id: str) -> list[OutboxEntry]:
+        """Every reply recorded for one event, in the order they were sent."""
+
+    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
+        """Replies to `origin` not yet confirmed (nor dropped), oldest first;
+        with `due_by`, only those whose next try is at or before it."""
+
+    async def journal_forget(self, agent_key: str) -> None:
+        """Delete every journal entry and outbox reply of one user."""
+
+
+@runtime_checkable
+class UsageStore(Protocol):
+    """Usage limits (bot/limits.py): per-user message rate and daily token
+    budget, counted here so that they hold across bot processes. Every hit is
+    its own row/document, counted or summed over a time window:
+    MongoDB-compatible servers without atomic updates (FerretDB) lose
+    concurrent `$inc`s, never inserts. Keyed by agent key ("platform:user"),
+    not agent id, so forgetting a user's memory and their counters are
+    separate calls (Runtime.forget makes both). Times are the caller's clock."""
+
+    async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
+        """Count one hit of `kind` ("message", "tokens", ...) worth `amount` for `key`."""
+
+    async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
+        """The hits of `kind` for `key` at or after `since`: how many, the sum of
+        their amounts, the oldest and the newest time (None when there are none)."""
+
+    async def prune_usage(self, before: datetime) -> int:
+        """Housekeeping: delete every key's hits older than `before`; returns how many."""
+
+    async def delete_usage(self, key: str) -> int:
+        """Delete every hit of `key` (reset, forget); returns how many. An
+        exemption stays: it is the admin's setting, not the user's data."""
+
+    async def set_usage_exempt(self, key: str, exempt: bool, at: datetime) -> bool:
+        """Exempt `key` from the limits (or not); returns whether this changed anything."""
+
+    async def usage_exempt(self, key: str) -> bool: ...
+
+    async def list_usage_exempt(self) -> list[str]:
+        """Admin: every exempt key, sorted."""
+
+
+@runtime_checkable
+class ScheduleHost(Protocol):
+    """A store that keeps check-in schedules beside memory, in the same
+    database: it picks its own ScheduleStore (memory/schedules.py)."""
+
+    @property
+    def schedules(self) -> ScheduleStore: ...

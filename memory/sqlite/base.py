@@ -1,0 +1,86 @@
+"""What every part of the SQLite backend builds on (the design is told in
+memory/sqlite/store.py): the store's one connection, used only on its worker
+thread, the calls that reach it, and value conversions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from memory.store import StoreError
+
+T = TypeVar("T")
+
+
+def to_ts(moment: datetime) -> float:
+    # A naive datetime is taken as UTC, never as the server's local time.
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def from_ts(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)
+
+
+class SQLiteBase:
+    def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
+        self.path = Path(path)
+        self._busy_timeout = busy_timeout
+        self._executor: ThreadPoolExecutor | None = None
+        # Only touched from the worker thread.
+        self._conn: sqlite3.Connection | None = None
+
+    # -- plumbing ----------------------------------------------------------
+    async def _call(self, fn: Callable[..., T], *args: Any) -> T:
+        executor = self._executor
+        if executor is None:
+            raise StoreError(f"SQLite store {self.path} is not open")
+        try:
+            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"SQLite store {self.path}: {exc}") from exc
+
+    @property
+    def _db(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"SQLite store {self.path} is not open")
+        return self._conn
+
+    def _fetch(self, sql: str, args: tuple[Any, ...]) -> list[Any]:
+        return self._db.execute(sql, args).fetchall()
+
+    async def _rows(self, sql: str, *args: Any) -> list[Any]:
+        """A plain read; rows are turned into records back on the event loop."""
+        return await self._call(self._fetch, sql, args)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction; IMMEDIATE so read-then-write cannot race
+        another process between the read and the write."""
+        conn = self._db
+        conn.execute("BEGIN IMMEDIATE")
+        with conn:
+            yield conn
+
+    async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
+        """Run `fn(connection)` on this store's worker thread, inside one write
+        transaction if `write`. For the parts that keep their own tables in this
+        database (journal, leases, usage, check-in schedules) and must share its
+        connection and order."""
+
+        def job() -> T:
+            if not write:
+                return fn(self._db)
+            with self._write() as conn:
+                return fn(conn)
+
+        return await self._call(job)

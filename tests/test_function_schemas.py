@@ -1,0 +1,41 @@
+"""The function schemas are part of every prompt: moving them around the code
+must not change one byte of what the model is sent (nor the provider's prompt
+cache). tests/golden/function_schemas.json is the tool list as it was built
+before the schemas moved beside their bodies; change it only on purpose."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bot.checkins.functions import register_checkin_functions
+from bot.functions.core import build_core_functions
+from memory.schedules import CheckinPrefs, Schedule
+
+GOLDEN = Path(__file__).parent / "golden" / "function_schemas.json"
+
+
+class _NoSchedules:
+    """register_checkin_functions only keeps the store for later calls."""
+
+    async def get_prefs(self, agent_key: str) -> CheckinPrefs:
+        raise AssertionError("not called while building the tool list")
+
+    async def list_for_user(self, agent_key: str) -> list[Schedule]:
+        raise AssertionError("not called while building the tool list")
+
+    async def add(self, schedule: Schedule) -> Schedule:
+        raise AssertionError("not called while building the tool list")
+
+
+def test_the_tool_list_is_byte_identical_to_the_golden_copy() -> None:
+    functions = build_core_functions()
+    register_checkin_functions(functions, _NoSchedules())  # type: ignore[arg-type]
+    assert json.dumps(functions.schemas) == GOLDEN.read_text(encoding="utf-8")
+
+
+def test_every_schema_is_registered_with_its_body() -> None:
+    functions = build_core_functions()
+    names = [schema["function"]["name"] for schema in functions.schemas]
+    assert names == functions.names
+    assert len(set(names)) == len(names)
