@@ -238,9 +238,13 @@ def scripted_call(request: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 def last_event(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The newest message a model acts on: a function result or the person's
-    message, skipping system alerts (memory pressure) queued after them."""
+    message, skipping system alerts (memory pressure) queued after them. The
+    newest message may open with the bot's memory status line: not an event."""
     for message in reversed(messages):
-        if message["role"] == "tool" or not (message.get("content") or "").startswith("[system alert]"):
+        content = message.get("content") or ""
+        if content.startswith("[memory status]"):
+            content = content.partition("\n")[2]
+        if message["role"] == "tool" or not content.startswith("[system alert]"):
             return message
     return messages[-1]
 

@@ -17,7 +17,7 @@ from typing import Any
 from bot.durable.outbox import outbox_entry, unconfirmed
 from bot.events import Event, Reply
 from bot.functions.registry import FunctionSet
-from bot.llm import Completion, LLMClient, LLMUnavailableError
+from bot.llm import Completion, LLMClient, LLMUnavailableError, TokenUsage
 from bot.prompts import SUMMARIZER_INSTRUCTIONS
 from memory.archival import ArchivalMemory
 from memory.queue_manager import (
@@ -83,6 +83,11 @@ class AgentServices:
     max_steps: int
     search_page_size: int
     max_message_tokens: int = 0  # 0: the queue manager's automatic size
+    queue_tokens: int = 0  # MEMGPT_QUEUE_TOKENS; 0: what the window leaves
+    # MEMGPT_CACHED_TOKEN_WEIGHT: what a token the server served from its prompt
+    # cache counts toward the daily budget (1.0: as much as any other).
+    cached_token_weight: float = 1.0
+    summary_model: str = ""  # MEMGPT_SUMMARY_MODEL; empty: the chat model
 
 
 @dataclass(slots=True)
@@ -122,9 +127,13 @@ class Agent:
             evict_fraction=services.evict_fraction,
             response_reserve=services.response_reserve,
             max_item_tokens=services.max_message_tokens,
+            queue_tokens=services.queue_tokens,
         )
-        # Tokens of every LLM call this agent made, counted locally (_complete).
+        # Tokens of every LLM call this agent made, counted locally (_complete):
+        # what the daily budget charges (cached tokens at their weight), and the
+        # parts (prompt, the share the server said it cached, completion).
         self.tokens_used = 0
+        self.usage = TokenUsage()
         self._outbox: list[Reply] = []
         # The event being handled, for functions that need its sender or reply
         # address (schedule_reminder delivers where the user asked); None between events.
@@ -304,7 +313,7 @@ class Agent:
     async def _make_room(self) -> None:
         status = self.status_line()
         if self.queue.needs_warning(status):
-            used = round(100 * self.queue.pressure(status))
+            used = round(100 * self.queue.pressure())
             await self.record_messages(
                 [
                     Message(
@@ -346,7 +355,8 @@ class Agent:
         )
         transcript = counter.truncate(render_transcript(evicted), max(0, room))
         completion = await self._complete(
-            [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}]
+            [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}],
+            model=self.services.summary_model or None,
         )
         return (completion.content or "").strip()
 
@@ -360,27 +370,39 @@ class Agent:
         )
 
     async def _complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, prompt_tokens: int = 0
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        prompt_tokens: int = 0,
+        *,
+        model: str | None = None,
     ) -> Completion:
         """The one way the agent calls the LLM, so each call's cost is counted
         here, with the model's tokenizer (the daily budget, bot/limits.py):
         the prompt with its function schemas, plus the completion. Never the
-        server's usage numbers, which a proxy or local server may not send or
-        may get wrong. A call that fails counts nothing."""
-        completion = await self.services.llm.complete(messages, tools)
+        server's token counts, which a proxy or local server may not send or
+        may get wrong; only its word on how much of the prompt it served from
+        its cache, which nothing local can know, and which at most lowers a
+        cached token's weight (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails
+        counts nothing."""
+        completion = await self.services.llm.complete(messages, tools, model=model)
         counter = self.services.counter
         prompt = prompt_tokens or counter.count_request(messages, tools or ())
         answer = counter.count(completion.content or "")
         for call in completion.tool_calls:
             answer += TOKENS_PER_MESSAGE + counter.count(call.name) + counter.count(call.arguments)
-        self.tokens_used += prompt + answer
+        cached = min(prompt, completion.cached_tokens)
+        self.usage.add(TokenUsage(prompt, cached, answer))
+        self.tokens_used += prompt - cached + round(cached * self.services.cached_token_weight) + answer
         return completion
 
     def status_line(self) -> str:
+        """What changes on every call: it rides in the request's last message
+        (memory/queue_manager.py), after everything a prompt cache can serve."""
         return (
-            f"{self.recall_count} messages in recall storage ({len(self.queue.entries)} in your queue); "
-            f"{self.archival_count} passages in archival storage; working context last edited "
-            f"{self.working_context.last_edited()}; now {utc_now():%Y-%m-%d %H:%M} UTC."
+            f"recall {self.recall_count} messages ({len(self.queue.entries)} in your queue); archival "
+            f"{self.archival_count} passages; working context edited {self.working_context.last_edited()}; "
+            f"memory {round(100 * self.queue.pressure())}% full; now {utc_now():%Y-%m-%d %H:%M} UTC"
         )
 
     # -- memory operations used by the functions ------------------------------
@@ -421,7 +443,7 @@ class Agent:
             queue.fixed_tokens
             + queue.header_tokens
             + queue.working_context_tokens
-            + queue.counter.count(self.status_line())
+            + queue.status_tokens(self.status_line())
             + queue.summary_budget()
             + PAGE_CALL_ALLOWANCE
         )

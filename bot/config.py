@@ -90,7 +90,7 @@ class Settings:
     fallback_encoding: str = "cl100k_base"
     warning_threshold: float = 0.70
     flush_threshold: float = 1.00
-    evict_fraction: float = 0.50
+    evict_fraction: float = 0.75
     # Tokens kept free for the model's answer; counted against the window.
     response_reserve: int = DEFAULT_RESPONSE_RESERVE
     max_steps_per_event: int = 8
@@ -100,6 +100,12 @@ class Settings:
     # A queue item longer than this is shown to the model shortened, with a
     # note (it stays whole in recall storage); 0: a quarter of the usable window.
     max_message_tokens: int = 0
+    # Prompt cost (memory/queue_manager.py): a cap on the queue's tokens (0: what
+    # the window leaves), the weight of a server-cached prompt token in the daily
+    # budget, and a cheaper model for the recursive summary (empty: `model`).
+    queue_tokens: int = 0
+    cached_token_weight: float = 1.0
+    summary_model: str = ""
     # Abuse and cost control (bot/limits.py); 0 turns a limit off.
     rate_limit_per_minute: int = 20
     daily_token_budget: int = BUDGET_WINDOWS * DEFAULT_CONTEXT_WINDOW
@@ -357,7 +363,10 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_HUMAN_LIMIT", "human_limit", _block_limit(_human)),
     Spec("MEMGPT_SEARCH_PAGE_SIZE", "search_page_size", whole(1, 50)),
     Spec("MEMGPT_MAX_MESSAGE_TOKENS", "max_message_tokens", whole(64, zero="a quarter of the usable window")),
+    Spec("MEMGPT_QUEUE_TOKENS", "queue_tokens", whole(256, zero="as much as the window leaves")),
+    Spec("MEMGPT_SUMMARY_MODEL", "summary_model", text),
     Spec("MEMGPT_RATE_LIMIT_PER_MINUTE", "rate_limit_per_minute", whole(1, zero="no limit")),
+    Spec("MEMGPT_CACHED_TOKEN_WEIGHT", "cached_token_weight", number(0, 1)),
     Spec(
         "MEMGPT_DAILY_TOKEN_BUDGET",
         "daily_token_budget",

@@ -7,8 +7,11 @@ budget, counted in the store so that they hold across bot processes.
 - **Budget**: at most MEMGPT_DAILY_TOKEN_BUDGET tokens of LLM calls per UTC
   day, counted locally with the model's tokenizer (the whole prompt with the
   function schemas, plus the completion: Agent._complete), never taken from
-  the server's usage numbers. An event that starts under budget runs to its
-  end, so a user can overshoot by one event's steps at most.
+  the server's token counts. A prompt token the server says it served from
+  its prompt cache counts at MEMGPT_CACHED_TOKEN_WEIGHT (default 1: in full).
+  An event that starts under budget runs to its end, so a user can overshoot
+  by one event's steps at most. Beside the charged amount, each event records
+  its prompt, cached and completion tokens, which `limits show` reports per day.
 - Users in MEMGPT_UNLIMITED_USERS, or exempted with `memgpt-bot limits
   exempt USER`, are never held (their usage is still counted, for `limits show`).
 
@@ -34,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 from bot.agent import Agent, EventResult
 from bot.config import Settings
 from bot.events import Event, FileUploaded, ScheduledTick, UserMessage
+from bot.llm import TokenUsage
 from memory.roles import UsageStore
 from memory.store import StoreError
 from memory.types import utc_now
@@ -41,7 +45,9 @@ from memory.types import utc_now
 log = logging.getLogger(__name__)
 
 MESSAGE = "message"  # one user message (or upload) let through
-TOKENS = "tokens"  # the tokens of one event's LLM calls
+TOKENS = "tokens"  # the tokens of one event's LLM calls, as charged to the budget
+# ... and their parts, for `limits show` (not charged: TOKENS is)
+PROMPT_TOKENS, CACHED_TOKENS, COMPLETION_TOKENS = "tokens:prompt", "tokens:cached", "tokens:completion"
 RATE_NOTICE = "notice:rate"  # the person was told they are over the rate
 BUDGET_NOTICE = "notice:budget"  # ... over today's budget
 RATE_WINDOW = timedelta(minutes=1)
@@ -57,6 +63,17 @@ HELD_NOTE = {
 
 
 @dataclass(slots=True)
+class DayTokens:
+    """One UTC day's LLM tokens: charged to the budget, and their parts."""
+
+    day: datetime
+    charged: int
+    prompt: int
+    cached: int
+    completion: int
+
+
+@dataclass(slots=True)
 class Usage:
     """Where one user stands, for `memgpt-bot limits show`."""
 
@@ -68,6 +85,7 @@ class Usage:
     exempt_by_admin: bool
     exempt_by_env: bool
     budget_resets_at: datetime
+    days: list[DayTokens]  # today first, then yesterday (older counters are swept)
 
     @property
     def exempt(self) -> bool:
@@ -122,20 +140,29 @@ class UsageLimits:
     async def metered(self, agent: Agent, event: Event) -> EventResult:
         """`agent.handle(event)`, with the tokens its LLM calls spent charged
         to the user, also when it fails half-way."""
-        before = agent.tokens_used
+        before, parts_before = agent.tokens_used, agent.usage.copy()
         try:
             result = await agent.handle(event)
         finally:
             spent = agent.tokens_used - before
-            await self.charge(event.agent_key, spent)
+            await self.charge(event.agent_key, spent, agent.usage.since(parts_before))
         result.tokens_used = spent
         return result
 
-    async def charge(self, key: str, tokens: int) -> None:
+    async def charge(self, key: str, tokens: int, parts: TokenUsage | None = None) -> None:
         if tokens <= 0 or not self.daily_budget:
             return
+        now = self.clock()
         try:
-            await self.store.record_usage(key, TOKENS, tokens, self.clock())
+            await self.store.record_usage(key, TOKENS, tokens, now)
+            if parts is not None:
+                for kind, amount in (
+                    (PROMPT_TOKENS, parts.prompt),
+                    (CACHED_TOKENS, parts.cached),
+                    (COMPLETION_TOKENS, parts.completion),
+                ):
+                    if amount > 0:
+                        await self.store.record_usage(key, kind, amount, now)
         except StoreError as error:
             # The answer is out already; losing one event's count is better than losing the answer.
             log.error("could not count %d tokens for %s: %s", tokens, key, error)
@@ -150,6 +177,8 @@ class UsageLimits:
     # -- admin ------------------------------------------------------------
     async def usage(self, key: str) -> Usage:
         now = self.clock()
+        today = start_of_day(now)
+        days = [await self._day_tokens(key, today, None), await self._day_tokens(key, today - timedelta(days=1), today)]
         return Usage(
             key=key,
             messages_last_minute=(await self.store.usage_since(key, MESSAGE, window_start(now))).count,
@@ -158,7 +187,23 @@ class UsageLimits:
             daily_budget=self.daily_budget,
             exempt_by_admin=await self.store.usage_exempt(key),
             exempt_by_env=key in self.unlimited,
-            budget_resets_at=start_of_day(now) + timedelta(days=1),
+            budget_resets_at=today + timedelta(days=1),
+            days=days,
+        )
+
+    async def _day_tokens(self, key: str, start: datetime, end: datetime | None) -> DayTokens:
+        """Token sums from `start` to `end` (None: now), by difference of two windows."""
+
+        async def between(kind: str) -> int:
+            total = (await self.store.usage_since(key, kind, start)).amount
+            return total - (await self.store.usage_since(key, kind, end)).amount if end else total
+
+        return DayTokens(
+            day=start,
+            charged=await between(TOKENS),
+            prompt=await between(PROMPT_TOKENS),
+            cached=await between(CACHED_TOKENS),
+            completion=await between(COMPLETION_TOKENS),
         )
 
     async def set_exempt(self, key: str, exempt: bool) -> bool:

@@ -55,6 +55,32 @@ class ToolCall:
 class Completion:
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
+    # Prompt tokens the server says it served from its prompt cache
+    # (`usage.prompt_tokens_details.cached_tokens`: OpenAI, vLLM); 0 if it does not say.
+    cached_tokens: int = 0
+
+
+@dataclass(slots=True)
+class TokenUsage:
+    """Tokens of LLM calls: the prompt and completion counted locally, and how
+    many of the prompt's tokens the server said it had cached."""
+
+    prompt: int = 0
+    cached: int = 0
+    completion: int = 0
+
+    def add(self, other: TokenUsage) -> None:
+        self.prompt += other.prompt
+        self.cached += other.cached
+        self.completion += other.completion
+
+    def since(self, earlier: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.prompt - earlier.prompt, self.cached - earlier.cached, self.completion - earlier.completion
+        )
+
+    def copy(self) -> TokenUsage:
+        return TokenUsage(self.prompt, self.cached, self.completion)
 
 
 class LLMClient:
@@ -79,10 +105,13 @@ class LLMClient:
             # reports a refused connection as a timeout, which misleads the user.
         )
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Completion:
+    async def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, model: str | None = None
+    ) -> Completion:
+        """One chat completion; `model` overrides the client's (a cheaper summarizer)."""
         started = time.perf_counter()
         try:
-            completion = await self._complete(messages, tools)
+            completion = await self._complete(messages, tools, model or self.model)
             metrics.record_llm_call(time.perf_counter() - started, ok=True)
             return completion
         except LLMUnavailableError as error:
@@ -95,8 +124,10 @@ class LLMClient:
             # `from None`: the SDK's own exception in the chain holds the key too.
             raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
 
-    async def _complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> Completion:
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages}
+    async def _complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str
+    ) -> Completion:
+        kwargs: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
             kwargs["tool_choice"] = "auto"
@@ -114,7 +145,7 @@ class LLMClient:
         except openai.NotFoundError as error:
             raise LLMUnavailableError(
                 f"model or endpoint not found: {error}",
-                trouble(f"my language model server does not know the model '{self.model}'", "later"),
+                trouble(f"my language model server does not know the model '{model}'", "later"),
             ) from error
         except openai.RateLimitError as error:
             raise LLMUnavailableError(
@@ -177,7 +208,16 @@ def _parse(response: Any) -> Completion:
         )
     content = _field(message, "content")
     # Model output is stored as is: a lone surrogate would make it unstorable.
-    return Completion(content=None if content is None else fix_surrogates(_content_text(content)), tool_calls=calls)
+    text = None if content is None else fix_surrogates(_content_text(content))
+    return Completion(content=text, tool_calls=calls, cached_tokens=_cached_tokens(response))
+
+
+def _cached_tokens(response: Any) -> int:
+    """`usage.prompt_tokens_details.cached_tokens`, if the server sent a
+    sensible one (OpenAI and vLLM do; most others send no details): else 0."""
+    details = _field(_field(response, "usage"), "prompt_tokens_details")
+    cached = _field(details, "cached_tokens")
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0 else 0
 
 
 def _field(obj: Any, name: str) -> Any:

@@ -88,6 +88,9 @@ class Runtime:
             max_steps=settings.max_steps_per_event,
             search_page_size=settings.search_page_size,
             max_message_tokens=settings.max_message_tokens,
+            queue_tokens=settings.queue_tokens,
+            cached_token_weight=settings.cached_token_weight,
+            summary_model=settings.summary_model,
         )
         self._agents: dict[str, Agent] = {}
         # One event (or admin call) per agent at a time in this process, in arrival order.

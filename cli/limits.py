@@ -146,6 +146,12 @@ def render_usage(usage: Usage) -> str:
             f"  tokens today (UTC): {usage.tokens_today:,} (budget {_limit(usage.daily_budget)}; "
             f"resets at midnight UTC, in {resets})",
             f"  exempt: {exempt}",
+            "  LLM tokens per UTC day (counted locally; cached: what the server said it served from its cache):",
+            *(
+                f"    {day.day:%Y-%m-%d}: prompt {day.prompt:,} (cached {day.cached:,}), completion "
+                f"{day.completion:,}; charged to the budget {day.charged:,}"
+                for day in usage.days
+            ),
         ]
     )
 
@@ -161,6 +167,16 @@ def usage_json(usage: Usage) -> dict[str, Any]:
         "exempt": usage.exempt,
         "exempt_by_admin": usage.exempt_by_admin,
         "exempt_by_env": usage.exempt_by_env,
+        "tokens_by_day": [
+            {
+                "day": f"{day.day:%Y-%m-%d}",
+                "prompt": day.prompt,
+                "cached": day.cached,
+                "completion": day.completion,
+                "charged": day.charged,
+            }
+            for day in usage.days
+        ],
     }
 
 

@@ -1,14 +1,28 @@
 """The FIFO queue and its manager: what the model sees, and what must leave.
 
-The prompt is compiled fresh for every call as one system message (read-only
-instructions, working context, memory status, the recursive summary) followed
-by the queue. Token counts are kept per piece and cached, so checking the
-budget before each call costs microseconds instead of re-tokenising the whole
-prompt; tests check that the cached total never falls below a full recount.
+The prompt is laid out for providers' prompt caches, which serve only a prefix
+that repeats exactly from the first token: what changes least comes first.
+One system message (read-only instructions, then working context, which
+changes on an edit, then the recursive summary, which changes on a flush),
+then the queue, append-only between flushes (each payload is rendered once,
+when it joins). The memory status (counts, the time, memory pressure), which
+changes on every call, rides in the newest message only, for that request
+only: the next request repeats everything before it. Nothing here is global to an agent
+beyond its working context: a queue and its summary could be one per place.
+
+A flush rewrites the prompt from the summary on, so it is rare and large:
+the queue is cut in one chunk down to a low-water mark, not a few messages
+at each call. An optional queue budget (MEMGPT_QUEUE_TOKENS) caps what one
+call costs on a model with a very large window.
+
+Token counts are kept per piece and cached, so checking the budget before each
+call costs microseconds instead of re-tokenising the whole prompt; tests check
+that the cached total never falls below a full recount.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -23,6 +37,10 @@ log = logging.getLogger(__name__)
 # join keeps the cached total an upper bound of a full recount.
 JOIN_ALLOWANCE = 3
 PRESSURE_MARKER = "[memory pressure]"
+# Marks the memory status in the newest message; the model's instructions name it.
+STATUS_MARKER = "[memory status]"
+# BPE may merge the status with the text it is attached to; an allowance keeps the count an upper bound.
+STATUS_ALLOWANCE = 8
 
 Summarizer = Callable[[str, Sequence[Message], int], Awaitable[str]]
 
@@ -59,6 +77,7 @@ class QueueManager:
         evict_fraction: float = 0.5,
         response_reserve: int = 512,
         max_item_tokens: int = 0,
+        queue_tokens: int = 0,
     ) -> None:
         self.counter = counter
         self.instructions = instructions
@@ -67,6 +86,11 @@ class QueueManager:
         self.evict_fraction = evict_fraction
         self.flush_limit = int(context_window * flush_threshold) - response_reserve
         self.warning_limit = int(context_window * warning_threshold) - response_reserve
+        self.warning_threshold = warning_threshold
+        # MEMGPT_QUEUE_TOKENS: the queue may hold at most this many tokens (0:
+        # as many as the window leaves), so a message costs a bounded prompt
+        # even on a model with a very large window.
+        self.queue_cap = max(0, queue_tokens)
         # A single queue item may take at most this share of the window in the
         # prompt; a longer one is shown shortened (it stays whole in recall).
         # Configurable (MEMGPT_MAX_MESSAGE_TOKENS), but never over half the
@@ -81,8 +105,7 @@ class QueueManager:
             + counter.count_tools(self.tools)
         )
         self.header_tokens = counter.count(
-            "## Working context ## Memory status "
-            "## Summary of earlier conversation (first item of your queue) (none yet)"
+            "## Working context ## Summary of earlier conversation (first item of your queue) (none yet)"
         )
         self.entries: list[QueueEntry] = []
         self.queue_tokens = 0
@@ -134,56 +157,85 @@ class QueueManager:
         return self.entries[0].message.seq if self.entries else None
 
     # -- prompt -----------------------------------------------------------
-    def system_text(self, status_line: str) -> str:
-        parts = [self.instructions, "## Working context", self.working_context, "## Memory status", status_line]
+    def system_text(self) -> str:
+        parts = [self.instructions, "## Working context", self.working_context]
         parts += ["## Summary of earlier conversation (first item of your queue)", self.summary or "(none yet)"]
         return "\n\n".join(parts)
 
     def compile(self, status_line: str) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": self.system_text(status_line)}] + [e.payload for e in self.entries]
+        """The request's messages, the memory status in the newest one. Between
+        flushes and working-context edits, the previous call's messages (its
+        newest without the status) are the start of this call's."""
+        payloads = [entry.payload for entry in self.entries]
+        if payloads:
+            payloads[-1] = with_status(payloads[-1], status_line)
+        else:
+            payloads.append({"role": "user", "content": f"{STATUS_MARKER} {status_line}"})
+        return [{"role": "system", "content": self.system_text()}, *payloads]
 
     def total_tokens(self, status_line: str) -> int:
+        return self.base_tokens() + self.status_tokens(status_line)
+
+    def base_tokens(self) -> int:
+        """The prompt without its status message."""
         return (
             self.fixed_tokens
             + self.header_tokens
             + self.working_context_tokens
-            + self._status_tokens(status_line)
             + self.summary_tokens
             + 6 * JOIN_ALLOWANCE
             + self.queue_tokens
         )
 
-    def _status_tokens(self, status_line: str) -> int:
+    def status_tokens(self, status_line: str) -> int:
         # The status line is checked several times per step; count it once.
         if status_line != self._last_status[0]:
-            self._last_status = (status_line, self.counter.count(status_line))
+            tokens = self.counter.count(f"{STATUS_MARKER} {status_line}") + STATUS_ALLOWANCE
+            # Without a queue the status is a message of its own.
+            self._last_status = (status_line, tokens + TOKENS_PER_MESSAGE + self.counter.count("user"))
         return self._last_status[1]
 
-    def pressure(self, status_line: str) -> float:
-        return self.total_tokens(status_line) / self.context_window
+    def pressure(self) -> float:
+        """How full memory is, 0..1: of the window, or of the queue budget if that binds first."""
+        used = self.base_tokens() / max(1, self.flush_limit)
+        return max(used, self.queue_tokens / self.queue_cap) if self.queue_cap else used
 
     def needs_warning(self, status_line: str) -> bool:
-        return not self.warned and self.total_tokens(status_line) >= self.warning_limit
+        if self.warned:
+            return False
+        if self.queue_cap and self.queue_tokens >= self.queue_cap * self.warning_threshold:
+            return True
+        return self.total_tokens(status_line) >= self.warning_limit
 
     def needs_flush(self, status_line: str) -> bool:
-        return self.total_tokens(status_line) > self.flush_limit
+        over_budget = bool(self.queue_cap) and self.queue_tokens > self.queue_cap
+        return over_budget or self.total_tokens(status_line) > self.flush_limit
 
     # -- eviction ---------------------------------------------------------
     def summary_budget(self) -> int:
         return max(64, self.context_window // 10)
 
+    def queue_room(self, status_line: str) -> int:
+        """Tokens the queue may fill before a flush: what the window leaves
+        beside everything else (the summary at its full budget), or the queue
+        budget if that is smaller."""
+        beside = self.total_tokens(status_line) - self.queue_tokens - self.summary_tokens + self.summary_budget()
+        room = self.flush_limit - beside
+        return min(room, self.queue_cap) if self.queue_cap else room
+
     def _cut_index(self, status_line: str) -> int:
-        """How many leading entries to evict: about `evict_fraction` of the
-        queue's tokens, more if still over the limit, never leaving a tool
-        result without the call before it, never evicting the newest item."""
+        """How many leading entries to evict: the queue goes down to its
+        low-water mark, (1 - evict_fraction) of the room it may fill, in one
+        chunk (the prefix from the summary on is rewritten once, then stays
+        warm in the provider's cache until the next flush). Never leaving a
+        tool result without the call before it, never evicting the newest item."""
         valid = [i for i, e in enumerate(self.entries) if e.message.role != "tool" and i > 0]
         if not valid:
             raise ContextOverflowError("the queue has no point where it can be cut")
-        target = self.queue_tokens * self.evict_fraction
-        # The summary may grow to its budget; leave room for that.
-        room_needed = self.total_tokens(status_line) - self.summary_tokens + self.summary_budget() - self.flush_limit
-        target = max(target, room_needed)
-        evicted = 0
+        # The low-water mark is within the room, so reaching it also makes the
+        # prompt fit the window with the summary at its full budget.
+        low_water = max(0, int(self.queue_room(status_line) * (1 - self.evict_fraction)))
+        target = max(1, self.queue_tokens - low_water)
         prefix = [0]
         for entry in self.entries:
             prefix.append(prefix[-1] + entry.tokens)
@@ -232,6 +284,20 @@ class QueueManager:
                 f"(window {self.context_window}); shrink working context limits or raise MEMGPT_CONTEXT_WINDOW"
             )
         return total
+
+
+def with_status(payload: dict[str, Any], status_line: str) -> dict[str, Any]:
+    """A copy of the newest message carrying the memory status: before a
+    message's text (what the person said, an alert), or as a `memory_status`
+    field of a function result, which stays valid JSON. Attached for one
+    request only; the queue keeps the message as it was."""
+    content = payload.get("content")
+    if not isinstance(content, str):
+        content = ""
+    if payload.get("role") == "tool" and content.startswith("{") and content.endswith("}"):
+        field = json.dumps(status_line, ensure_ascii=False)
+        return {**payload, "content": f'{content[:-1]}, "memory_status": {field}}}'}
+    return {**payload, "content": f"{STATUS_MARKER} {status_line}\n{content}"}
 
 
 def render_transcript(messages: Sequence[Message]) -> str:

@@ -85,10 +85,12 @@ async def test_every_event_kind_reaches_the_model_as_text(
     assert found.items[0][0].source == "garden.md"
     assert "dawn" in found.items[0][0].text
     assert found.items[0][0].position == "Watering"
-    # The memory status line tells the model what lives outside its window.
-    system = llm_server.requests[-1]["messages"][0]["content"]
-    assert re.search(r"\d+ messages in recall storage", system)
-    assert "2 passages in archival storage" in system
+    # The memory status tells the model what lives outside its window; it rides in
+    # the newest message, not the system message (which a prompt cache must see unchanged).
+    newest = llm_server.requests[-1]["messages"][-1]["content"]
+    assert re.search(r"recall \d+ messages", newest)
+    assert "archival 2 passages" in newest
+    assert "archival 2 passages" not in llm_server.requests[-1]["messages"][0]["content"]
 
 
 async def test_forget_removes_the_agent_and_a_new_one_starts_fresh(

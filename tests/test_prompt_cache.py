@@ -1,0 +1,166 @@
+"""The prompt is cache-stable: read from the request bodies the local LLM
+server received, each step's request starts with the previous one's messages
+until a flush or a working-context edit rewrites the prefix; flushes come only
+under pressure; the memory status reaches the model on every call; no request
+exceeds the window. And what a server says it cached is recorded and shown."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from bot.events import UserMessage
+from bot.limits import CACHED_TOKENS, PROMPT_TOKENS
+from cli.limits import render_usage, usage_json
+from memory.queue_manager import STATUS_MARKER
+from memory.tokens import TokenCounter, load_encoder
+from tests.conftest import RuntimeFactory
+from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
+
+WINDOW = 4_096
+STATUS_FIELD = re.compile(r', "memory_status": "(?:[^"\\]|\\.)*"\}$')
+
+
+def is_summary(request: dict[str, Any]) -> bool:
+    return not request.get("tools")
+
+
+def without_status(message: dict[str, Any]) -> dict[str, Any]:
+    """The newest message as the queue holds it (the status is attached per request)."""
+    content = str(message.get("content") or "")
+    if content.startswith(STATUS_MARKER):
+        content = content.split("\n", 1)[1]
+    return {**message, "content": STATUS_FIELD.sub("}", content)}
+
+
+def carries_status(message: dict[str, Any]) -> bool:
+    content = str(message.get("content") or "")
+    status = content.split("\n", 1)[0] if content.startswith(STATUS_MARKER) else ""
+    if message["role"] == "tool":
+        status = json.loads(content).get("memory_status", "")
+    return bool(re.search(r"recall \d+ messages .* now \d{4}-\d\d-\d\d \d\d:\d\d UTC", status))
+
+
+def chatty_model(request: dict[str, Any]) -> Reply:
+    if is_summary(request):
+        return reply_text("Summary: Alice chats about her garden, her sister and her plans.")
+    newest = without_status(request["messages"][-1])
+    said = str(newest.get("content") or "")
+    if newest["role"] == "user" and "Remember:" in said:
+        fact = said.split("Remember:", 1)[1].strip()
+        return reply_tool_calls(
+            tool_call("core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True})
+        )
+    if newest["role"] == "user" and "look it up" in said:
+        return reply_tool_calls(tool_call("conversation_search", {"query": "garden", "request_heartbeat": True}))
+    return reply_tool_calls(tool_call("send_message", {"message": "Lovely, tell me more about the garden!"}))
+
+
+async def test_requests_between_flushes_extend_the_previous_prompt(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    llm_server.set_handler(chatty_model)
+    runtime = await make_runtime(context_window=WINDOW, response_reserve=256, persona_limit=400, human_limit=600)
+    for turn in range(70):
+        if turn % 23 == 5:
+            text = f"Remember: fact {turn} about Alice."
+        elif turn % 9 == 4:
+            text = "Can you look it up for me?"
+        else:
+            text = f"Turn {turn}: the tomatoes in my garden are growing well, and the basil too."
+        await runtime.handle(UserMessage(platform="terminal", user_id="alice", display_name="alice", text=text))
+
+    counter = TokenCounter(load_encoder("test-model"))
+    requests = list(llm_server.requests)
+    sizes = [counter.count_request(r["messages"], r.get("tools") or []) for r in requests]
+    assert max(sizes) <= WINDOW, f"largest request {max(sizes)} tokens"
+
+    steps = [r for r in requests if not is_summary(r)]
+    assert all(carries_status(r["messages"][-1]) for r in steps), "every step sees the memory status"
+    assert all(STATUS_MARKER not in str(m.get("content")) for r in steps for m in r["messages"][1:-1])
+
+    extended = rewritten = 0
+    flushes = sum(map(is_summary, requests))
+    for index in range(1, len(requests)):
+        before, after = requests[index - 1], requests[index]
+        if is_summary(before) or is_summary(after):
+            continue
+        old, new = before["messages"], after["messages"]
+        if old[0] != new[0]:  # a working-context edit re-renders the system message
+            rewritten += 1
+            continue
+        assert after["tools"] == before["tools"]
+        assert len(new) > len(old)
+        assert new[: len(old) - 1] == old[:-1], f"request {index} does not repeat the previous prompt"
+        assert new[len(old) - 1] == without_status(old[-1])
+        extended += 1
+    assert flushes >= 2 and extended > 5 * (flushes + rewritten)
+    # Each edit the model made rewrote the system message once, no more.
+    edits = sum(
+        1
+        for r in steps
+        for m in r["messages"][-1:]
+        if m["role"] == "tool" and json.loads(m["content"]).get("result", "").startswith("Appended")
+    )
+    assert rewritten == edits
+
+    # A flush only under pressure: the step before it was near the flush limit.
+    agent = await runtime.agent("terminal:alice")
+    for index, request in enumerate(requests):
+        if is_summary(request):
+            previous = max(i for i in range(index) if not is_summary(requests[i]))
+            assert sizes[previous] >= 0.7 * agent.queue.flush_limit, "a flush while memory was not under pressure"
+
+
+async def test_cached_tokens_the_server_reports_are_recorded_and_shown(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    usage = {
+        "prompt_tokens": 2_000,
+        "completion_tokens": 20,
+        "total_tokens": 2_020,
+        "prompt_tokens_details": {"cached_tokens": 1_536},
+    }
+    llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "Hello!"}), usage=usage))
+    runtime = await make_runtime(daily_token_budget=1_000_000, cached_token_weight=0.25)
+    agent = await runtime.agent("terminal:alice")
+    result = await runtime.handle_with_details(UserMessage(platform="terminal", user_id="alice", text="hi"))
+
+    parts = agent.usage
+    assert parts.cached == 1_536 and parts.prompt > parts.cached and parts.completion > 0
+    # The budget counts locally; the cached share at its weight.
+    assert result.tokens_used == parts.prompt - 1_536 + 384 + parts.completion
+
+    usage_now = await runtime.limits.usage("terminal:alice")
+    today = usage_now.days[0]
+    assert (today.prompt, today.cached, today.completion) == (parts.prompt, 1_536, parts.completion)
+    assert today.charged == result.tokens_used
+    assert (await runtime.store.usage_since("terminal:alice", CACHED_TOKENS, today.day)).amount == 1_536
+    assert (await runtime.store.usage_since("terminal:alice", PROMPT_TOKENS, today.day)).amount == parts.prompt
+    shown = render_usage(usage_now)
+    assert f"prompt {parts.prompt:,} (cached 1,536)" in shown
+    assert usage_json(usage_now)["tokens_by_day"][0]["cached"] == 1_536
+
+
+async def test_a_server_without_cache_details_records_none(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "Hello!"})))
+    runtime = await make_runtime(daily_token_budget=1_000_000, cached_token_weight=0.25)
+    result = await runtime.handle_with_details(UserMessage(platform="terminal", user_id="alice", text="hi"))
+    today = (await runtime.limits.usage("terminal:alice")).days[0]
+    assert today.cached == 0 and today.prompt > 0
+    assert today.charged == result.tokens_used == today.prompt + today.completion
+
+
+async def test_summary_model_is_used_for_summaries_only(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    llm_server.set_handler(chatty_model)
+    runtime = await make_runtime(context_window=2_048, response_reserve=128, summary_model="cheap-model")
+    for turn in range(40):
+        await runtime.handle(UserMessage(platform="terminal", user_id="alice", text=f"Turn {turn} " + "words " * 30))
+    models = {(is_summary(r), r["model"]) for r in llm_server.requests}
+    assert (True, "cheap-model") in models
+    assert models <= {(True, "cheap-model"), (False, "test-model")}
