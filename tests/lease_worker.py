@@ -35,7 +35,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bot.config import Settings
-from bot.durable.leases import AgentLeases
+from bot.durable.leases import AgentLeases, LeaseSettings
 from bot.events import UserMessage
 from bot.llm import LLMClient
 from bot.runtime import Runtime
@@ -60,6 +60,8 @@ async def build_runtime(data_dir: Path) -> Runtime:
         llm_timeout=20.0,
         llm_max_retries=2,
         response_reserve=256,
+        # MEMGPT_LEASES / _TTL / _RENEW / _WAIT from the test, as Settings.from_env would read them.
+        leases=LeaseSettings.from_env(os.environ),
     )
     settings.validate()
     llm = LLMClient(

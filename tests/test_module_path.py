@@ -39,11 +39,12 @@ _FIRST_INSTRUCTIONS = 4
 # reshaped): 20 modules, 53 re-entries; then 22 and 57 (the pipeline's own modules: inbox,
 # outbox, lanes); 23 and 58 with bot.metrics; now 26 and 65: the Slack adapter split by
 # job (adapters/slack/: app, adapter, parse, directory, send, where one file and its
-# helpers were); 27 and 66 with the SQLite store's shared plumbing in memory/sqlite/base.py.
-# A third of the entries are data records (bot.events, memory.types). Lower these as
-# the path gets shorter.
+# helpers were); 27 and 66 with the SQLite store's shared plumbing in memory/sqlite/base.py;
+# 27 and 73 with the prompt-cache layout (the queue manager renders the memory status
+# into the newest message). A third of the entries are data records (bot.events,
+# memory.types). Lower these as the path gets shorter.
 MAX_MODULES = 27
-MAX_RE_ENTRIES = 66
+MAX_RE_ENTRIES = 73
 
 
 def project_module(filename: str) -> str | None:
