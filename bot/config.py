@@ -71,14 +71,6 @@ def _default_data_dir() -> Path:
     return Path.home() / ".memgpt-bot" if Path.home().exists() else Path.cwd() / "data"
 
 
-def _default_checkins() -> CheckinSettings:
-    return CheckinSettings()
-
-
-def _default_leases() -> LeaseSettings:
-    return LeaseSettings()
-
-
 @dataclass(slots=True)
 class Settings:
     openai_api_key: str = field(default="", repr=False)  # secret: never in a repr, a log or a traceback
@@ -129,8 +121,8 @@ class Settings:
     # Health and Prometheus metrics for `memgpt-bot run` (cli/health.py); 0: off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
-    checkins: CheckinSettings = field(default_factory=_default_checkins)
-    leases: LeaseSettings = field(default_factory=_default_leases)
+    checkins: CheckinSettings = field(default_factory=CheckinSettings)
+    leases: LeaseSettings = field(default_factory=LeaseSettings)
     # The merged environment (.env under the process environment), for the
     # platform adapters' own settings (cli/app.py). Holds tokens: never shown.
     environment: Mapping[str, str] = field(default_factory=dict, repr=False)
