@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
+from memory.places import DM, Place
 from memory.types import utc_now
 
 
@@ -50,6 +51,9 @@ class Event:
     # The journal entry the event came in as (several events may share one: a
     # message with files); the event's own id when not given.
     journal_id: str = ""
+    # Where it happened: its conversation, and what the agent may read there
+    # (memory/places.py). Adapters set it; a check-in tick happens in the DM.
+    place: Place = DM
     kind = "event"
 
     def __post_init__(self) -> None:
@@ -67,11 +71,25 @@ class Event:
         raise NotImplementedError
 
 
+@dataclass(frozen=True, slots=True)
+class ChannelLine:
+    """One recent message of the channel an agent was mentioned in: context
+    for that call only, never stored in the person's memory."""
+
+    author: str
+    text: str
+    created_at: datetime
+    from_bot: bool = False
+
+
 @dataclass(kw_only=True)
 class UserMessage(Event):
     text: str
     display_name: str = ""
     channel: str = ""
+    # The last messages of the channel or thread before this one (oldest
+    # first), read by the adapter with the bot's own permissions; empty in a DM.
+    channel_context: list[ChannelLine] = field(default_factory=list)
     kind = "user_message"
 
     def render(self) -> str:
