@@ -88,6 +88,8 @@ class Settings:
     max_steps_per_event: int = 8
     persona_limit: int = 2_000
     human_limit: int = 2_000
+    # The private block (shown only in DMs, memory/working_context.py).
+    private_limit: int = 1_000
     search_page_size: int = 5
     # A queue item longer than this is shown to the model shortened, with a
     # note (it stays whole in recall storage); 0: a quarter of the usable window.
@@ -121,6 +123,9 @@ class Settings:
     # Health and Prometheus metrics for `memgpt-bot run` (cli/health.py); 0: off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # The recent lines of a channel shown with a mention (bot/channel_context.py):
+    # at most this many tokens of them, newest kept.
+    channel_context_tokens: int = 1_200
     checkins: CheckinSettings = field(default_factory=CheckinSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     # The merged environment (.env under the process environment), for the
@@ -334,6 +339,12 @@ def _human() -> str:
     return DEFAULT_HUMAN
 
 
+def _private() -> str:
+    from memory.working_context import DEFAULT_PRIVATE
+
+    return DEFAULT_PRIVATE
+
+
 SPECS: tuple[Spec, ...] = (
     Spec("OPENAI_API_KEY", "openai_api_key", text),
     Spec("OPENAI_BASE_URL", "openai_base_url", text),
@@ -353,6 +364,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_MAX_STEPS", "max_steps_per_event", whole(1, 100)),
     Spec("MEMGPT_PERSONA_LIMIT", "persona_limit", _block_limit(_persona)),
     Spec("MEMGPT_HUMAN_LIMIT", "human_limit", _block_limit(_human)),
+    Spec("MEMGPT_PRIVATE_LIMIT", "private_limit", _block_limit(_private)),
     Spec("MEMGPT_SEARCH_PAGE_SIZE", "search_page_size", whole(1, 50)),
     Spec("MEMGPT_MAX_MESSAGE_TOKENS", "max_message_tokens", whole(64, zero="a quarter of the usable window")),
     Spec("MEMGPT_QUEUE_TOKENS", "queue_tokens", whole(256, zero="as much as the window leaves")),
@@ -378,4 +390,5 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_LOG_BACKUPS", "log_backups", whole(1, 100)),
     Spec("MEMGPT_METRICS_PORT", "metrics_port", whole(1, 65_535, zero="off")),
     Spec("MEMGPT_METRICS_HOST", "metrics_host", text),
+    Spec("MEMGPT_CHANNEL_CONTEXT_TOKENS", "channel_context_tokens", whole(100, 20_000)),
 )

@@ -45,6 +45,10 @@ class Event:
     event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Where replies go, opaque to the runtime (a channel id, a thread ts...).
     reply_to: dict[str, Any] = field(default_factory=dict)
+    # Where a reply reaches the person alone (their DM), for what must not go
+    # to a channel: a reminder set there wakes the agent in the DM, with all it
+    # knows (bot/checkins/functions.py). Adapters set it; empty: unknown.
+    dm_reply_to: dict[str, Any] = field(default_factory=dict)
     # Replies go through the outbox and the event can be redone after a crash
     # (bot/durable/): set by adapters that report deliveries, and by check-ins.
     durable: bool = False
@@ -110,12 +114,14 @@ class SystemAlert(Event):
 @dataclass(kw_only=True)
 class UserJoined(Event):
     display_name: str = ""
-    place: str = ""
+    # What they joined, in words ("the Gardeners server"); not `place`, the
+    # conversation the event belongs to (a greeting goes to their DM).
+    joined: str = ""
     kind = "user_joined"
 
     def render(self) -> str:
         who = self.display_name or "The person"
-        return f"[{_stamp(self.created_at)}] [event] {who} joined {self.place or 'a space where you live'}."
+        return f"[{_stamp(self.created_at)}] [event] {who} joined {self.joined or 'a space where you live'}."
 
 
 @dataclass(kw_only=True)

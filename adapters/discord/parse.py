@@ -76,6 +76,7 @@ def parse_message(message: discord.Message, text: str, *, durable: bool = False)
         created_at=message.created_at,
         event_id=str(message.id),
         reply_to=reply_to(message),
+        dm_reply_to=dm_address(message.author.id),  # no fallback: never a channel
         durable=durable,
     )
 
@@ -94,6 +95,7 @@ def parse_attachment(
         event_id=f"{message.id}:{attachment.id}",
         journal_id=str(message.id),
         reply_to=reply_to(message),
+        dm_reply_to=dm_address(message.author.id),  # no fallback: never a channel
         durable=durable,
     )
 
@@ -105,7 +107,7 @@ def parse_member_join(payload: Mapping[str, Any]) -> UserJoined:
         platform=PLATFORM,
         user_id=str(payload["user_id"]),
         display_name=str(payload["display_name"]),
-        place=f"the {payload['guild_name']} server",
+        joined=f"the {payload['guild_name']} server",
         created_at=datetime.fromisoformat(str(payload["joined_at"])),
         event_id=str(payload["event_id"]),
         reply_to=dm_address(int(payload["user_id"]), fallback_channel_id=int(system) if system else None),

@@ -95,6 +95,7 @@ class Origin:
             "platform": PLATFORM,
             "user_id": self.user_id,
             "reply_to": self.reply_to,
+            "dm_reply_to": {"dm_user": self.user},  # the DM, opened on demand (send.py)
             "event_id": self.event_id,
             "created_at": self.created_at,
             "durable": True,
@@ -231,14 +232,14 @@ class SlackParser:
         person = await self.directory.person(origin.team, origin.user, (event.get("user") or {}).get("profile"))
         workspace = self.directory.team_names.get(origin.team)
         place = f"the {workspace} Slack workspace" if workspace else "the Slack workspace"
-        return [UserJoined(**origin.fields(display_name=person.name, place=place))]
+        return [UserJoined(**origin.fields(display_name=person.name, joined=place))]
 
     async def parse_member_joined_channel(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
         person = await self.directory.person(origin.team, origin.user)
         if person.is_bot:
             return []
         place = await self.directory.channel_name(str(event["channel"]))
-        return [UserJoined(**origin.fields(display_name=person.name, place=place))]
+        return [UserJoined(**origin.fields(display_name=person.name, joined=place))]
 
 
 def gave_up(origin: Origin, notice: str) -> Builder:
