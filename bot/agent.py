@@ -20,6 +20,7 @@ from bot.functions.registry import FunctionSet
 from bot.llm import Completion, LLMClient, LLMUnavailableError, TokenUsage
 from bot.prompts import SUMMARIZER_INSTRUCTIONS
 from memory.archival import ArchivalMemory
+from memory.places import DM_KEY
 from memory.queue_manager import (
     PRESSURE_MARKER,
     ContextOverflowError,
@@ -29,7 +30,7 @@ from memory.queue_manager import (
 from memory.recall import RecallMemory
 from memory.store import Store
 from memory.tokens import TOKENS_PER_MESSAGE, TokenCounter
-from memory.types import AgentRecord, Block, Message, utc_now
+from memory.types import AgentRecord, Block, ConversationRecord, Message, utc_now
 from memory.working_context import WorkingContext
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,11 @@ class Agent:
         services: AgentServices,
         recall_count: int,
         archival_count: int,
+        conversation: ConversationRecord | None = None,
     ) -> None:
         self.record = record
+        # The queue state of the conversation the queue holds (the DM one).
+        self.conversation = conversation or ConversationRecord(record.id, DM_KEY)
         self.services = services
         self.working_context = WorkingContext(blocks)
         self.recall_count = recall_count
@@ -151,15 +155,17 @@ class Agent:
     async def load(cls, key: str, default_blocks: Sequence[Block], services: AgentServices) -> Agent:
         store = services.store
         record, blocks = await store.get_or_create_agent(key, default_blocks)
-        queue_messages = await store.messages_since(record.id, record.queue_start_seq)
+        conversation = await store.get_conversation(record.id, DM_KEY)
+        queue_messages = await store.messages_since(record.id, conversation.queue_start_seq)
         agent = cls(
             record,
             blocks,
             services,
             recall_count=await store.count_messages(record.id),
             archival_count=await store.count_passages(record.id),
+            conversation=conversation,
         )
-        agent.queue.load(record.summary, queue_messages, agent.working_context.render())
+        agent.queue.load(conversation.summary, queue_messages, agent.working_context.render())
         await agent.close_interrupted_calls(queue_messages)
         await services.archival.resume_pending(record.id)
         return agent
@@ -333,9 +339,11 @@ class Agent:
             if not self.queue.needs_flush(status):
                 return
             eviction = await self.queue.evict(status, self._summarize)
-            await self.store.update_queue(self.id, eviction.summary, eviction.new_start_seq, utc_now())
+            now = utc_now()
+            await self.store.update_queue(self.id, eviction.summary, eviction.new_start_seq, now)
             self.queue.apply(eviction)
-            self.record.summary, self.record.queue_start_seq = eviction.summary, eviction.new_start_seq
+            self.conversation.summary, self.conversation.queue_start_seq = eviction.summary, eviction.new_start_seq
+            self.conversation.summary_updated_at = now
             log.info(
                 "agent %s: evicted %d messages (summary by %s)",
                 self.id,

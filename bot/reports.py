@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from memory.places import DM_KEY
 from memory.store import Store
 
 
@@ -25,6 +26,7 @@ async def describe_user(store: Store, key: str) -> dict[str, Any] | None:
     if record is None:
         return None
     blocks = await store.load_blocks(record.id)
+    conversation = await store.get_conversation(record.id, DM_KEY)
     return {
         "user": key,
         "agent_id": record.id,
@@ -32,12 +34,12 @@ async def describe_user(store: Store, key: str) -> dict[str, Any] | None:
         "working_context": {
             b.label: {"value": b.value, "limit": b.limit, "updated_at": _iso(b.updated_at)} for b in blocks
         },
-        "summary": record.summary,
-        "summary_updated_at": _iso(record.summary_updated_at),
+        "summary": conversation.summary,
+        "summary_updated_at": _iso(conversation.summary_updated_at),
         "counts": {
             "recall_messages": await store.count_messages(record.id),
             "archival_passages": await store.count_passages(record.id),
-            "queue_messages": len(await store.messages_since(record.id, record.queue_start_seq)),
+            "queue_messages": len(await store.messages_since(record.id, conversation.queue_start_seq)),
         },
     }
 

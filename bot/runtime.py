@@ -31,6 +31,7 @@ from bot.sanitize import sanitize_event
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
 from memory.ingest.loader import load_document
+from memory.places import DM_KEY
 from memory.recall import RecallMemory
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
@@ -304,6 +305,7 @@ class Runtime:
                 return None
             await self.archival.settle(record.id)
             blocks = await self.store.load_blocks(record.id)
+            conversations = await self.store.list_conversations(record.id)
             messages = await self.store.messages_since(record.id, 0)
             count = await self.store.count_passages(record.id)
             passages = await self.store.list_passages(record.id, count, 0) if count else []
@@ -312,7 +314,11 @@ class Runtime:
             "agent_id": record.id,
             "created_at": record.created_at.isoformat(),
             "working_context": {b.label: {"value": b.value, "limit": b.limit} for b in blocks},
-            "summary": record.summary,
+            "summary": next((c.summary for c in conversations if c.place == DM_KEY), ""),
+            "conversations": [
+                {"place": c.place, "name": c.name, "summary": c.summary, "queue_start_seq": c.queue_start_seq}
+                for c in conversations
+            ],
             "messages": [
                 {
                     "seq": m.seq,
@@ -321,6 +327,7 @@ class Runtime:
                     "tool_calls": m.tool_calls,
                     "tool_call_id": m.tool_call_id,
                     "created_at": m.created_at.isoformat(),
+                    "place": m.place,
                 }
                 for m in messages
             ],
@@ -331,6 +338,7 @@ class Runtime:
                     "source": p.source,
                     "position": p.position,
                     "created_at": p.created_at.isoformat(),
+                    "place": p.place,
                 }
                 for p in passages
             ],
@@ -347,9 +355,9 @@ class Runtime:
             # storage, not in the queue, so the queue restarts after it.
             if batch:
                 start = batch[-1].seq + 1
-                await self.store.update_queue(agent.id, agent.record.summary, start, utc_now())
-                agent.record.queue_start_seq = start
-                agent.queue.load(agent.record.summary, [], agent.working_context.render())
+                await self.store.update_queue(agent.id, agent.conversation.summary, start, utc_now())
+                agent.conversation.queue_start_seq = start
+                agent.queue.load(agent.conversation.summary, [], agent.working_context.render())
             return len(batch)
 
     async def close(self, *, close_embedder: bool = True) -> None:

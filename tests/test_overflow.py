@@ -68,7 +68,7 @@ async def test_hundreds_of_turns_never_exceed_a_small_window(
         assert previous in request["messages"][-1]["content"]
     # And the latest summary is what the model now sees at the top.
     agent = await runtime.agent("terminal:alice")
-    assert agent.record.summary == summaries[-1]
+    assert agent.conversation.summary == summaries[-1]
 
     # Every message is still in recall storage: per turn one user message, one
     # assistant call and one function result, plus the pressure alerts.
@@ -99,4 +99,4 @@ async def test_failed_summary_still_evicts(make_runtime: RuntimeFactory, llm_ser
     for request in llm_server.requests:
         assert counter.count_request(request["messages"], request.get("tools") or []) <= WINDOW
     agent = await runtime.agent("terminal:alice")
-    assert "not summarized" in agent.record.summary
+    assert "not summarized" in agent.conversation.summary
