@@ -4,7 +4,9 @@ For each size: build time and memory of the ANN index, search latency (median
 and p95) of exact and approximate search in the same run, their ratio, and
 recall@10 of the approximate index against exact search. Then, through the
 real SQLiteStore (hybrid: FTS5 bm25 + vectors), load throughput and hybrid
-search latency up to --store-max passages.
+search latency up to --store-max passages, unfiltered (from a DM) and filtered
+by place (from a private channel, which sees 20% of the archive, and a public
+one, which sees 10%).
 
 Vectors are SYNTHETIC 384-d unit vectors (topics plus noise on a decaying
 spectrum, shaped like sentence embeddings): embedding a million real passages
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import numpy.typing as npt
 
+from memory.places import Place, Visibility
 from memory.search.ann_index import ANN_THRESHOLD, AnnIndex
 from memory.search.vector_index import VectorIndex
 from memory.sqlite.store import SQLiteStore
@@ -41,6 +44,8 @@ from memory.types import Block, Passage
 DIM = 384
 SIZES = (10_000, 100_000, 1_000_000)
 WORDS = [f"w{n}" for n in range(20_000)]
+# Where each passage was saved, by row: one in ten public, one in ten private, the rest in DMs.
+PLACE_CYCLE = ["public:C1", "private:C2", *["dm"] * 8]
 
 
 def machine() -> str:
@@ -141,7 +146,9 @@ def batches(n: int, size: int, seed: int) -> Iterator[list[Passage]]:
         batch = []
         for row in range(start, min(n, start + size)):
             words = " ".join(WORDS[i] for i in rng.zipf(1.3, size=12) % len(WORDS))
-            batch.append(Passage(f"note {row} code K{row:07d}: {words}", embedding=vectors[row].tolist()))
+            text = f"note {row} code K{row:07d}: {words}"
+            place = PLACE_CYCLE[row % len(PLACE_CYCLE)]
+            batch.append(Passage(text, embedding=vectors[row].tolist(), place=place))
         yield batch
 
 
@@ -174,6 +181,17 @@ async def store_level(n: int, queries: int, threads: int) -> None:
             f"first search {warm:.1f} s (reads vectors{', builds ANN' if mode == 'ANN' else ''})"
         )
         print(f"  store hybrid search ({mode} + bm25, page of 5, event loop to rows): {stats(times)}")
+        for where in (Place("private", "C2"), Place("public", "C1")):
+            visible = Visibility.of(where)
+            times = []
+            for text, vector in zip(texts, probe, strict=True):
+                start = time.perf_counter()
+                page = await store.search_passages(agent.id, text, vector, 5, visible=visible)
+                times.append((time.perf_counter() - start) * 1000)
+                assert all(visible.sees(passage.place) for passage, _ in page.items)
+            print(
+                f"  ... filtered from {where.key} (sees {'20' if where.kind == 'private' else '10'}%): {stats(times)}"
+            )
         await store.close()
 
 

@@ -28,6 +28,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field, replace
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -37,7 +38,7 @@ from memory.ingest.reading import passage_hash
 from memory.mongo.capabilities import redact_uri
 from memory.schedules import Schedule
 from memory.store import SOURCE_KEY_PREFIX, Store, StoreError
-from memory.types import AgentRecord, Message, Passage, utc_now
+from memory.types import AgentRecord, ConversationRecord, Message, Passage, utc_now
 
 DEFAULT_MONGODB_DATABASE = "memgpt"
 MESSAGE_BATCH = 500  # messages per append (one transaction each)
@@ -218,9 +219,8 @@ async def _copy_agent(source: Store, target: Store, agent: AgentRecord, bar: tqd
         for old, new in zip(originals, copies, strict=True):
             new_seq[old.seq] = new.seq
         bar.update(len(originals))
-    if agent.summary or agent.queue_start_seq != 1 or agent.summary_updated_at is not None:
-        start_seq = next((new_seq[m.seq] for m in messages if m.seq >= agent.queue_start_seq), len(messages) + 1)
-        await target.update_queue(copy.id, agent.summary, start_seq, agent.summary_updated_at or agent.created_at)
+    for conversation in await source.list_conversations(agent.id):
+        await _copy_conversation(target, copy.id, conversation, messages, new_seq, agent.created_at)
 
     passages = await _all_passages(source, agent.id)
     hashes = [passage_hash(p.text) for p in passages]
@@ -300,21 +300,47 @@ async def _all_passages(store: Store, agent_id: str) -> list[Passage]:
     return passages
 
 
+async def _copy_conversation(
+    target: Store,
+    copy_id: str,
+    conversation: ConversationRecord,
+    messages: list[Message],
+    new_seq: dict[int, int],
+    created_at: datetime,
+) -> None:
+    """One place's conversation: its name, summary and queue start (mapped to
+    the copy's seqs: the first of the place's queue messages, or past the end)."""
+    await target.get_conversation(copy_id, conversation.place, conversation.name)
+    untouched = conversation.queue_start_seq == 1 and conversation.summary_updated_at is None
+    if conversation.summary or not untouched:
+        start = conversation.queue_start_seq
+        queued = (new_seq[m.seq] for m in messages if m.seq >= start and m.place == conversation.place)
+        start_seq = next(queued, len(messages) + 1)
+        when = conversation.summary_updated_at or created_at
+        await target.update_queue(copy_id, conversation.summary, start_seq, when, place=conversation.place)
+
+
 def _clone_message(m: Message) -> Message:
-    return Message(m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at)
+    return Message(m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at, place=m.place)
 
 
 def _clone_passage(p: Passage) -> Passage:
     embedding = None if p.embedding is None else list(p.embedding)
-    return Passage(p.text, source=p.source, position=p.position, created_at=p.created_at, embedding=embedding)
+    return Passage(
+        p.text, source=p.source, position=p.position, created_at=p.created_at, embedding=embedding, place=p.place
+    )
 
 
 def _message_fields(m: Message) -> tuple[object, ...]:
-    return (m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at)
+    return (m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at, m.place)
 
 
 def _passage_fields(p: Passage) -> tuple[object, ...]:
-    return (p.created_at, p.text, p.source or "", p.position or "", p.source is None, p.position is None)
+    return (p.created_at, p.text, p.source or "", p.position or "", p.source is None, p.position is None, p.place)
+
+
+def _conversation_fields(c: ConversationRecord) -> tuple[object, ...]:
+    return (c.place, c.name, c.summary, c.summary_updated_at)
 
 
 def _same_vector(a: list[float] | None, b: list[float] | None) -> bool:
@@ -331,7 +357,9 @@ async def _verify(
     copy = await target.find_agent(agent.key)
     if copy is None or copy.id != copy_id:
         return ["the copy is missing from the target"]
-    if (copy.summary, copy.summary_updated_at) != (agent.summary, agent.summary_updated_at):
+    conversations = await source.list_conversations(agent.id)
+    copied_conversations = await target.list_conversations(copy_id)
+    if list(map(_conversation_fields, copied_conversations)) != list(map(_conversation_fields, conversations)):
         problems.append("summary differs")
     copied = await target.messages_since(copy_id, 0)
     if await target.count_messages(copy_id) != len(messages) or len(copied) != len(messages):
@@ -339,7 +367,9 @@ async def _verify(
     elif [_message_fields(m) for m in copied] != [_message_fields(m) for m in messages]:
         problems.append("message contents differ")
     elif [m.seq for m in messages] == list(range(1, len(messages) + 1)):
-        if [m.seq for m in copied] != [m.seq for m in messages] or copy.queue_start_seq != agent.queue_start_seq:
+        starts = [c.queue_start_seq for c in conversations]
+        copied_starts = [c.queue_start_seq for c in copied_conversations]
+        if [m.seq for m in copied] != [m.seq for m in messages] or copied_starts != starts:
             problems.append("message seqs or the queue start differ")
     blocks, copied_blocks = await source.load_blocks(agent.id), await target.load_blocks(copy_id)
     if blocks != copied_blocks:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 from memory.embeddings import Embedder
+from memory.places import Visibility
 from memory.roles import PassageStore, SourceStore
 from memory.types import Passage, SearchPage
 
@@ -89,22 +90,26 @@ class ArchivalMemory:
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    async def search(self, agent_id: str, query: str, limit: int, offset: int = 0) -> SearchPage:
+    async def search(
+        self, agent_id: str, query: str, limit: int, offset: int = 0, *, visible: Visibility | None = None
+    ) -> SearchPage:
         """The agent's own passages and those of the collections attached to
         it, merged by score. Items are (FoundPassage, score): each says which
-        collection it came from (None: the agent's own archival storage)."""
+        collection it came from (None: the agent's own archival storage).
+        With `visible`, only the agent's own passages that place may read;
+        attached collections are shared, so searched unfiltered."""
         await self.settle(agent_id)
         sources = [] if self._sources is None else await self._sources.attached_sources(agent_id)
         vector = (await self.embedder.embed_one(query)).tolist()
         if not sources:
-            page = await self.store.search_passages(agent_id, query, vector, limit, offset)
+            page = await self.store.search_passages(agent_id, query, vector, limit, offset, visible=visible)
             return SearchPage([(FoundPassage.of(p, None), score) for p, score in page.items], page.total)
         # Page k of the merge lies within the first offset + limit hits of each
         # part; the parts' scores are comparable because each is the same
         # measure of the same query against one store.
         wanted = offset + limit
         parts = await asyncio.gather(
-            self.store.search_passages(agent_id, query, vector, wanted, 0),
+            self.store.search_passages(agent_id, query, vector, wanted, 0, visible=visible),
             *(self.store.search_passages(source.id, query, vector, wanted, 0) for source in sources),
         )
         names: list[str | None] = [None, *(source.name for source in sources)]

@@ -21,6 +21,7 @@ import asyncio
 import logging
 
 from memory.embeddings import Embedder
+from memory.places import Visibility
 from memory.roles import MessageEmbeddingStore, MessageStore
 from memory.types import SearchPage
 
@@ -41,20 +42,24 @@ class RecallMemory:
         self._locks: dict[str, asyncio.Lock] = {}
         self._backlog: dict[str, asyncio.Task[None]] = {}
 
-    async def search(self, agent_id: str, query: str, limit: int, offset: int = 0) -> SearchPage:
+    async def search(
+        self, agent_id: str, query: str, limit: int, offset: int = 0, *, visible: Visibility | None = None
+    ) -> SearchPage:
         """The agent's messages ranked by meaning and keywords (BM25 only if
-        the store cannot hold message embeddings or embedding fails)."""
+        the store cannot hold message embeddings or embedding fails); with
+        `visible`, only those the place it describes may read. Embedding
+        covers every message (it is not a read)."""
         if self._vectors is None:
-            return await self.store.search_messages(agent_id, query, limit, offset)
+            return await self.store.search_messages(agent_id, query, limit, offset, visible=visible)
         try:
             more = await self._embed_batch(agent_id)
             vector = (await self.embedder.embed_one(query)).tolist()
         except Exception as error:  # a store or model failure: keyword search still answers
             log.warning("agent %s: recall embedding failed, searching by keywords only: %s", agent_id, error)
-            return await self.store.search_messages(agent_id, query, limit, offset)
+            return await self.store.search_messages(agent_id, query, limit, offset, visible=visible)
         if more:
             self._embed_later(agent_id)
-        return await self.store.search_messages(agent_id, query, limit, offset, query_vector=vector)
+        return await self.store.search_messages(agent_id, query, limit, offset, query_vector=vector, visible=visible)
 
     async def _embed_batch(self, agent_id: str, done: set[int] | None = None) -> bool:
         """Embed the agent's newest BATCH unembedded messages; True if more may

@@ -12,6 +12,13 @@ to what the docstrings here promise.
 Every method that touches memory takes the agent id first: no call reads or
 searches across agents, except the admin ones whose names say so
 (`list_agents`, `delete_agent`, `list_sources`...).
+
+Places (memory/places.py): every message and passage records the conversation
+key it belongs to, and every read of them that takes `visible` (a
+Visibility) returns only items whose key it sees: `visible.everything`, or the
+key is in `visible.places`, or `visible.public` and the key starts with
+"public:". None means everything (admin, CLI, export). The filter is applied
+before ranking and paging, so a page and its `total` hold visible items only.
 """
 
 from __future__ import annotations
@@ -20,10 +27,12 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from memory.places import DM_KEY, Visibility
 from memory.schedules import ScheduleStore
 from memory.types import (
     AgentRecord,
     Block,
+    ConversationRecord,
     DocumentRecord,
     JournalEntry,
     Message,
@@ -57,17 +66,33 @@ class AgentStore(Protocol):
         """Admin: every agent, oldest first."""
 
     async def delete_agent(self, agent_id: str) -> None:
-        """Admin / forget: remove the agent and everything stored for it."""
+        """Admin / forget: remove the agent and everything stored for it
+        (its conversations too)."""
 
     async def flush_deleted(self) -> None:
         """After a forget: make what was just deleted unreadable from the
         store's own files too (SQLite keeps old pages in its WAL)."""
 
+    async def get_conversation(self, agent_id: str, place: str, name: str = "") -> ConversationRecord:
+        """The agent's conversation in `place` (a conversation key), created on
+        first use (empty summary, queue_start_seq 1). Safe under concurrent
+        calls. A non-empty `name` replaces the stored display name."""
+
+    async def list_conversations(self, agent_id: str) -> list[ConversationRecord]:
+        """Every conversation of the agent, by place key."""
+
     async def update_queue(
-        self, agent_id: str, summary: str, queue_start_seq: int, summary_updated_at: datetime
+        self,
+        agent_id: str,
+        summary: str,
+        queue_start_seq: int,
+        summary_updated_at: datetime,
+        *,
+        place: str = DM_KEY,
     ) -> None:
-        """Record an eviction: the new recursive summary and where the queue now
-        starts, in one atomic write."""
+        """Record an eviction in one place: its new recursive summary and where
+        its queue now starts, in one atomic write (the conversation is created
+        if it was not yet; StoreError if the agent is unknown)."""
 
 
 @runtime_checkable
@@ -88,13 +113,21 @@ class MessageStore(Protocol):
         """Store messages in order, in one transaction, assigning each the next
         `seq`. Returns them with `seq` set."""
 
-    async def messages_since(self, agent_id: str, seq: int) -> list[Message]:
-        """Messages with `seq >= seq`, oldest first."""
+    async def messages_since(self, agent_id: str, seq: int, *, place: str | None = None) -> list[Message]:
+        """Messages with `seq >= seq`, oldest first; with `place`, only that
+        conversation's (a place's queue)."""
 
-    async def count_messages(self, agent_id: str) -> int: ...
+    async def count_messages(self, agent_id: str, *, visible: Visibility | None = None) -> int: ...
 
     async def search_messages(
-        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
+        self,
+        agent_id: str,
+        query: str,
+        limit: int,
+        offset: int = 0,
+        *,
+        query_vector: Sequence[float] | None = None,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         """Ranked by relevance to `query` (not bare substring match): BM25.
 
@@ -106,7 +139,14 @@ class MessageStore(Protocol):
         number of candidates. Ties go to the lower seq."""
 
     async def messages_between(
-        self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
+        self,
+        agent_id: str,
+        start: datetime,
+        end: datetime,
+        limit: int,
+        offset: int = 0,
+        *,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         """Messages with start <= created_at < end, oldest first."""
 
@@ -152,6 +192,8 @@ class PassageStore(Protocol):
         query_vector: Sequence[float],
         limit: int,
         offset: int = 0,
+        *,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         """Embedded passages ranked by a hybrid of meaning and keywords, best
         first (ties by id, so pages never overlap): relevance is the cosine of
@@ -162,9 +204,12 @@ class PassageStore(Protocol):
         were ranked: every embedded one while the archive is searched exactly,
         the candidate pool once an approximate index serves it."""
 
-    async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]: ...
+    async def list_passages(
+        self, agent_id: str, limit: int, offset: int = 0, *, visible: Visibility | None = None
+    ) -> list[Passage]:
+        """Oldest first."""
 
-    async def count_passages(self, agent_id: str) -> int: ...
+    async def count_passages(self, agent_id: str, *, visible: Visibility | None = None) -> int: ...
 
     async def delete_passages(self, agent_id: str, ids: Sequence[int]) -> None: ...
 

@@ -34,6 +34,9 @@ class Message:
     # The inbound event this message records (user messages only): a redone
     # event finds it and is not recorded twice. Internal, never sent to the model.
     event_id: str | None = None
+    # The conversation it belongs to (memory/places.py: "dm", "private:<id>",
+    # "public:<id>"); reads filter on it (Visibility).
+    place: str = "dm"
 
     def to_openai(self) -> dict[str, Any]:
         payload: dict[str, Any] = {"role": self.role, "content": self.content}
@@ -75,20 +78,33 @@ class Passage:
     position: str | None = None
     created_at: datetime = field(default_factory=utc_now)
     embedding: list[float] | None = None
+    # Where it was saved (a conversation key, memory/places.py); reads filter on it.
+    place: str = "dm"
 
 
 @dataclass(slots=True)
 class AgentRecord:
-    """What the store keeps about an agent besides its messages and passages.
-
-    `queue_start_seq` marks where the FIFO queue starts in the message history;
-    messages before it were evicted and live on only in recall storage and in
-    the recursive `summary`.
-    """
+    """What the store keeps about an agent besides its messages and passages
+    (its queues and summaries are per place: ConversationRecord)."""
 
     id: str
     key: str
     created_at: datetime = field(default_factory=utc_now)
+
+
+@dataclass(slots=True)
+class ConversationRecord:
+    """One place's conversation with an agent: its FIFO queue state.
+
+    `place` is the conversation key (memory/places.py). The queue of a place is
+    that place's messages with seq >= `queue_start_seq`; its messages before it
+    were evicted and live on only in recall storage and in the recursive
+    `summary`. `name` is the place's display name, for people and the model.
+    """
+
+    agent_id: str
+    place: str
+    name: str = ""
     summary: str = ""
     queue_start_seq: int = 1
     summary_updated_at: datetime | None = None

@@ -81,7 +81,10 @@ async def snapshot(store: Store) -> dict[str, object]:
     for agent in agents:
         passages = await store.list_passages(agent.id, 1000)
         out[agent.key] = {
-            "queue": (agent.summary, agent.queue_start_seq, agent.summary_updated_at),
+            "queue": [
+                (c.place, c.summary, c.queue_start_seq, c.summary_updated_at)
+                for c in await store.list_conversations(agent.id)
+            ],
             "blocks": await store.load_blocks(agent.id),
             "messages": await store.messages_since(agent.id, 0),
             "passages": [(p.text, p.source, p.position, p.created_at, p.embedding) for p in passages],
@@ -124,7 +127,11 @@ async def test_sqlite_to_mongodb_to_sqlite_round_trips_every_agent(tmp_path: Pat
         assert await snapshot(last) == original
         alice, bob = original["discord:alice"], original["slack:T1:U2"]
         assert isinstance(alice, dict) and isinstance(bob, dict)
-        assert [m.seq for m in alice["messages"]] == list(range(1, 12)) and alice["queue"][1] == 4
+        assert [m.seq for m in alice["messages"]] == list(range(1, 12)) and alice["queue"][0][:3] == (
+            "dm",
+            "Alice likes tea.",
+            4,
+        )
         assert len(alice["hashes"]) == 2 and alice["pending"] == ["not embedded yet"]
         assert alice["sees"] == ["docs", "faq"] and bob["sees"] == []
         assert original["sources"] == [("docs", True, []), ("faq", False, ["discord:alice"])]

@@ -262,9 +262,6 @@ async def test_an_agent_created_without_its_blocks_gets_them_next_time(store: Mo
             "_id": "half-made",
             "key": "discord:half",
             "created_at": 1,
-            "summary": "",
-            "queue_start_seq": 1,
-            "summary_updated_at": None,
             "ready": False,
         }
     )

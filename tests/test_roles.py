@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from memory.archival import ArchivalMemory
+from memory.places import Visibility
 from memory.recall import RecallMemory
 from memory.roles import MessageEmbeddingStore, MessageStore, PassageStore, SourceStore
 from memory.sqlite.store import SQLiteStore
@@ -40,22 +41,36 @@ class MessagesOnly:
     async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
         return await self._store.append_messages(agent_id, messages)
 
-    async def messages_since(self, agent_id: str, seq: int) -> list[Message]:
-        return await self._store.messages_since(agent_id, seq)
+    async def messages_since(self, agent_id: str, seq: int, *, place: str | None = None) -> list[Message]:
+        return await self._store.messages_since(agent_id, seq, place=place)
 
-    async def count_messages(self, agent_id: str) -> int:
-        return await self._store.count_messages(agent_id)
+    async def count_messages(self, agent_id: str, *, visible: Visibility | None = None) -> int:
+        return await self._store.count_messages(agent_id, visible=visible)
 
     async def search_messages(
-        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
+        self,
+        agent_id: str,
+        query: str,
+        limit: int,
+        offset: int = 0,
+        *,
+        query_vector: Sequence[float] | None = None,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         assert query_vector is None, "no vectors without the embedding role"
-        return await self._store.search_messages(agent_id, query, limit, offset)
+        return await self._store.search_messages(agent_id, query, limit, offset, visible=visible)
 
     async def messages_between(
-        self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
+        self,
+        agent_id: str,
+        start: datetime,
+        end: datetime,
+        limit: int,
+        offset: int = 0,
+        *,
+        visible: Visibility | None = None,
     ) -> SearchPage:
-        return await self._store.messages_between(agent_id, start, end, limit, offset)
+        return await self._store.messages_between(agent_id, start, end, limit, offset, visible=visible)
 
     async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
         return await self._store.event_message_seq(agent_id, event_id)

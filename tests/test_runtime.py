@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+from datetime import UTC, datetime
 from typing import Any
 
 from bot.events import FileUploaded, ScheduledTick, SystemAlert, UserJoined, UserMessage
+from memory.types import Message, Passage
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, tool_call
 
@@ -110,3 +112,22 @@ async def test_forget_removes_the_agent_and_a_new_one_starts_fresh(
     agent = await runtime.agent("terminal:zoe")
     assert "jazz" not in agent.working_context.get("human").value
     assert await runtime.store.count_messages(agent.id) == 0
+
+
+async def test_export_says_where_each_message_and_passage_was_said(make_runtime: RuntimeFactory) -> None:
+    runtime = await make_runtime()
+    agent = await runtime.agent("terminal:pia")
+    await runtime.store.append_messages(
+        agent.id, [Message("user", "in a DM"), Message("user", "in #general", place="public:C1")]
+    )
+    await runtime.store.insert_passages(agent.id, [Passage("team fact", place="private:C2")])
+    await runtime.store.update_queue(agent.id, "chat in #general", 2, datetime.now(UTC), place="public:C1")
+    exported = await runtime.export("terminal:pia")
+    assert exported is not None
+    assert [(m["content"], m["place"]) for m in exported["messages"]] == [
+        ("in a DM", "dm"),
+        ("in #general", "public:C1"),
+    ]
+    assert [(p["text"], p["place"]) for p in exported["passages"]] == [("team fact", "private:C2")]
+    conversations = {c["place"]: c["summary"] for c in exported["conversations"]}
+    assert conversations["public:C1"] == "chat in #general"

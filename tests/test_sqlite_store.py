@@ -88,10 +88,11 @@ async def test_delete_agent_leaves_no_trace_in_any_table(store: SQLiteStore, db_
     # FTS5 prefix-compresses each term against the one before it, so the
     # agent id token is looked for by its tail, which is always stored whole.
     id_tail = agent_id[8:]
-    everywhere = {"agents", "blocks", "messages", "passages", "messages_fts_data"}
+    # The summary (with the secret) lives in the agent's DM conversation.
+    everywhere = {"conversations", "blocks", "messages", "passages", "messages_fts_data"}
     # The scan itself must see the FTS index, or the checks below prove nothing.
     assert everywhere <= tables_containing(db_path, SECRET)
-    assert everywhere <= tables_containing(db_path, id_tail)
+    assert everywhere | {"agents"} <= tables_containing(db_path, id_tail)
 
     await store.delete_agent(agent_id)
 
@@ -118,7 +119,8 @@ async def test_everything_survives_close_and_reopen(store: SQLiteStore, db_path:
     try:
         agent = await reopened.find_agent("slack:persist")
         assert agent is not None and agent.id == agent_id
-        assert (agent.summary, agent.queue_start_seq, agent.summary_updated_at) == (
+        dm = await reopened.get_conversation(agent_id, "dm")
+        assert (dm.summary, dm.queue_start_seq, dm.summary_updated_at) == (
             "summary mentions gooseberry",
             3,
             T0,

@@ -1,7 +1,7 @@
 """MongoStore's archival storage: passages, their embeddings, and search by
 meaning (the design is told in memory/mongo/store.py).
 
-    passages  {_id: int id, agent_id, text, source, position, created_at,
+    passages  {_id: int id, agent_id, text, source, position, created_at, place,
                embedding (float list or null), embedded, [hash], terms, words}
     counters  {_id: "passage_id", value}: the next ids, reserved with $inc
               {_id: "vectors:<agent id>", value}: bumped on every change of
@@ -23,9 +23,10 @@ import numpy.typing as npt
 from pymongo import ASCENDING, IndexModel, ReturnDocument, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
-from memory.mongo.base import MAX_ATTEMPTS, Doc, MongoBase, Session, from_us, lost_race, to_us
+from memory.mongo.base import MAX_ATTEMPTS, Doc, MongoBase, Session, from_us, lost_race, to_us, visible_filter
 from memory.mongo.capabilities import VECTOR_SEARCH, guarded
 from memory.mongo.keywords import keyword_scores, passage_terms
+from memory.places import DM_KEY, Visibility
 from memory.search.hybrid import KEYWORD_WEIGHT, fuse
 from memory.search.vector_index import VectorIndex, embedding_matrix
 from memory.store import StoreError
@@ -42,6 +43,8 @@ ARCHIVAL_INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("agent_id", ASCENDING), ("embedded", ASCENDING), ("_id", ASCENDING)], name="agent_embedded"),
         IndexModel([("agent_id", ASCENDING), ("hash", ASCENDING)], name="agent_hash"),
         IndexModel([("agent_id", ASCENDING), ("terms", ASCENDING)], name="agent_terms"),
+        # Searches, lists and counts limited to some places.
+        IndexModel([("agent_id", ASCENDING), ("place", ASCENDING), ("_id", ASCENDING)], name="agent_place"),
     ],
 }
 
@@ -54,6 +57,7 @@ def _passage(doc: Doc) -> Passage:
         position=doc.get("position"),
         created_at=from_us(doc["created_at"]),
         embedding=doc.get("embedding"),
+        place=doc.get("place", DM_KEY),
     )
 
 
@@ -79,6 +83,7 @@ class MongoArchival(MongoBase):
                 "source": p.source,
                 "position": p.position,
                 "created_at": to_us(p.created_at),
+                "place": p.place,
                 "embedding": vectors.get(n),
                 "embedded": n in vectors,
                 **passage_terms(p.text),
@@ -192,12 +197,24 @@ class MongoArchival(MongoBase):
 
     @guarded
     async def search_passages(
-        self, agent_id: str, query_text: str, query_vector: Sequence[float], limit: int, offset: int = 0
+        self,
+        agent_id: str,
+        query_text: str,
+        query_vector: Sequence[float],
+        limit: int,
+        offset: int = 0,
+        *,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         offset = max(offset, 0)
-        if self.capabilities is not None and self.capabilities.archival_search == VECTOR_SEARCH:
+        where = visible_filter(visible)
+        # A search limited to some places is ranked in process: the Atlas
+        # index would need `place` declared as a filter field.
+        if not where and self.capabilities is not None and self.capabilities.archival_search == VECTOR_SEARCH:
             return await self._vector_search(agent_id, query_text, query_vector, limit, offset)
         index = await self._index(agent_id)
+        if where:
+            return await self._search_visible(agent_id, query_text, query_vector, limit, offset, where, index)
         if not len(index) or limit <= 0:
             return SearchPage(items=[], total=len(index))
         keyword = await keyword_scores(self._c("passages"), agent_id, query_text)
@@ -206,6 +223,27 @@ class MongoArchival(MongoBase):
         bonus = {pid: KEYWORD_WEIGHT * share for pid, share in keyword.items()}
         hits = index.search(np.asarray(query_vector, dtype=_F32), offset + limit, boost=bonus)[offset:]
         return SearchPage(items=await self._passages_for(agent_id, hits), total=len(index))
+
+    async def _search_visible(
+        self,
+        agent_id: str,
+        text: str,
+        query: Sequence[float],
+        limit: int,
+        offset: int,
+        where: Doc,
+        index: VectorIndex,
+    ) -> SearchPage:
+        """Exact hybrid ranking of only the embedded passages `where` (a place
+        filter) selects: filtered before ranking and paging."""
+        cursor = self._c("passages").find({"agent_id": agent_id, "embedded": True, **where}, {"_id": 1})
+        allowed = [doc["_id"] async for doc in cursor]
+        if not allowed or limit <= 0:
+            return SearchPage(items=[], total=len(allowed))
+        keyword = await keyword_scores(self._c("passages"), agent_id, text, where)
+        ranked = fuse(index.similarity(np.asarray(query, dtype=_F32), allowed), keyword)
+        hits = ranked[offset : offset + limit]
+        return SearchPage(items=await self._passages_for(agent_id, hits), total=len(ranked))
 
     async def _passages_for(self, agent_id: str, hits: list[tuple[int, float]]) -> list[tuple[Passage, float]]:
         """The hits' passages, in the hits' order (one gone meanwhile is skipped)."""
@@ -273,16 +311,18 @@ class MongoArchival(MongoBase):
         return SearchPage(items=await self._passages_for(agent_id, hits), total=total)
 
     @guarded
-    async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]:
+    async def list_passages(
+        self, agent_id: str, limit: int, offset: int = 0, *, visible: Visibility | None = None
+    ) -> list[Passage]:
         if limit <= 0:
             return []
-        cursor = self._c("passages").find({"agent_id": agent_id}, _NO_TERMS)
+        cursor = self._c("passages").find({"agent_id": agent_id, **visible_filter(visible)}, _NO_TERMS)
         cursor = cursor.sort([("created_at", ASCENDING), ("_id", ASCENDING)])
         return [_passage(doc) async for doc in cursor.skip(max(offset, 0)).limit(limit)]
 
     @guarded
-    async def count_passages(self, agent_id: str) -> int:
-        return await self._c("passages").count_documents({"agent_id": agent_id})
+    async def count_passages(self, agent_id: str, *, visible: Visibility | None = None) -> int:
+        return await self._c("passages").count_documents({"agent_id": agent_id, **visible_filter(visible)})
 
     @guarded
     async def delete_passages(self, agent_id: str, ids: Sequence[int]) -> None:

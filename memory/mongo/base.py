@@ -22,6 +22,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from memory.mongo.capabilities import Capabilities, redact_uri, store_error
+from memory.places import PUBLIC_PREFIX, Visibility
 from memory.search.vector_index import VectorIndex
 from memory.store import StoreError
 
@@ -35,6 +36,24 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 MAX_ATTEMPTS = 100  # insert races lost in a row before giving up
 LIVE: Doc = {"deleting": {"$ne": True}}  # agents not being deleted
+
+
+# Every key starting with "public:" sorts in [PUBLIC_PREFIX, _PUBLIC_END): a
+# range the (agent_id, place) indexes serve, which a $regex might not.
+_PUBLIC_END = PUBLIC_PREFIX[:-1] + chr(ord(PUBLIC_PREFIX[-1]) + 1)
+
+
+def visible_filter(visible: Visibility | None) -> Doc:
+    """The Visibility as a query filter on `place`, to merge into a query
+    beside agent_id ({} when everything is visible)."""
+    if visible is None or visible.everything:
+        return {}
+    terms: list[Doc] = [{"place": {"$in": sorted(visible.places)}}] if visible.places else []
+    if visible.public:
+        terms.append({"place": {"$gte": PUBLIC_PREFIX, "$lt": _PUBLIC_END}})
+    if not terms:
+        return {"place": {"$in": []}}
+    return terms[0] if len(terms) == 1 else {"$or": terms}
 
 
 def to_us(moment: datetime) -> int:
@@ -137,9 +156,6 @@ class MongoBase:
                 "_id": uuid.uuid4().hex,
                 "key": key,
                 "created_at": self._last_created,
-                "summary": "",
-                "queue_start_seq": 1,
-                "summary_updated_at": None,
                 "ready": ready,
             }
             try:

@@ -9,6 +9,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from memory.mongo.archival import ARCHIVAL_INDEXES
 from memory.mongo.base import Doc
+from memory.mongo.conversations import CONVERSATION_INDEXES
 from memory.mongo.coordination import COORDINATION_INDEXES
 from memory.mongo.journal import JOURNAL_INDEXES
 from memory.mongo.schedules import SCHEDULE_INDEXES
@@ -29,6 +30,8 @@ INDEXES: dict[str, list[IndexModel]] = {
         IndexModel([("agent_id", ASCENDING), ("seq", ASCENDING)], unique=True, name="agent_seq_unique"),
         IndexModel([("agent_id", ASCENDING), ("created_at", ASCENDING), ("seq", ASCENDING)], name="agent_created"),
         IndexModel([("agent_id", ASCENDING), ("terms", ASCENDING)], name="agent_terms"),
+        # A place's queue, and counts filtered by place.
+        IndexModel([("agent_id", ASCENDING), ("place", ASCENDING), ("seq", ASCENDING)], name="agent_place_seq"),
     ],
 }
 
@@ -37,6 +40,7 @@ ALL_INDEXES: dict[str, list[IndexModel]] = {}
 for _part in (
     INDEXES,
     ARCHIVAL_INDEXES,
+    CONVERSATION_INDEXES,
     SOURCE_INDEXES,
     COORDINATION_INDEXES,
     SCHEDULE_INDEXES,

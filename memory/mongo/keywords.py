@@ -89,9 +89,13 @@ async def _statistics(passages: AsyncCollection[Any], agent_id: str) -> tuple[in
     return int(total), mean
 
 
-async def keyword_scores(passages: AsyncCollection[Any], agent_id: str, text: str) -> dict[int, float]:
+async def keyword_scores(
+    passages: AsyncCollection[Any], agent_id: str, text: str, where: dict[str, Any] | None = None
+) -> dict[int, float]:
     """Coverage (0-1, see memory.search.hybrid) of `text`'s keyword expressions for
-    the agent's best keyword matches (at most CANDIDATE_POOL), by passage id."""
+    the agent's best keyword matches (at most CANDIDATE_POOL), by passage id.
+    `where` (a place filter) limits the candidates before they are ranked, so
+    the pool holds the best matches among those passages only."""
     query = keyword_query(text)
     if query is None:
         return {}
@@ -105,7 +109,8 @@ async def keyword_scores(passages: AsyncCollection[Any], agent_id: str, text: st
     total_rows, avg_len = await _statistics(passages, agent_id)
     # Every passage holding a kept expression holds one of its rare words, so
     # these candidates give exact per-expression row counts.
-    cursor = passages.find({"agent_id": agent_id, "terms": {"$in": [w for w in rare if counts[w]]}}, {"text": 1})
+    held_words = [w for w in rare if counts[w]]
+    cursor = passages.find({"agent_id": agent_id, "terms": {"$in": held_words}, **(where or {})}, {"text": 1})
     docs = {doc["_id"]: tokens(doc["text"]) async for doc in cursor}
     if avg_len <= 0:
         avg_len = max(sum(map(len, docs.values())) / max(len(docs), 1), 1.0)

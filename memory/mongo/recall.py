@@ -21,6 +21,7 @@ from pymongo import ASCENDING
 from pymongo.asynchronous.collection import AsyncCollection
 
 from memory.mongo.base import Doc, from_us
+from memory.places import DM_KEY, Visibility
 from memory.search.conversation import ConversationIndex, Ranked, Vector
 from memory.types import Message
 
@@ -34,6 +35,7 @@ _INDEXED: Doc = {
     "tool_calls": 1,
     "name": 1,
     "created_at": 1,
+    "place": 1,
     "embedding": 1,
 }
 
@@ -46,6 +48,7 @@ def _indexed(doc: Doc) -> Message:
         name=doc.get("name"),
         created_at=from_us(doc["created_at"]),
         seq=doc["seq"],
+        place=doc.get("place", DM_KEY),
     )
 
 
@@ -87,8 +90,9 @@ class MessageIndexes:
         query_vector: Sequence[float],
         limit: int,
         offset: int,
+        visible: Visibility | None = None,
     ) -> Ranked:
-        return (await self.index(messages, agent_id)).rank(query, query_vector, limit, offset)
+        return (await self.index(messages, agent_id)).rank(query, query_vector, limit, offset, visible=visible)
 
     def added(self, agent_id: str, vectors: Mapping[int, Vector]) -> None:
         """Vectors this process stored (an uncached agent reads them later)."""

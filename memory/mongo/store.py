@@ -9,13 +9,14 @@ context, recall storage); memory/mongo/indexes.py creates the indexes of all
 of them. Collections (every document but the counters
 carries `agent_id`, and every query filters on it):
 
-    agents    {_id: agent id, key, created_at, summary, queue_start_seq,
-               summary_updated_at, ready, [deleting]}
+    agents    {_id: agent id, key, created_at, ready, [deleting]}
+    conversations {agent_id, place, name, summary, queue_start_seq,
+               summary_updated_at} (memory/mongo/conversations.py)
     blocks    {agent_id, label, value, limit, updated_at, position}
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
-               tool_call_id, name, created_at, terms, [embedding]}
+               tool_call_id, name, created_at, place, terms, [embedding]}
     passages  {_id: int id, agent_id, text, source, position, created_at,
-               embedding, embedded, [hash], terms, words}
+               place, embedding, embedded, [hash], terms, words}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo/sources.py)
     lease_owners, lease_tickets, lease_holders (memory/mongo/coordination.py)
@@ -73,8 +74,9 @@ from datetime import UTC, datetime
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, UpdateOne
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
-from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us
+from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us, visible_filter
 from memory.mongo.capabilities import detect, guarded, scrub
+from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.journal import MongoJournal
@@ -82,6 +84,7 @@ from memory.mongo.recall import MessageIndexes
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
 from memory.mongo.usage import MongoUsage
+from memory.places import DM_KEY, Visibility
 from memory.search.vector_index import check_dimension, embedding_matrix
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
@@ -123,15 +126,7 @@ def bm25(docs: Sequence[Sequence[str]], query: Sequence[str], n_docs: int, avg_l
 
 
 def _agent(doc: Doc) -> AgentRecord:
-    summary_at = doc.get("summary_updated_at")
-    return AgentRecord(
-        doc["_id"],
-        doc["key"],
-        from_us(doc["created_at"]),
-        doc.get("summary", ""),
-        doc.get("queue_start_seq", 1),
-        None if summary_at is None else from_us(summary_at),
-    )
+    return AgentRecord(doc["_id"], doc["key"], from_us(doc["created_at"]))
 
 
 def _block(doc: Doc) -> Block:
@@ -148,6 +143,7 @@ def _message(doc: Doc) -> Message:
         name=doc.get("name"),
         created_at=from_us(doc["created_at"]),
         event_id=doc.get("event_id"),
+        place=doc.get("place", DM_KEY),
     )
 
 
@@ -159,7 +155,7 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
     return int(end), int(newest.get("tok_total") or 0)
 
 
-class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Store):
+class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, Store):
     @functools.cached_property
     def schedules(self) -> MongoScheduleStore:
         """Check-in schedules, in this store's database."""
@@ -182,6 +178,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
             db = client[self.database]
             await db.command("ping")
             await ensure_indexes(db)
+            await upgrade_to_places(db)
             await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
             await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)
@@ -258,7 +255,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         return None  # a server-backed store has no files of its own to clean
 
     async def _purge(self, agent_id: str) -> None:
-        for name in ("messages", "passages", "blocks"):
+        for name in ("messages", "passages", "blocks", "conversations"):
             await self._c(name).delete_many({"agent_id": agent_id})
         await self._c("counters").delete_one({"_id": f"vectors:{agent_id}"})
         await self._purge_sources(agent_id)
@@ -286,17 +283,6 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         except DuplicateKeyError:  # a concurrent save inserted the label first
             await blocks.update_one(where, {"$set": fields})
 
-    # -- FIFO queue state --------------------------------------------------
-    @guarded
-    async def update_queue(
-        self, agent_id: str, summary: str, queue_start_seq: int, summary_updated_at: datetime
-    ) -> None:
-        fields = {"summary": summary, "queue_start_seq": queue_start_seq}
-        fields["summary_updated_at"] = to_us(summary_updated_at)
-        result = await self._c("agents").update_one({"_id": agent_id, **LIVE}, {"$set": fields})
-        if not result.matched_count:
-            raise StoreError(f"MongoDB store: no agent {agent_id!r}")
-
     # -- recall storage ----------------------------------------------------
     @guarded
     async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
@@ -312,6 +298,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
                 "tool_call_id": m.tool_call_id,
                 "name": m.name,
                 "created_at": to_us(m.created_at),
+                "place": m.place,
                 "terms": sorted(set(t)),
                 **({"event_id": m.event_id} if m.event_id else {}),
             }
@@ -365,33 +352,47 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         return start
 
     @guarded
-    async def messages_since(self, agent_id: str, seq: int) -> list[Message]:
-        cursor = self._c("messages").find({"agent_id": agent_id, "seq": {"$gte": seq}}, _NO_TERMS)
+    async def messages_since(self, agent_id: str, seq: int, *, place: str | None = None) -> list[Message]:
+        where: Doc = {"agent_id": agent_id, "seq": {"$gte": seq}}
+        if place is not None:
+            where["place"] = place
+        cursor = self._c("messages").find(where, _NO_TERMS)
         return [_message(doc) async for doc in cursor.sort("seq", ASCENDING)]
 
     @guarded
-    async def count_messages(self, agent_id: str) -> int:
+    async def count_messages(self, agent_id: str, *, visible: Visibility | None = None) -> int:
         # Documents, not the last seq: a crash may have left a gap (see above).
-        return await self._c("messages").count_documents({"agent_id": agent_id})
+        return await self._c("messages").count_documents({"agent_id": agent_id, **visible_filter(visible)})
 
     @guarded
     async def search_messages(
-        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
+        self,
+        agent_id: str,
+        query: str,
+        limit: int,
+        offset: int = 0,
+        *,
+        query_vector: Sequence[float] | None = None,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         if query_vector is not None:
-            return await self._hybrid_messages(agent_id, query, query_vector, limit, max(offset, 0))
+            return await self._hybrid_messages(agent_id, query, query_vector, limit, max(offset, 0), visible)
         terms = list(dict.fromkeys(words(query)))[:_MAX_QUERY_TERMS]
-        ranked, _ = await self._bm25_messages(agent_id, terms)
+        ranked, _ = await self._bm25_messages(agent_id, terms, visible)
         page = ranked[max(offset, 0) : max(offset, 0) + max(limit, 0)]
         return SearchPage(items=[m for _, m in page], total=len(ranked))
 
-    async def _bm25_messages(self, agent_id: str, terms: list[str]) -> tuple[list[tuple[float, Message]], float]:
-        """The agent's messages holding any of `terms`, ranked by BM25 (score,
-        message; best first, ties by seq), and the sum of the terms' IDFs."""
+    async def _bm25_messages(
+        self, agent_id: str, terms: list[str], visible: Visibility | None = None
+    ) -> tuple[list[tuple[float, Message]], float]:
+        """The agent's messages holding any of `terms` (those `visible` sees),
+        ranked by BM25 (score, message; best first, ties by seq), and the sum
+        of the terms' IDFs."""
         if not terms:
             return [], 0.0
         messages = self._c("messages")
-        candidates = [doc async for doc in messages.find({"agent_id": agent_id, "terms": {"$in": terms}}, _NO_TERMS)]
+        where = {"agent_id": agent_id, "terms": {"$in": terms}, **visible_filter(visible)}
+        candidates = [doc async for doc in messages.find(where, _NO_TERMS)]
         if not candidates:
             return [], 0.0
         # Collection statistics from the newest batch: messages so far and
@@ -418,11 +419,17 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
         return MessageIndexes(self._max_indexes)
 
     async def _hybrid_messages(
-        self, agent_id: str, query: str, query_vector: Sequence[float], limit: int, offset: int
+        self,
+        agent_id: str,
+        query: str,
+        query_vector: Sequence[float],
+        limit: int,
+        offset: int,
+        visible: Visibility | None,
     ) -> SearchPage:
         """Conversation search ranking over the agent's messages (memory/mongo/recall.py)."""
         messages = self._c("messages")
-        ranked = await self._conversations.rank(messages, agent_id, query, query_vector, limit, offset)
+        ranked = await self._conversations.rank(messages, agent_id, query, query_vector, limit, offset, visible)
         seqs = [seq for seq, _ in ranked.items]
         if not seqs:
             return SearchPage(items=[], total=ranked.total)
@@ -467,9 +474,20 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoUsage, Stor
 
     @guarded
     async def messages_between(
-        self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
+        self,
+        agent_id: str,
+        start: datetime,
+        end: datetime,
+        limit: int,
+        offset: int = 0,
+        *,
+        visible: Visibility | None = None,
     ) -> SearchPage:
-        where = {"agent_id": agent_id, "created_at": {"$gte": to_us(start), "$lt": to_us(end)}}
+        where = {
+            "agent_id": agent_id,
+            "created_at": {"$gte": to_us(start), "$lt": to_us(end)},
+            **visible_filter(visible),
+        }
         messages = self._c("messages")
         total = await messages.count_documents(where)
         if limit <= 0 or offset >= total:

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from memory.places import Visibility
 from memory.search import when
 from memory.search.analysis import query_terms, terms
 from memory.search.hybrid import tokens
@@ -117,6 +118,7 @@ class ConversationIndex:
         self._turn: list[bool] = []
         self._embeddable: list[bool] = []
         self._speakers: list[str | None] = []
+        self._places: list[str] = []
         self._postings: dict[str, tuple[list[int], list[int]]] = {}
         self._vectors = np.zeros((0, 0), dtype=F32)
         self._has_vector = np.zeros(0, dtype=bool)
@@ -155,6 +157,7 @@ class ConversationIndex:
             self._turn.append(conversational(message) and bool(text))
             self._embeddable.append(embeddable(message))
             self._speakers.append(speaker_of(message.content or ""))
+            self._places.append(message.place)
         self._derived = None
         if self.dim is not None:
             self._grow(self.dim)
@@ -243,8 +246,11 @@ class ConversationIndex:
         *,
         now: datetime | None = None,
         weights: Weights = WEIGHTS,
+        visible: Visibility | None = None,
     ) -> Ranked:
-        """One page of candidates, best first, and the number of candidates."""
+        """One page of candidates, best first, and the number of candidates;
+        with `visible`, only messages it sees are candidates (filtered before
+        paging, so the total counts visible ones only)."""
         size = len(self._seqs)
         if not size:
             return Ranked([], 0)
@@ -252,6 +258,8 @@ class ConversationIndex:
         score = sum(getattr(weights, name) * value for name, value in signals.items())
         has_vector = self._mask() if query_vector is not None else np.zeros(size, dtype=bool)
         candidate = has_vector | (signals["keywords"] > 0) | (signals["context"] > 0) | (signals["time"] > 0)
+        if visible is not None and not visible.everything:
+            candidate &= np.fromiter(map(visible.sees, self._places), dtype=bool, count=size)
         positions = np.flatnonzero(candidate)
         total = len(positions)
         want = max(offset, 0) + max(limit, 0)

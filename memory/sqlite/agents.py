@@ -11,22 +11,28 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from memory.places import DM_KEY
 from memory.sqlite.base import SQLiteBase, from_ts, to_ts
 from memory.sqlite.recall import MessageSearch
 from memory.sqlite.search import PassageSearch
 from memory.store import StoreError
-from memory.types import AgentRecord, Block
+from memory.types import AgentRecord, Block, ConversationRecord
 
 log = logging.getLogger("memory.sqlite.store")
 
-_AGENT_COLS = "id, key, created_at, summary, queue_start_seq, summary_updated_at"
+_AGENT_COLS = "id, key, created_at"
 _BLOCKS_SQL = 'SELECT label, value, "limit", updated_at FROM blocks WHERE agent_id = ? ORDER BY position'
+# In the ConversationRecord field order.
+_CONVERSATION_COLS = "agent_id, place, name, summary, queue_start_seq, summary_updated_at"
 
 
 def _agent(row: Sequence[Any]) -> AgentRecord:
-    # _AGENT_COLS lists the columns in the dataclass field order.
+    return AgentRecord(row[0], row[1], from_ts(row[2]))
+
+
+def _conversation(row: Sequence[Any]) -> ConversationRecord:
     summary_at = None if row[5] is None else from_ts(row[5])
-    return AgentRecord(row[0], row[1], from_ts(row[2]), row[3], row[4], summary_at)
+    return ConversationRecord(row[0], row[1], row[2], row[3], row[4], summary_at)
 
 
 def _block(row: Sequence[Any]) -> Block:
@@ -74,8 +80,8 @@ class SQLiteAgents(SQLiteBase):
         with self._write() as conn:
             had_messages = conn.execute("SELECT 1 FROM messages WHERE agent_id = ? LIMIT 1", (agent_id,)).fetchone()
             had_passages = conn.execute("SELECT 1 FROM passages WHERE agent_id = ? LIMIT 1", (agent_id,)).fetchone()
-            # Cascades to blocks, messages (whose trigger empties the FTS rows)
-            # and passages.
+            # Cascades to blocks, conversations, messages (whose trigger
+            # empties the FTS rows) and passages.
             conn.execute("DELETE FROM agents WHERE id = ?", (agent_id,))
             if had_messages:
                 # FTS5 before 3.44 keeps deleted terms in its segments until they
@@ -123,17 +129,49 @@ class SQLiteAgents(SQLiteBase):
                 (agent_id, block.label, block.value, block.limit, to_ts(block.updated_at), agent_id),
             )
 
-    # -- FIFO queue state --------------------------------------------------
-    async def update_queue(
-        self, agent_id: str, summary: str, queue_start_seq: int, summary_updated_at: datetime
-    ) -> None:
-        await self._call(self._update_queue, agent_id, summary, queue_start_seq, to_ts(summary_updated_at))
+    # -- conversations: each place's FIFO queue state ------------------------
+    async def get_conversation(self, agent_id: str, place: str, name: str = "") -> ConversationRecord:
+        return await self._call(self._get_conversation, agent_id, place, name)
 
-    def _update_queue(self, agent_id: str, summary: str, start: int, updated: float) -> None:
+    def _get_conversation(self, agent_id: str, place: str, name: str) -> ConversationRecord:
         with self._write() as conn:
-            changed = conn.execute(
-                "UPDATE agents SET summary = ?, queue_start_seq = ?, summary_updated_at = ? WHERE id = ?",
-                (summary, start, updated, agent_id),
-            ).rowcount
-        if not changed:
+            self._known_agent(conn, agent_id)
+            conn.execute(
+                "INSERT INTO conversations (agent_id, place, name) VALUES (?, ?, ?)"
+                " ON CONFLICT (agent_id, place) DO UPDATE SET name = excluded.name"
+                " WHERE excluded.name <> '' AND excluded.name <> name",
+                (agent_id, place, name),
+            )
+            row = conn.execute(
+                f"SELECT {_CONVERSATION_COLS} FROM conversations WHERE agent_id = ? AND place = ?", (agent_id, place)
+            ).fetchone()
+        return _conversation(row)
+
+    async def list_conversations(self, agent_id: str) -> list[ConversationRecord]:
+        sql = f"SELECT {_CONVERSATION_COLS} FROM conversations WHERE agent_id = ? ORDER BY place"
+        return [_conversation(row) for row in await self._rows(sql, agent_id)]
+
+    async def update_queue(
+        self,
+        agent_id: str,
+        summary: str,
+        queue_start_seq: int,
+        summary_updated_at: datetime,
+        *,
+        place: str = DM_KEY,
+    ) -> None:
+        await self._call(self._update_queue, agent_id, place, summary, queue_start_seq, to_ts(summary_updated_at))
+
+    def _update_queue(self, agent_id: str, place: str, summary: str, start: int, updated: float) -> None:
+        with self._write() as conn:
+            self._known_agent(conn, agent_id)
+            conn.execute(
+                "INSERT INTO conversations (agent_id, place, summary, queue_start_seq, summary_updated_at)"
+                " VALUES (?, ?, ?, ?, ?) ON CONFLICT (agent_id, place) DO UPDATE SET summary = excluded.summary,"
+                " queue_start_seq = excluded.queue_start_seq, summary_updated_at = excluded.summary_updated_at",
+                (agent_id, place, summary, start, updated),
+            )
+
+    def _known_agent(self, conn: sqlite3.Connection, agent_id: str) -> None:
+        if conn.execute("SELECT 1 FROM agents WHERE id = ?", (agent_id,)).fetchone() is None:
             raise StoreError(f"SQLite store {self.path}: no agent {agent_id!r}")

@@ -14,10 +14,13 @@ release, older or newer, runs none of them twice.
 
 from __future__ import annotations
 
+import logging
 import re
 import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
+
+log = logging.getLogger(__name__)
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -399,3 +402,46 @@ def m010_journal_running_and_waiting(conn: sqlite3.Connection) -> None:
         "DROP INDEX event_journal_pending",
         "CREATE INDEX event_journal_unfinished ON event_journal (origin, n) WHERE state <> 'done'",
     )
+
+
+@migration
+def m011_places(conn: sqlite3.Connection) -> None:
+    # Places (memory/places.py): every message and passage records its
+    # conversation key, and each place has its own queue and summary (the
+    # conversations table). What was stored before has no known place: it
+    # counts as "dm", the safe side (visible only in the person's DMs).
+    _run(
+        conn,
+        "ALTER TABLE messages ADD COLUMN place TEXT NOT NULL DEFAULT 'dm'",
+        "ALTER TABLE passages ADD COLUMN place TEXT NOT NULL DEFAULT 'dm'",
+        # A place's queue (agent, place, seq >= start) and filtered counts.
+        "CREATE INDEX messages_agent_place ON messages (agent_id, place, seq)",
+        "CREATE INDEX passages_agent_place ON passages (agent_id, place)",
+        """CREATE TABLE conversations (
+            agent_id TEXT NOT NULL REFERENCES agents(id) ON DELETE CASCADE,
+            place TEXT NOT NULL,
+            name TEXT NOT NULL DEFAULT '',
+            summary TEXT NOT NULL DEFAULT '',
+            queue_start_seq INTEGER NOT NULL DEFAULT 1,
+            summary_updated_at REAL,
+            PRIMARY KEY (agent_id, place)
+        ) WITHOUT ROWID""",
+        # Each agent's one queue becomes its DM conversation (collections,
+        # `source:` records, have no queue).
+        "INSERT INTO conversations (agent_id, place, summary, queue_start_seq, summary_updated_at)"
+        " SELECT id, 'dm', summary, queue_start_seq, summary_updated_at FROM agents WHERE key NOT LIKE 'source:%'",
+        # One source of truth for the queue state: the conversation.
+        "ALTER TABLE agents DROP COLUMN summary",
+        "ALTER TABLE agents DROP COLUMN queue_start_seq",
+        "ALTER TABLE agents DROP COLUMN summary_updated_at",
+    )
+    rows = conn.execute(
+        "SELECT a.key, (SELECT count(*) FROM messages m WHERE m.agent_id = a.id),"
+        " (SELECT count(*) FROM passages p WHERE p.agent_id = a.id) FROM agents a"
+        " WHERE a.key NOT LIKE 'source:%' ORDER BY a.created_at, a.rowid"
+    ).fetchall()
+    for key, messages, passages in rows:
+        if messages or passages:
+            log.info(
+                "agent %s: %d messages and %d passages from before places count as DM-only", key, messages, passages
+            )

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from memory.places import Visibility
 from memory.search.conversation import ConversationIndex
 from memory.search.vector_index import check_dimension, embedding_matrix
 from memory.sqlite.base import SQLiteBase
@@ -94,12 +95,18 @@ class SQLiteRecall(SQLiteBase):
             await self.run_in_db(lambda _: self._recall.added(agent_id, [seqs[n] for n in updated], matrix[updated]))
 
     async def _hybrid_messages(
-        self, agent_id: str, query: str, query_vector: Sequence[float], limit: int, offset: int
+        self,
+        agent_id: str,
+        query: str,
+        query_vector: Sequence[float],
+        limit: int,
+        offset: int,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         vector = np.asarray(query_vector, dtype=_F32)
 
         def search(conn: sqlite3.Connection) -> tuple[list[Any], list[int], int]:
-            seqs, total = self._recall.search(conn, agent_id, query, vector, limit, max(offset, 0))
+            seqs, total = self._recall.search(conn, agent_id, query, vector, limit, max(offset, 0), visible)
             if not seqs:
                 return [], seqs, total
             rows = conn.execute(
@@ -182,9 +189,10 @@ class MessageSearch:
         query: npt.NDArray[np.float32],
         limit: int,
         offset: int,
+        visible: Visibility | None = None,
     ) -> tuple[list[int], int]:
         """Seqs of one page, best first, and how many candidates were ranked."""
-        ranked = self.index(conn, agent_id).rank(text, query, limit, offset)
+        ranked = self.index(conn, agent_id).rank(text, query, limit, offset, visible=visible)
         return [seq for seq, _ in ranked.items], ranked.total
 
     def rows_inserted(self, count: int) -> None:
@@ -193,11 +201,11 @@ class MessageSearch:
 
 
 # What the index needs of a message, the embedding last.
-_INDEX_COLUMNS = "seq, role, content, tool_calls, name, created_at, embedding"
+_INDEX_COLUMNS = "seq, role, content, tool_calls, name, created_at, place, embedding"
 
 
 def _indexed(row: Sequence[Any]) -> Message:
-    seq, role, content, tool_calls, name, created_at, _ = row
+    seq, role, content, tool_calls, name, created_at, place, _ = row
     return Message(
         role=role,
         content=content,
@@ -205,6 +213,7 @@ def _indexed(row: Sequence[Any]) -> Message:
         name=name,
         created_at=datetime.fromtimestamp(created_at, UTC),
         seq=seq,
+        place=place,
     )
 
 

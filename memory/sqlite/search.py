@@ -36,9 +36,11 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
+from memory.places import Visibility
 from memory.search.ann_index import ANN_THRESHOLD, AnnIndex, AnnParams, Signature, remove_files
 from memory.search.hybrid import KEYWORD_WEIGHT, coverage, fuse, idf, keyword_query
 from memory.search.vector_index import VectorIndex
+from memory.sqlite.base import visible_sql
 from memory.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -47,6 +49,10 @@ _F32 = np.dtype("<f4")
 
 # Hits taken from each side when the archive is searched approximately.
 CANDIDATE_POOL = 100
+# A search limited to some places asks the ANN index for this many times the
+# pool, keeps the visible hits, and ranks the visible passages exactly when
+# fewer than a pool of them survive (few of the archive's passages are visible).
+VISIBLE_OVERFETCH = 4
 # An expression held by more rows than this is left out of the keyword query:
 # scoring it costs time in proportion to its rows, and its IDF (its weight in
 # bm25) is small anyway. Meaning search still covers such common words.
@@ -307,28 +313,54 @@ class PassageSearch:
         query: npt.NDArray[np.float32],
         limit: int,
         offset: int,
+        *,
+        visible: Visibility | None = None,
     ) -> tuple[list[tuple[int, float]], int]:
-        """(passage id, relevance) for one page, and how many were ranked."""
+        """(passage id, relevance) for one page, and how many were ranked;
+        with `visible`, only passages it sees are ranked (the filter comes
+        before ranking and paging, on the exact and the approximate path)."""
         entry = self.vectors(conn, agent_id)
-        if not len(entry) or limit <= 0:
-            return [], len(entry)
-        keyword = self.keyword_scores(conn, agent_id, text, entry)
+        allowed = None if visible is None or visible.everything else self._visible_ids(conn, agent_id, visible, entry)
+        if not len(entry) or limit <= 0 or (allowed is not None and not allowed):
+            return [], len(entry) if allowed is None else len(allowed)
+        keyword = self.keyword_scores(conn, agent_id, text, entry, visible)
         if entry.ann is None:
             assert entry.exact is not None
+            if allowed is not None:
+                ranked = fuse(entry.exact.similarity(query, allowed), keyword)
+                return ranked[offset : offset + limit], len(ranked)
             bonus = {item: KEYWORD_WEIGHT * share for item, share in keyword.items()}
             hits = entry.exact.search(query, offset + limit, boost=bonus)
             return hits[offset:], len(entry.exact)
         pool = max(CANDIDATE_POOL, offset + limit)
-        near = dict(entry.ann.search(query, pool))
+        if allowed is None:
+            near = dict(entry.ann.search(query, pool))
+        else:
+            near = {item: score for item, score in entry.ann.search(query, pool * VISIBLE_OVERFETCH) if item in allowed}
+            if len(near) < min(pool, len(allowed)):
+                near = entry.ann.similarity(query, allowed)  # exact over the visible ones
         near.update(entry.ann.similarity(query, [item for item in keyword if item not in near]))
         ranked = fuse(near, keyword)
         return ranked[offset : offset + limit], len(ranked)
 
+    @staticmethod
+    def _visible_ids(conn: sqlite3.Connection, agent_id: str, visible: Visibility, entry: AgentVectors) -> set[int]:
+        """Ids of the agent's embedded passages that `visible` sees (from the
+        (agent_id, place) index, never reading a row)."""
+        where, args = visible_sql(visible)
+        rows = conn.execute(f"SELECT id FROM passages WHERE agent_id = ?{where}", (agent_id, *args))
+        return {passage_id for (passage_id,) in rows if passage_id in entry}
+
     def keyword_scores(
-        self, conn: sqlite3.Connection, agent_id: str, text: str, entry: AgentVectors
+        self,
+        conn: sqlite3.Connection,
+        agent_id: str,
+        text: str,
+        entry: AgentVectors,
+        visible: Visibility | None = None,
     ) -> dict[int, float]:
         """Coverage (0-1) of the query's expressions by the agent's best
-        keyword matches, for passages that have a vector."""
+        keyword matches (those `visible` sees), for passages that have a vector."""
         query = keyword_query(text)
         if query is None:
             return {}
@@ -336,7 +368,18 @@ class PassageSearch:
         if not kept:
             return {}
         terms = query.match(kept)
-        if len(entry) <= AGENT_FILTER_MAX:
+        where, args = visible_sql(visible, "p.place")
+        if where:
+            # Filtered before the LIMIT: the best visible hits, never the
+            # best hits with the invisible ones dropped afterwards.
+            agent = agent_id.replace('"', '""')
+            rows = conn.execute(
+                "SELECT f.rowid, bm25(passages_fts, 0.0, 1.0) AS score FROM passages_fts f"
+                f" CROSS JOIN passages p ON p.id = f.rowid WHERE passages_fts MATCH ? AND p.agent_id = ?{where}"
+                " ORDER BY score, f.rowid LIMIT ?",
+                (f'agent_id : "{agent}" AND text : ({terms})', agent_id, *args, CANDIDATE_POOL),
+            ).fetchall()
+        elif len(entry) <= AGENT_FILTER_MAX:
             agent = agent_id.replace('"', '""')
             rows = conn.execute(
                 "SELECT rowid, bm25(passages_fts, 0.0, 1.0) AS score FROM passages_fts"

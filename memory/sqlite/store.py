@@ -38,10 +38,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from memory.places import Visibility
 from memory.search.ann_index import ANN_THRESHOLD
 from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
-from memory.sqlite.base import from_ts, to_ts
+from memory.sqlite.base import from_ts, to_ts, visible_sql
 from memory.sqlite.coordination import SQLiteCoordination
 from memory.sqlite.journal import SQLiteJournal
 from memory.sqlite.migrations import MIGRATIONS, migrate
@@ -57,9 +58,9 @@ _WORD = re.compile(r"\w+")
 _MAX_QUERY_TERMS = 32
 _F32 = np.dtype("<f4")
 
-_MESSAGE_COLS = "seq, role, content, tool_calls, tool_call_id, name, created_at, event_id"
+_MESSAGE_COLS = "seq, role, content, tool_calls, tool_call_id, name, created_at, event_id, place"
 _M_MESSAGE_COLS = ", ".join(f"m.{col}" for col in _MESSAGE_COLS.split(", "))
-_PASSAGE_COLS = "id, text, source, position, created_at, embedding"
+_PASSAGE_COLS = "id, text, source, position, created_at, embedding, place"
 
 
 def fts_terms(text: str) -> str | None:
@@ -86,6 +87,7 @@ def _message(row: Sequence[Any]) -> Message:
         name=row[5],
         created_at=from_ts(row[6]),
         event_id=row[7],
+        place=row[8],
     )
 
 
@@ -97,6 +99,7 @@ def _passage(row: Sequence[Any]) -> Passage:
         position=row[3],
         created_at=from_ts(row[4]),
         embedding=None if row[5] is None else np.frombuffer(row[5], dtype=_F32).tolist(),
+        place=row[6],
     )
 
 
@@ -195,7 +198,7 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
             for n, m in enumerate(messages, 1):
                 rowid = conn.execute(
                     "INSERT INTO messages (agent_id, seq, role, content, tool_calls,"
-                    " tool_call_id, name, created_at, event_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    " tool_call_id, name, created_at, event_id, place) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         agent_id,
                         last + n,
@@ -206,6 +209,7 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
                         m.name,
                         to_ts(m.created_at),
                         m.event_id,
+                        m.place,
                     ),
                 ).lastrowid
                 text = m.searchable_text()
@@ -221,11 +225,18 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
             m.seq = last + n
         return messages
 
-    async def messages_since(self, agent_id: str, seq: int) -> list[Message]:
-        sql = f"SELECT {_MESSAGE_COLS} FROM messages WHERE agent_id = ? AND seq >= ? ORDER BY seq"
-        return [_message(row) for row in await self._rows(sql, agent_id, seq)]
+    async def messages_since(self, agent_id: str, seq: int, *, place: str | None = None) -> list[Message]:
+        if place is None:
+            sql = f"SELECT {_MESSAGE_COLS} FROM messages WHERE agent_id = ? AND seq >= ? ORDER BY seq"
+            return [_message(row) for row in await self._rows(sql, agent_id, seq)]
+        sql = f"SELECT {_MESSAGE_COLS} FROM messages WHERE agent_id = ? AND place = ? AND seq >= ? ORDER BY seq"
+        return [_message(row) for row in await self._rows(sql, agent_id, place, seq)]
 
-    async def count_messages(self, agent_id: str) -> int:
+    async def count_messages(self, agent_id: str, *, visible: Visibility | None = None) -> int:
+        where, args = visible_sql(visible)
+        if where:
+            sql = f"SELECT count(*) FROM messages WHERE agent_id = ?{where}"
+            return int((await self._rows(sql, agent_id, *args))[0][0])
         # Seqs are gap-free 1..N and messages are never deleted one by one, so
         # max(seq) is the count: one index probe instead of a scan that grows
         # with the history (this runs for the memory status line every step).
@@ -233,16 +244,45 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         return int((await self._rows(sql, agent_id))[0][0])
 
     async def search_messages(
-        self, agent_id: str, query: str, limit: int, offset: int = 0, *, query_vector: Sequence[float] | None = None
+        self,
+        agent_id: str,
+        query: str,
+        limit: int,
+        offset: int = 0,
+        *,
+        query_vector: Sequence[float] | None = None,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         if query_vector is not None:
-            return await self._hybrid_messages(agent_id, query, query_vector, limit, offset)
+            return await self._hybrid_messages(agent_id, query, query_vector, limit, offset, visible)
         terms = fts_terms(query)
         if terms is None:
             return SearchPage(items=[], total=0)
         agent = agent_id.replace('"', '""')
         match = f'agent_id : "{agent}" AND text : ({terms})'
+        if visible is not None and not visible.everything:
+            return await self._call(self._search_visible_messages, agent_id, match, limit, offset, visible)
         return await self._call(self._search_messages, agent_id, match, limit, offset)
+
+    def _search_visible_messages(
+        self, agent_id: str, match: str, limit: int, offset: int, visible: Visibility
+    ) -> SearchPage:
+        """Keyword search of the messages `visible` sees: the filter is applied
+        to every FTS hit before ranking and paging, so neither a page nor the
+        total counts an invisible message. CROSS JOIN keeps FTS5 the outer
+        loop (one MATCH, then a rowid probe per hit)."""
+        conn = self._db
+        where, args = visible_sql(visible, "m.place")
+        hits = (
+            "FROM messages_fts f CROSS JOIN messages m ON m.id = f.rowid"
+            f" WHERE messages_fts MATCH ? AND m.agent_id = ?{where}"
+        )
+        (total,) = conn.execute(f"SELECT count(*) {hits}", (match, agent_id, *args)).fetchone()
+        rows = conn.execute(
+            f"SELECT {_M_MESSAGE_COLS} {hits} ORDER BY bm25(messages_fts, 0.0, 1.0), f.rowid LIMIT ? OFFSET ?",
+            (match, agent_id, *args, limit, offset),
+        )
+        return SearchPage(items=[_message(row) for row in rows], total=total)
 
     def _search_messages(self, agent_id: str, match: str, limit: int, offset: int) -> SearchPage:
         conn = self._db
@@ -262,14 +302,24 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         return SearchPage(items=[_message(row) for row in rows], total=total)
 
     async def messages_between(
-        self, agent_id: str, start: datetime, end: datetime, limit: int, offset: int = 0
+        self,
+        agent_id: str,
+        start: datetime,
+        end: datetime,
+        limit: int,
+        offset: int = 0,
+        *,
+        visible: Visibility | None = None,
     ) -> SearchPage:
-        return await self._call(self._messages_between, agent_id, to_ts(start), to_ts(end), limit, offset)
+        return await self._call(self._messages_between, agent_id, to_ts(start), to_ts(end), limit, offset, visible)
 
-    def _messages_between(self, agent_id: str, start: float, end: float, limit: int, offset: int) -> SearchPage:
+    def _messages_between(
+        self, agent_id: str, start: float, end: float, limit: int, offset: int, visible: Visibility | None
+    ) -> SearchPage:
         conn = self._db
-        where = "WHERE agent_id = ? AND created_at >= ? AND created_at < ?"
-        args = (agent_id, start, end)
+        filtered, places = visible_sql(visible)
+        where = f"WHERE agent_id = ? AND created_at >= ? AND created_at < ?{filtered}"
+        args = (agent_id, start, end, *places)
         (total,) = conn.execute(f"SELECT count(*) FROM messages {where}", args).fetchone()
         rows = conn.execute(
             f"SELECT {_MESSAGE_COLS} FROM messages {where} ORDER BY created_at, seq LIMIT ? OFFSET ?",
@@ -292,12 +342,13 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
             matrix = self._checked_vectors(conn, agent_id, [passages[n].embedding or [] for n in embedded])
             blobs: dict[int, bytes] = {n: matrix[i].tobytes() for i, n in enumerate(embedded)}
             sql = (
-                "INSERT INTO passages (agent_id, text, source, position, created_at, embedding)"
-                " VALUES (?, ?, ?, ?, ?, ?)"
+                "INSERT INTO passages (agent_id, text, source, position, created_at, embedding, place)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)"
             )
             ids: list[int] = []
             for n, p in enumerate(passages):
-                cursor = conn.execute(sql, (agent_id, p.text, p.source, p.position, to_ts(p.created_at), blobs.get(n)))
+                values = (agent_id, p.text, p.source, p.position, to_ts(p.created_at), blobs.get(n), p.place)
+                cursor = conn.execute(sql, values)
                 assert cursor.lastrowid is not None  # an INSERT always sets it
                 ids.append(cursor.lastrowid)
         self._search.rows_inserted(len(ids))
@@ -344,14 +395,22 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         query_vector: Sequence[float],
         limit: int,
         offset: int = 0,
+        *,
+        visible: Visibility | None = None,
     ) -> SearchPage:
         query = np.asarray(query_vector, dtype=_F32)
-        return await self._call(self._search_passages, agent_id, query_text, query, limit, offset)
+        return await self._call(self._search_passages, agent_id, query_text, query, limit, offset, visible)
 
     def _search_passages(
-        self, agent_id: str, text: str, query: npt.NDArray[np.float32], limit: int, offset: int
+        self,
+        agent_id: str,
+        text: str,
+        query: npt.NDArray[np.float32],
+        limit: int,
+        offset: int,
+        visible: Visibility | None,
     ) -> SearchPage:
-        hits, total = self._search.search(self._db, agent_id, text, query, limit, offset)
+        hits, total = self._search.search(self._db, agent_id, text, query, limit, offset, visible=visible)
         if not hits:
             return SearchPage(items=[], total=total)
         rows = self._db.execute(
@@ -371,14 +430,18 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         """Until background ANN builds are done and in use (tests, benches)."""
         await self._call(self._search.wait_for_builds)
 
-    async def list_passages(self, agent_id: str, limit: int, offset: int = 0) -> list[Passage]:
-        sql = f"SELECT {_PASSAGE_COLS} FROM passages WHERE agent_id = ?"
+    async def list_passages(
+        self, agent_id: str, limit: int, offset: int = 0, *, visible: Visibility | None = None
+    ) -> list[Passage]:
+        where, args = visible_sql(visible)
+        sql = f"SELECT {_PASSAGE_COLS} FROM passages WHERE agent_id = ?{where}"
         sql += " ORDER BY created_at, id LIMIT ? OFFSET ?"
-        return [_passage(row) for row in await self._rows(sql, agent_id, limit, offset)]
+        return [_passage(row) for row in await self._rows(sql, agent_id, *args, limit, offset)]
 
-    async def count_passages(self, agent_id: str) -> int:
-        sql = "SELECT count(*) FROM passages WHERE agent_id = ?"
-        return int((await self._rows(sql, agent_id))[0][0])
+    async def count_passages(self, agent_id: str, *, visible: Visibility | None = None) -> int:
+        where, args = visible_sql(visible)
+        sql = f"SELECT count(*) FROM passages WHERE agent_id = ?{where}"
+        return int((await self._rows(sql, agent_id, *args))[0][0])
 
     async def delete_passages(self, agent_id: str, ids: Sequence[int]) -> None:
         if ids:

@@ -42,8 +42,9 @@ def assert_utc(moment: datetime) -> None:
 async def test_get_or_create_creates_once_and_finds(store: Store) -> None:
     agent, blocks = await store.get_or_create_agent("discord:alice", default_blocks())
     assert agent.id and agent.key == "discord:alice"
-    assert agent.summary == "" and agent.queue_start_seq == 1
-    assert agent.summary_updated_at is None
+    dm = await store.get_conversation(agent.id, "dm")
+    assert dm.summary == "" and dm.queue_start_seq == 1
+    assert dm.summary_updated_at is None
     assert_utc(agent.created_at)
     assert [(b.label, b.value, b.limit) for b in blocks] == [(b.label, b.value, b.limit) for b in default_blocks()]
 
@@ -140,8 +141,7 @@ async def test_update_queue_round_trips(store: Store) -> None:
     agent = await new_agent(store)
     when = T0 + timedelta(minutes=5)
     await store.update_queue(agent.id, "The user likes trains.", 42, when)
-    found = await store.find_agent(agent.key)
-    assert found is not None
+    found = await store.get_conversation(agent.id, "dm")
     assert (found.summary, found.queue_start_seq, found.summary_updated_at) == (
         "The user likes trains.",
         42,
@@ -149,7 +149,8 @@ async def test_update_queue_round_trips(store: Store) -> None:
     )
     assert found.summary_updated_at is not None
     assert_utc(found.summary_updated_at)
-    assert found.created_at == agent.created_at
+    again = await store.find_agent(agent.key)
+    assert again is not None and again.created_at == agent.created_at
 
 
 # -- recall storage: appending ---------------------------------------------
