@@ -99,8 +99,8 @@ class LeakScanner:
     origins: dict[str, str] = field(default_factory=dict)  # value -> place key
     checked: list[tuple[Place, list[dict[str, Any]]]] = field(default_factory=list)
 
-    def secret(self, place: Place) -> str:
-        value = new_value()
+    def secret(self, place: Place, value: str = "") -> str:
+        value = value or new_value()
         self.origins[value] = place.key
         return value
 
