@@ -181,7 +181,8 @@ class DiscordAdapter:
             earlier = [line async for line in message.channel.history(limit=limit, before=message)]
         except CALL_ERRORS as error:
             return self.context_failures.failed(str(message.channel.id), f"{type(error).__name__}: {error}")
-        lines = (channel_line(line, self.client.user) for line in reversed(earlier))  # Discord: newest first
+        # Oldest first, by snowflake (time-ordered): whatever order the API listed them in.
+        lines = (channel_line(line, self.client.user) for line in sorted(earlier, key=lambda line: line.id))
         return [line for line in lines if line is not None]
 
     async def _upload(
