@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import discord
@@ -19,43 +19,10 @@ import pytest
 from discord.ext.test import backend
 
 from adapters.discord import DiscordAdapter, DiscordConfig
-from bot.events import Delivery, Event, Place, Redo, Reply, UserMessage
+from bot.events import Place, Redo, UserMessage
+from tests.recording_bot import RecordingBot
 
 snowflakes = iter(range(1_400_000_000_000_000_000, 1_500_000_000_000_000_000))
-
-
-@dataclass
-class RecordingBot:
-    """A BotPort with a journal that keeps every event and payload it is given."""
-
-    events: list[Event] = field(default_factory=list)
-    payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
-
-    async def handle(self, event: Event) -> list[Reply]:
-        self.events.append(event)
-        return [event.reply("noted")]
-
-    async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
-        self.payloads[event_id] = payload
-        return True
-
-    async def finished(self, event_id: str) -> None:
-        return None
-
-    async def pending_events(self, platform: str) -> list[Redo]:
-        return []
-
-    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
-        return outcome
-
-    async def memory_report(self, platform: str, user_id: str) -> str | None:
-        return None
-
-    async def forget_user(self, platform: str, user_id: str) -> bool:
-        return False
-
-    def messages(self) -> list[UserMessage]:
-        return [event for event in self.events if isinstance(event, UserMessage)]
 
 
 @dataclass

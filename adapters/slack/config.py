@@ -12,7 +12,7 @@ from adapters.channels import context_messages, id_list
 PLATFORM = "slack"
 REPLY_LIMIT = 3_000  # Slack truncates long texts and renders ~4,000 chars per message well
 DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
-CHANNEL_ID = re.compile(r"[CG][A-Z0-9]{2,}")  # public (C...) and private (G..., older) channels
+CHANNEL_ID = re.compile(r"[CG][A-Z0-9]+")  # public (C...) and private (G..., older) channels
 
 
 class SlackSetupError(RuntimeError):
