@@ -97,7 +97,10 @@ class UserMessage(Event):
 
     def render(self) -> str:
         who = self.display_name or "user"
-        where = f" in {self.channel}" if self.channel else ""
+        # The adapter's wording of where (Discord adds the server), else the place's name;
+        # nothing in a DM.
+        channel = self.channel or ("" if self.place.is_dm else self.place.name or self.place.id)
+        where = f" in {channel}" if channel else ""
         return f"[{_stamp(self.created_at)}] {who}{where}: {self.text}"
 
 
