@@ -145,10 +145,13 @@ async def test_a_thread_shares_its_channels_place_and_reads_only_the_thread(serv
     assert event.place.key == f"public:{general.id}"  # the channel's conversation
     assert [line.text for line in event.channel_context] == ["said in the thread"]
 
+    # A private thread is private whatever its parent, and a conversation of its own:
+    # its members are neither the channel's nor another private thread's.
     hidden = server.thread(general, "plans", private=True)
     event = await server.mention("just between us", hidden)
-    assert event.place.kind == "private" and event.place.id == str(general.id)
-    assert event.place.thread == str(hidden.id)
+    assert event.place == Place("private", str(hidden.id), "#plans", thread=str(hidden.id))
+    other = server.thread(general, "other plans", private=True)
+    assert (await server.mention("and us", other)).place.key == f"private:{other.id}" != event.place.key
 
 
 async def test_a_dm_is_the_persons_dm_and_reads_no_context(server: Server) -> None:

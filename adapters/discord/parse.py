@@ -60,15 +60,16 @@ def _always_on(channel: discord.abc.Messageable, ids: frozenset[int]) -> bool:
 def place_of(channel: discord.abc.Messageable) -> Place:
     """Where a message was posted, from discord.py's cached models (no I/O). A guild
     channel is public when @everyone may view it, private otherwise; a thread has
-    its parent channel's kind and id (a private thread is private whatever its
-    parent); a group DM is private; a DM is the person's DM."""
+    its parent channel's kind and id, except a private thread, a private place of
+    its own whatever its parent; a group DM is private; a DM is the person's DM."""
     if isinstance(channel, discord.Thread):
-        parent = channel.parent
-        kind: PlaceKind = "private"
-        if parent is not None and channel.type is not discord.ChannelType.private_thread:
-            kind = _visibility(parent)
+        parent, thread = channel.parent, str(channel.id)
+        if channel.type is discord.ChannelType.private_thread:
+            # Its own conversation: its members are not the parent's, nor another private thread's.
+            return Place("private", thread, f"#{channel.name}", thread=thread)
+        kind: PlaceKind = _visibility(parent) if parent is not None else "private"  # not cached: the safe side
         name = f"#{parent.name}" if parent is not None else f"#{channel.name}"
-        return Place(kind, str(channel.parent_id), name, thread=str(channel.id))
+        return Place(kind, str(channel.parent_id), name, thread=thread)
     if isinstance(channel, discord.abc.GuildChannel):
         return Place(_visibility(channel), str(channel.id), f"#{channel.name}")
     if isinstance(channel, discord.GroupChannel):
