@@ -7,9 +7,11 @@ go. Its `Origin` is what the journal keeps with the payload.
 
 Then, in the person's lane, `SlackParser.parse_<kind>` turns a recorded payload
 into typed events (`UserMessage`, `UserJoined`, `FileUploaded`), reading the
-names and files it needs; a replay after a crash runs the same function on the
-same recorded payload. Like discord.py's `ConnectionState.parse_<event>`: one
-small function per platform event.
+names, files, place (`place_of`: from the payload's `channel_type`, else
+`conversations.info`) and channel context it needs; a replay after a crash runs
+the same function on the same recorded payload, so it finds the same place.
+Like discord.py's `ConnectionState.parse_<event>`: one small function per
+platform event.
 """
 
 from __future__ import annotations
@@ -206,14 +208,12 @@ class SlackParser:
         (mentions, replays of them) from `conversations.info`; its name from there."""
         channel, thread = str(event.get("channel") or ""), str(event.get("thread_ts") or "")
         kind = KINDS.get(str(event.get("channel_type") or ""))
-        if kind == "dm":
-            return Place(thread=thread)
-        info = await self.directory.channel(channel)
-        if info is not None and info.kind == "dm":
-            return Place(thread=thread)
+        info = None if kind == "dm" else await self.directory.channel(channel)
         # Slack would not say: private, the safe side both ways (what is said here
         # stays out of other channels, and only this channel's and public items are read).
         kind = kind or (info.kind if info is not None else "private")
+        if kind == "dm":
+            return Place(thread=thread)
         return Place(kind, channel, info.name if info is not None else channel, thread)
 
     async def parse_message(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
