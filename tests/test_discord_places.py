@@ -210,3 +210,12 @@ async def test_a_replay_keeps_the_place_recorded_with_the_message(server: Server
     assert replayed.event_id == first.event_id and replayed.place == first.place
     # A new message there is private now.
     assert (await server.mention("said now", general)).place.kind == "private"
+
+
+def test_a_message_renders_its_places_name_and_nothing_for_a_dm() -> None:
+    base: dict[str, Any] = {"platform": "discord", "user_id": "1", "text": "hi", "display_name": "alice"}
+    assert UserMessage(**base, place=Place("public", "7", "#general")).render().endswith("alice in #general: hi")
+    assert UserMessage(**base, place=Place()).render().endswith("] alice: hi")
+    # An adapter's own wording wins (Discord adds the server's name).
+    worded = UserMessage(**base, channel="#general in Gardeners", place=Place("public", "7", "#general"))
+    assert worded.render().endswith("alice in #general in Gardeners: hi")
