@@ -12,7 +12,10 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from memory.places import DM, Place
+# Re-exported: adapters take Place from here, never from memory/.
+from memory.places import DM as DM
+from memory.places import Place as Place
+from memory.places import PlaceKind as PlaceKind
 from memory.types import utc_now
 
 
@@ -98,7 +101,10 @@ class UserMessage(Event):
 
     def render(self) -> str:
         who = self.display_name or "user"
-        where = f" in {self.channel}" if self.channel else ""
+        # The adapter's wording of where (Discord adds the server), else the place's name;
+        # nothing in a DM.
+        channel = self.channel or ("" if self.place.is_dm else self.place.name or self.place.id)
+        where = f" in {channel}" if channel else ""
         return f"[{_stamp(self.created_at)}] {who}{where}: {self.text}"
 
 
