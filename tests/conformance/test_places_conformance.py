@@ -297,3 +297,22 @@ async def test_ann_searches_are_filtered_too(tmp_path: Path, visible_share: str)
         assert {p.place for p, _ in page.items} == {"private:B"}
     finally:
         await store.close()
+
+
+async def test_unseen_neighbours_lend_nothing_to_a_seen_message(store: Store) -> None:
+    """Conversation search lifts a turn by its neighbours' words (context); an
+    invisible neighbour must not make a visible turn a hit for its secret."""
+    agent_id = await new_agent(store)
+    await store.append_messages(
+        agent_id,
+        [
+            Message("user", "what should I cook tonight", place="public:X"),
+            Message("user", "my locker combination is 4921", place="dm"),
+            Message("assistant", "maybe a soup", place="public:X"),
+        ],
+    )
+    query = "locker combination 4921"
+    from_dm = await store.search_messages(agent_id, query, 10, query_vector=[1.0, 0.0], visible=VIEWS["dm"][0])
+    assert len(from_dm.items) >= 2  # the neighbours are context hits when the secret may be seen
+    page = await store.search_messages(agent_id, query, 10, query_vector=[1.0, 0.0], visible=VIEWS["public:X"][0])
+    assert page.items == [] and page.total == 0
