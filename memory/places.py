@@ -28,6 +28,9 @@ PlaceKind = Literal["dm", "private", "public"]
 PLACE_KINDS: tuple[PlaceKind, ...] = ("dm", "private", "public")
 DM_KEY = "dm"
 PUBLIC_PREFIX = "public:"
+# Every public key sorts in [PUBLIC_PREFIX, PUBLIC_END): a range a store's
+# (agent, place) index serves, where a LIKE or a regex might not.
+PUBLIC_END = PUBLIC_PREFIX[:-1] + chr(ord(PUBLIC_PREFIX[-1]) + 1)
 
 
 @dataclass(frozen=True, slots=True)

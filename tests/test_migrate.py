@@ -46,14 +46,18 @@ async def fill(store: Store) -> None:
                 created_at=datetime(2024, 5, 17, 11, 30, 18, 5, tzinfo=timezone(timedelta(hours=2))),
             ),
             *(Message("user", f"message {n}", created_at=T0 + timedelta(minutes=n)) for n in range(5, 12)),
+            Message("user", "said in #general", created_at=T0 + timedelta(minutes=20), place="public:C1"),
         ],
     )
     await store.update_queue(alice.id, "Alice likes tea.", 4, T0 + timedelta(hours=1))
+    await store.get_conversation(alice.id, "public:C1", "#general")
+    await store.update_queue(alice.id, "Chat in #general.", 12, T0 + timedelta(hours=2), place="public:C1")
     await store.insert_passages(
         alice.id,
         [
             Passage("saved by the agent", created_at=T0, embedding=[0.6, 0.8]),
             Passage("not embedded yet", source="notes.md", position="p2", created_at=T0 + timedelta(1)),
+            Passage("a team fact", created_at=T0, embedding=[0.8, 0.6], place="private:C2"),
         ],
     )
     loaded = [
@@ -82,12 +86,12 @@ async def snapshot(store: Store) -> dict[str, object]:
         passages = await store.list_passages(agent.id, 1000)
         out[agent.key] = {
             "queue": [
-                (c.place, c.summary, c.queue_start_seq, c.summary_updated_at)
+                (c.place, c.name, c.summary, c.queue_start_seq, c.summary_updated_at)
                 for c in await store.list_conversations(agent.id)
             ],
             "blocks": await store.load_blocks(agent.id),
             "messages": await store.messages_since(agent.id, 0),
-            "passages": [(p.text, p.source, p.position, p.created_at, p.embedding) for p in passages],
+            "passages": [(p.text, p.source, p.position, p.created_at, p.embedding, p.place) for p in passages],
             "pending": [p.text for p in await store.passages_without_embedding(agent.id)],
             "hashes": await store.known_passage_hashes(agent.id, [passage_hash(p.text) for p in passages]),
             "documents": await store.list_documents(agent.id),
@@ -127,11 +131,11 @@ async def test_sqlite_to_mongodb_to_sqlite_round_trips_every_agent(tmp_path: Pat
         assert await snapshot(last) == original
         alice, bob = original["discord:alice"], original["slack:T1:U2"]
         assert isinstance(alice, dict) and isinstance(bob, dict)
-        assert [m.seq for m in alice["messages"]] == list(range(1, 12)) and alice["queue"][0][:3] == (
-            "dm",
-            "Alice likes tea.",
-            4,
-        )
+        assert [m.seq for m in alice["messages"]] == list(range(1, 13))
+        assert alice["queue"] == [
+            ("dm", "", "Alice likes tea.", 4, T0 + timedelta(hours=1)),
+            ("public:C1", "#general", "Chat in #general.", 12, T0 + timedelta(hours=2)),
+        ]
         assert len(alice["hashes"]) == 2 and alice["pending"] == ["not embedded yet"]
         assert alice["sees"] == ["docs", "faq"] and bob["sees"] == []
         assert original["sources"] == [("docs", True, []), ("faq", False, ["discord:alice"])]
@@ -178,7 +182,7 @@ async def test_the_command_copies_between_specs(
     assert args.func is cmd_migrate
     assert await args.func(args) == 0
     captured = capsys.readouterr()
-    assert "4 of 4 agents copied (11 messages, 5 passages, 2 loaded files), 2 shared collections" in captured.out
+    assert "4 of 4 agents copied (12 messages, 6 passages, 2 loaded files), 2 shared collections" in captured.out
     assert "verified" in captured.out and "migrate" in captured.err  # the progress bar
     copy = mongo_target.store(database)
     await copy.open()

@@ -22,7 +22,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from memory.mongo.capabilities import Capabilities, redact_uri, store_error
-from memory.places import PUBLIC_PREFIX, Visibility
+from memory.places import PUBLIC_END, PUBLIC_PREFIX, Visibility
 from memory.search.vector_index import VectorIndex
 from memory.store import StoreError
 
@@ -38,11 +38,6 @@ MAX_ATTEMPTS = 100  # insert races lost in a row before giving up
 LIVE: Doc = {"deleting": {"$ne": True}}  # agents not being deleted
 
 
-# Every key starting with "public:" sorts in [PUBLIC_PREFIX, _PUBLIC_END): a
-# range the (agent_id, place) indexes serve, which a $regex might not.
-_PUBLIC_END = PUBLIC_PREFIX[:-1] + chr(ord(PUBLIC_PREFIX[-1]) + 1)
-
-
 def visible_filter(visible: Visibility | None) -> Doc:
     """The Visibility as a query filter on `place`, to merge into a query
     beside agent_id ({} when everything is visible)."""
@@ -50,7 +45,7 @@ def visible_filter(visible: Visibility | None) -> Doc:
         return {}
     terms: list[Doc] = [{"place": {"$in": sorted(visible.places)}}] if visible.places else []
     if visible.public:
-        terms.append({"place": {"$gte": PUBLIC_PREFIX, "$lt": _PUBLIC_END}})
+        terms.append({"place": {"$gte": PUBLIC_PREFIX, "$lt": PUBLIC_END}})
     if not terms:
         return {"place": {"$in": []}}
     return terms[0] if len(terms) == 1 else {"$or": terms}

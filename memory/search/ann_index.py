@@ -164,9 +164,12 @@ class AnnIndex:
         q = _unit(query)[0]
         stored = self._index.get(np.asarray(keys, dtype=np.int64))
         stored = stored if isinstance(stored, tuple) else (stored,)
-        return {
-            key: float(_unit(vector)[0] @ q) for key, vector in zip(keys, stored, strict=True) if vector is not None
-        }
+        held = [(key, vector) for key, vector in zip(keys, stored, strict=True) if vector is not None]
+        if not held:
+            return {}
+        # One matrix product: a search limited by place may rank thousands this way.
+        scores = _unit(np.stack([vector for _, vector in held])) @ q
+        return {key: float(score) for (key, _), score in zip(held, scores, strict=True)}
 
     @classmethod
     def build(

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
-from memory.places import PUBLIC_PREFIX, Visibility
+from memory.places import PUBLIC_END, PUBLIC_PREFIX, Visibility
 from memory.store import StoreError
 
 T = TypeVar("T")
@@ -32,11 +32,6 @@ def from_ts(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
-# Every key starting with "public:" sorts in [PUBLIC_PREFIX, _PUBLIC_END): a
-# range an index on (agent_id, place) serves, which LIKE would not.
-_PUBLIC_END = PUBLIC_PREFIX[:-1] + chr(ord(PUBLIC_PREFIX[-1]) + 1)
-
-
 def visible_sql(visible: Visibility | None, column: str = "place") -> tuple[str, tuple[str, ...]]:
     """The Visibility as " AND (...)" on `column` and its arguments; ("", ())
     when everything is visible."""
@@ -47,7 +42,7 @@ def visible_sql(visible: Visibility | None, column: str = "place") -> tuple[str,
     args: list[str] = list(places)
     if visible.public:
         terms.append(f"({column} >= ? AND {column} < ?)")
-        args += [PUBLIC_PREFIX, _PUBLIC_END]
+        args += [PUBLIC_PREFIX, PUBLIC_END]
     return f" AND ({' OR '.join(terms) or '0'})", tuple(args)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import re
 import sqlite3
@@ -49,10 +50,11 @@ _F32 = np.dtype("<f4")
 
 # Hits taken from each side when the archive is searched approximately.
 CANDIDATE_POOL = 100
-# A search limited to some places asks the ANN index for this many times the
-# pool, keeps the visible hits, and ranks the visible passages exactly when
-# fewer than a pool of them survive (few of the archive's passages are visible).
-VISIBLE_OVERFETCH = 4
+# A search limited to some places ranks the visible passages exactly while
+# they are fewer than the ANN threshold (as a small archive is ranked); more,
+# it asks the ANN index for the pool divided by the visible share, times this
+# margin, keeps the visible hits, and ranks exactly when too few survive.
+VISIBLE_OVERFETCH = 2
 # An expression held by more rows than this is left out of the keyword query:
 # scoring it costs time in proportion to its rows, and its IDF (its weight in
 # bm25) is small anyway. Meaning search still covers such common words.
@@ -335,9 +337,12 @@ class PassageSearch:
         pool = max(CANDIDATE_POOL, offset + limit)
         if allowed is None:
             near = dict(entry.ann.search(query, pool))
+        elif len(allowed) < self.ann_threshold:
+            near = entry.ann.similarity(query, allowed)
         else:
-            near = {item: score for item, score in entry.ann.search(query, pool * VISIBLE_OVERFETCH) if item in allowed}
-            if len(near) < min(pool, len(allowed)):
+            wanted = math.ceil(pool * VISIBLE_OVERFETCH * len(entry) / len(allowed))
+            near = {item: score for item, score in entry.ann.search(query, min(wanted, len(entry))) if item in allowed}
+            if len(near) < pool:
                 near = entry.ann.similarity(query, allowed)  # exact over the visible ones
         near.update(entry.ann.similarity(query, [item for item in keyword if item not in near]))
         ranked = fuse(near, keyword)

@@ -263,20 +263,18 @@ async def test_archival_memory_filters_the_agent_but_not_shared_collections(stor
 ANN_THRESHOLD = 8
 
 
-@pytest.mark.parametrize("visible_share", ["few", "many"])
-async def test_ann_searches_are_filtered_too(tmp_path: Path, visible_share: str) -> None:
+@pytest.mark.parametrize(("hidden", "shown"), [(500, 5), (5000, 300), (8, 600)], ids=["handful", "few", "many"])
+async def test_ann_searches_are_filtered_too(tmp_path: Path, hidden: int, shown: int) -> None:
     """With an ANN index serving a small archive: the nearest passages are
     invisible; a filtered search returns only visible ones and still finds
-    them, whether a pool of them survives the over-fetch ("many") or the
-    search falls back to ranking the visible ones exactly ("few")."""
+    them, whether they are fewer than the ANN threshold (ranked exactly,
+    "handful"), a pool of them survives the over-fetch ("many"), or too few
+    do and the visible ones are ranked exactly ("few")."""
     store = SQLiteStore(tmp_path / "memory.db", ann_threshold=ANN_THRESHOLD)
     await store.open()
     try:
         agent_id = await new_agent(store)
-        # "few": the ANN's whole over-fetch is invisible passages.
-        hidden = 500 if visible_share == "few" else 8
-        shown = 20 if visible_share == "few" else 600
-        passages = [Passage(f"hidden {n}", embedding=[1.0, 0.001 * n, 0.0], place="private:B") for n in range(hidden)]
+        passages = [Passage(f"hidden {n}", embedding=[1.0, 0.0, 0.0001 * n], place="private:B") for n in range(hidden)]
         passages += [Passage(f"shown {n}", embedding=[0.6, 0.8, 0.001 * n], place="public:X") for n in range(shown)]
         ids = await store.insert_passages(agent_id, passages)
         await store.search_passages(agent_id, "", [1.0, 0.0, 0.0], 1)
@@ -286,14 +284,33 @@ async def test_ann_searches_are_filtered_too(tmp_path: Path, visible_share: str)
 
         visible = VIEWS["public:X"][0]
         page = await store.search_passages(agent_id, "", [1.0, 0.0, 0.0], 5, visible=visible)
-        assert len(page.items) == 5 and all(p.place == "public:X" for p, _ in page.items)
+        assert len(page.items) == min(5, shown) and all(p.place == "public:X" for p, _ in page.items)
         assert {p.id for p, _ in page.items} <= set(ids[hidden:])
         page = await store.search_passages(agent_id, "hidden shown", [1.0, 0.0, 0.0], 500, visible=visible)
         assert all(p.place == "public:X" for p, _ in page.items)
-        if visible_share == "few":
+        if shown <= 500:
             assert {p.id for p, _ in page.items} == set(ids[hidden:])
         # Unfiltered, the invisible ones are the nearest.
         page = await store.search_passages(agent_id, "", [1.0, 0.0, 0.0], 3)
         assert {p.place for p, _ in page.items} == {"private:B"}
     finally:
         await store.close()
+
+
+async def test_unseen_neighbours_lend_nothing_to_a_seen_message(store: Store) -> None:
+    """Conversation search lifts a turn by its neighbours' words (context); an
+    invisible neighbour must not make a visible turn a hit for its secret."""
+    agent_id = await new_agent(store)
+    await store.append_messages(
+        agent_id,
+        [
+            Message("user", "what should I cook tonight", place="public:X"),
+            Message("user", "my locker combination is 4921", place="dm"),
+            Message("assistant", "maybe a soup", place="public:X"),
+        ],
+    )
+    query = "locker combination 4921"
+    from_dm = await store.search_messages(agent_id, query, 10, query_vector=[1.0, 0.0], visible=VIEWS["dm"][0])
+    assert len(from_dm.items) >= 2  # the neighbours are context hits when the secret may be seen
+    page = await store.search_messages(agent_id, query, 10, query_vector=[1.0, 0.0], visible=VIEWS["public:X"][0])
+    assert page.items == [] and page.total == 0
