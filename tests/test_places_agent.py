@@ -119,6 +119,9 @@ async def test_memory_report_says_what_is_private_and_what_is_shared(
     runtime = await make_runtime()
     await runtime.handle(said("CMD save my locker code is zqv1", DM))
     await runtime.handle(said("CMD say hello all", PUBLIC))
+    before = len(llm_server.requests)
+    await runtime.handle(said("CMD find hello", DM))
+    assert "(in #general)" in json.dumps(results(llm_server.requests[before:])), "search results say where"
     report = await runtime.memory_report("slack", "T1:U1")
     assert report is not None
     assert "Direct messages (private: only your DMs with me see this)" in report

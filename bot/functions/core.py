@@ -12,6 +12,7 @@ from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot.functions.registry import HEARTBEAT, PAGE, FunctionError, FunctionSet, Implementation, function_schema
+from memory.places import DM_KEY
 from memory.types import Message, Passage
 from memory.working_context import PRIVATE_BLOCK, MemoryEditError
 
@@ -141,7 +142,7 @@ async def conversation_search(agent: Agent, args: dict[str, Any]) -> str:
     size = agent.services.search_page_size
     # By meaning and keywords; the agent's messages are embedded on its first searches (memory/recall.py).
     found = await agent.services.recall.search(agent.id, query, size, page * size, visible=agent.visible)
-    items = [_message_line(message) for message in found.items]
+    items = [_elsewhere(agent, message.place) + _message_line(message) for message in found.items]
     return _page_text(agent, "recall storage", query, page, size, found.total, items)
 
 
@@ -166,7 +167,7 @@ async def conversation_search_date(agent: Agent, args: dict[str, Any]) -> str:
     page = int(args.get("page", 0))
     size = agent.services.search_page_size
     found = await agent.store.messages_between(agent.id, start, end, size, page * size, visible=agent.visible)
-    items = [_message_line(message) for message in found.items]
+    items = [_elsewhere(agent, message.place) + _message_line(message) for message in found.items]
     label = f"{args['start_date']} to {args['end_date']}"
     return _page_text(agent, "recall storage", label, page, size, found.total, items)
 
@@ -213,6 +214,16 @@ def parse_date(text: str, *, end: bool) -> datetime:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment + timedelta(microseconds=1) if end else moment
+
+
+def _elsewhere(agent: Agent, key: str) -> str:
+    """ "(in #general) " for a message said in another place than the current one; "" for this one."""
+    if key == agent.place.key:
+        return ""
+    if key == DM_KEY:
+        return "(in a DM) "
+    opened = agent.conversations.get(key)
+    return f"(in {opened.place.name if opened and opened.place.name else key}) "
 
 
 def _message_line(message: Message) -> str:
