@@ -10,19 +10,26 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import discord.ext.test as dpytest
+from discord.ext.test import backend
+
 from bot.durable.debounce import Debouncer, merge
 from bot.events import Event, Reply, UserJoined, UserMessage
 from memory.places import Place
 from memory.types import Message
+from tests import test_discord_adapter as discord_tests
 from tests import test_slack_adapter as slack_tests
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer
+from tests.test_discord_adapter import Harness
+from tests.test_discord_adapter import sent as discord_sent
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually, say
 from tests.test_slack_durability import recorded
 
 # The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.
 fake_slack = slack_tests.fake_slack
 start_bot = slack_tests.start_bot
+discord_bot = discord_tests.discord_bot  # dpytest drives discord.py's real dispatch
 
 WINDOW = 0.4  # seconds: long enough for a few HTTP posts on a busy machine, short for the suite
 KEY = "slack:T1:U1"
@@ -227,3 +234,27 @@ async def test_followers_of_a_batch_that_was_never_recorded_are_answered_on_thei
     assert bot.slack.posted_texts() == ["re: I moved", "re: to Lisbon", "re: last week"]
     await eventually(lambda: True)
     assert await bot.runtime.store.journal_pending("slack") == []
+
+
+# --------------------------------------------------------------------------- Discord
+
+
+async def test_discord_quick_messages_get_one_answer_and_each_is_journaled(discord_bot: Harness) -> None:
+    discord_bot.adapter.bursts = Debouncer(WINDOW)
+    discord_bot.llm.set_handler(lambda request: say("one answer to all three"))
+    alice = discord_bot.member("alice")
+    dm = await alice.create_dm()
+    ids = [backend.make_message(text, alice, dm).id for text in ("I moved", "to Lisbon", "last week")]
+    await dpytest.run_all_events()
+    await eventually(lambda: not dpytest.sent_queue.empty())
+    await asyncio.sleep(WINDOW)  # anything more would have come by now
+    await dpytest.run_all_events()
+    assert [m.content for m in discord_sent()] == ["one answer to all three"]
+    [request] = discord_bot.llm.requests
+    assert [line.rsplit(": ", 1)[-1] for line in user_lines(request)[-3:]] == ["I moved", "to Lisbon", "last week"]
+    runtime = discord_bot.runtime
+    record = await runtime.store.find_agent(f"discord:{alice.id}")
+    assert record is not None
+    messages = await runtime.store.messages_since(record.id, 0)
+    assert [m.event_id for m in messages if m.role == "user"] == [str(i) for i in ids]
+    assert await runtime.store.journal_pending("discord") == []
