@@ -45,7 +45,7 @@ from pathlib import Path
 import aiohttp
 
 from bot.durable.inbox import GAVE_UP
-from tests.crash_script import FACT, MESSAGE, answered_in, scripted_model
+from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_model
 from tests.fake_llm import start_fake_llm
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.forks import FORKS
@@ -281,7 +281,8 @@ async def run(
             os.kill(bot.process.pid, signal.SIGKILL)
 
     poisoned = kill_on_poison if poison else None
-    llm.set_handler(lambda request: scripted_model(request, poisoned, batches=debounce > 0))
+    batches = BatchModel() if debounce > 0 else None
+    llm.set_handler(lambda request: scripted_model(request, poisoned, batches=batches))
     conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng)
     started = time.monotonic()
     done_killing = 0

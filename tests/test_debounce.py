@@ -8,15 +8,19 @@ in tests/test_crash_harness.py."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import discord.ext.test as dpytest
 from discord.ext.test import backend
 
 from bot.durable.debounce import Debouncer, merge
+from bot.durable.inbox import Inbox
 from bot.events import Event, Reply, UserJoined, UserMessage
 from memory.places import Place
+from memory.sqlite.store import SQLiteStore
 from memory.types import Message
+from memory.working_context import default_blocks
 from tests import test_discord_adapter as discord_tests
 from tests import test_slack_adapter as slack_tests
 from tests.conftest import RuntimeFactory
@@ -258,3 +262,38 @@ async def test_discord_quick_messages_get_one_answer_and_each_is_journaled(disco
     messages = await runtime.store.messages_since(record.id, 0)
     assert [m.event_id for m in messages if m.role == "user"] == [str(i) for i in ids]
     assert await runtime.store.journal_pending("discord") == []
+
+
+# --------------------------------------------------------------------------- the journal's side
+
+
+async def test_a_batch_links_its_followers_and_waits_for_storage_whole(tmp_path: Path) -> None:
+    store = SQLiteStore(tmp_path / "memgpt.sqlite3")
+    await store.open()
+    try:
+        inbox = Inbox(store)
+        for event_id in ("EvL", "EvF1", "EvF2"):
+            await inbox.receive("slack", event_id, "T1:U1", recorded(event_id, event_id))
+        leader = merge(
+            [[message("a", event_id="EvL")], [message("b", event_id="EvF1")], [message("c", event_id="EvF2")]]
+        )
+        assert leader is not None
+        await inbox.started(leader)
+        entries = {e.event_id: (e.state, e.absorbed_into) for e in await store.journal_pending("slack")}
+        assert entries == {"EvL": ("running", ""), "EvF1": ("pending", "EvL"), "EvF2": ("pending", "EvL")}
+        # Storage gave out for the whole wait: every member waits for a replay, none is finished.
+        await inbox.wait_for_storage(leader)
+        for member in leader.members():
+            await inbox.finished(member.journal_id)
+        assert {e.event_id: e.state for e in await store.journal_pending("slack")} == dict.fromkeys(
+            ("EvL", "EvF1", "EvF2"), "waiting"
+        )
+        # Replayed one by one: a follower whose message its batch recorded is answered by the
+        # leader's run; one whose message is not recorded is an event of its own; so is the leader.
+        assert [r.event_id for r in await inbox.leftovers("slack")] == ["EvL", "EvF1", "EvF2"]
+        agent, _ = await store.get_or_create_agent("slack:T1:U1", default_blocks(2_000, 2_000))
+        await store.append_messages(agent.id, [Message(role="user", content="b", event_id="EvF1")])
+        answered = [await inbox.answered_with_its_batch(agent.id, member) for member in leader.members()]
+        assert answered == [False, True, False]
+    finally:
+        await store.close()
