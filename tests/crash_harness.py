@@ -137,10 +137,20 @@ class Conversation:
     rng: random.Random
     acked: int = 0
     deliveries: int = 0  # POSTs, retries included
+    # Each user sends runs of 1 to 4 messages in a row (for debounce to batch), not one at a time.
+    runs: bool = False
 
     def events(self) -> list[tuple[str, int, str]]:
         """(user, number, event id), users interleaved, each user's in order."""
-        ordered = [(user, n, f"Ev{user}N{n:04d}") for n in range(self.per_user) for user in self.users]
+        if not self.runs:
+            return [(user, n, f"Ev{user}N{n:04d}") for n in range(self.per_user) for user in self.users]
+        lengths = random.Random(self.per_user)  # the same order every time it is asked for
+        ordered, sent = [], dict.fromkeys(self.users, 0)
+        while any(count < self.per_user for count in sent.values()):
+            for user in self.users:
+                run = min(lengths.randint(1, 4), self.per_user - sent[user])
+                ordered += [(user, n, f"Ev{user}N{n:04d}") for n in range(sent[user], sent[user] + run)]
+                sent[user] += run
         return ordered
 
     async def play(self, port: int, session: aiohttp.ClientSession) -> None:
@@ -283,7 +293,7 @@ async def run(
     poisoned = kill_on_poison if poison else None
     batches = BatchModel() if debounce > 0 else None
     llm.set_handler(lambda request: scripted_model(request, poisoned, batches=batches))
-    conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng)
+    conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng, runs=debounce > 0)
     started = time.monotonic()
     done_killing = 0
     spinners = [
