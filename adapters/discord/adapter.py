@@ -33,26 +33,32 @@ from typing import Any
 import discord
 from discord import app_commands
 
+from adapters.channels import ContextFailures
 from adapters.discord.client import build_client, log_ready, run_client, sync_commands
 from adapters.discord.commands import FORGET_TIMEOUT, add_commands
 from adapters.discord.config import PLATFORM, DiscordConfig
 from adapters.discord.parse import (
     addressed_text,
+    channel_line,
     join_payload,
     message_payload,
     parse_attachment,
     parse_member_join,
     parse_message,
+    place_from_json,
+    place_of,
     refusal,
     reply_to,
 )
 from adapters.discord.send import CALL_ERRORS, send_reply, typing
 from bot.durable.debounce import Burst, Debouncer, merge
 from bot.durable.lanes import Lanes
-from bot.events import Delivery, Event, Redo, Reply, UserJoined, agent_key
+from bot.events import ChannelLine, Delivery, Event, Place, Redo, Reply, UserJoined, agent_key
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
+
+CONTEXT_ADVICE = "give the bot the Read Message History permission there (docs/discord.md)"
 
 
 @dataclass(eq=False)
@@ -89,6 +95,7 @@ class DiscordAdapter:
         self._durable = callable(getattr(bot, "receive", None))
         # Quick messages of one person in one channel: one event (bot/durable/debounce.py).
         self.bursts: Debouncer[_Arrival] = Debouncer(getattr(bot, "debounce_seconds", 0.0) if self._durable else 0.0)
+        self.context_failures = ContextFailures(PLATFORM, CONTEXT_ADVICE)
         for handler in (self.on_ready, self.on_message, self.on_member_join):
             self.client.event(handler)
         self.client.setup_hook = self.sync_commands  # type: ignore[method-assign]
@@ -147,7 +154,16 @@ class DiscordAdapter:
         kept = [arrival for arrival in arrivals if arrival.durable is not None]  # not repeats
         batch = None
         if len(kept) > 1 and all(arrival.durable for arrival in kept):
-            batch = merge([[parse_message(arrival.message, arrival.text, durable=True)] for arrival in kept])
+            first = kept[0].message
+            place = place_of(first.channel)
+            # The channel's lines before the first message: the later ones are the person's own, in the batch.
+            context = await self._channel_context(first, place)
+            batch = merge(
+                [
+                    [parse_message(a.message, a.text, durable=True, place=place, context=[] if n else context)]
+                    for n, a in enumerate(kept)
+                ]
+            )
         if batch is None:
             for arrival in kept:
                 await self._answer(arrival.message, arrival.text, durable=bool(arrival.durable))
@@ -185,13 +201,15 @@ class DiscordAdapter:
             return False
         return True
 
-    async def _answer(self, message: discord.Message, text: str, *, durable: bool) -> None:
+    async def _answer(self, message: discord.Message, text: str, *, durable: bool, place: Place | None = None) -> None:
         channel = message.channel
+        place = place or place_of(channel)  # a replay's is the one recorded with it
         # Files first, so the agent has read them by the time it answers the text.
         for attachment in message.attachments:
-            await self.deliver(await self._upload(message, attachment, durable=durable), channel=channel)
+            await self.deliver(await self._upload(message, attachment, place, durable=durable), channel=channel)
         if text:
-            event = parse_message(message, text, durable=durable)
+            context = await self._channel_context(message, place)
+            event = parse_message(message, text, durable=durable, place=place, context=context)
             await self.deliver(await self._handle(event, channel), channel=channel)
         # Not reached when a crash (or a bug) stops the work: then it stays pending and is redone.
         if durable:
@@ -209,8 +227,22 @@ class DiscordAdapter:
         async with self.lanes.hold(event.agent_key):
             await self.deliver(await self._handle(event, None))
 
+    async def _channel_context(self, message: discord.Message, place: Place) -> list[ChannelLine]:
+        """The messages before this one in its channel or thread, oldest first (none in a DM);
+        without them, if the bot may not read them (logged once per channel)."""
+        limit = self.config.channel_context_messages
+        if place.is_dm or limit <= 0:
+            return []
+        try:
+            earlier = [line async for line in message.channel.history(limit=limit, before=message)]
+        except CALL_ERRORS as error:
+            return self.context_failures.failed(str(message.channel.id), f"{type(error).__name__}: {error}")
+        # Oldest first, by snowflake (time-ordered): whatever order the API listed them in.
+        lines = (channel_line(line, self.client.user) for line in sorted(earlier, key=lambda line: line.id))
+        return [line for line in lines if line is not None]
+
     async def _upload(
-        self, message: discord.Message, attachment: discord.Attachment, *, durable: bool = False
+        self, message: discord.Message, attachment: discord.Attachment, place: Place, *, durable: bool = False
     ) -> list[Reply]:
         reason = refusal(attachment, self.config.max_upload_bytes)
         if reason is None:
@@ -220,7 +252,7 @@ class DiscordAdapter:
                 log.warning("could not download attachment %s of message %s: %s", attachment.id, message.id, error)
                 reason = f"I couldn't download {attachment.filename}; please try again."
             else:
-                event = parse_attachment(message, attachment, data, durable=durable)
+                event = parse_attachment(message, attachment, data, durable=durable, place=place)
                 return await self._handle(event, message.channel)
         return [Reply(reason, PLATFORM, str(message.author.id), reply_to(message), f"{message.id}:{attachment.id}")]
 
@@ -293,7 +325,7 @@ class DiscordAdapter:
             if message is None or text is None:
                 await self.bot.finished(event_id)
                 return
-            await self._answer(message, text, durable=True)
+            await self._answer(message, text, durable=True, place=place_from_json(payload.get("place")))
 
     async def _fetch_again(self, payload: Mapping[str, Any]) -> discord.Message | None:
         """The recorded message as it is now; None if it was deleted or can no longer be read.

@@ -40,6 +40,7 @@ from adapters.slack.config import PLATFORM, SlackConfig
 from adapters.slack.dedupe import EventDeduper, RecentEventIds
 from adapters.slack.directory import Directory
 from adapters.slack.files import FileReader
+from adapters.slack.history import ChannelHistory
 from adapters.slack.parse import (
     Builder,
     Item,
@@ -85,7 +86,8 @@ class SlackAdapter:
         self.app = SlackApp(config)
         self.client = self.app.client
         self.directory = Directory(self.client)
-        self.parser = SlackParser(self.directory, FileReader(self.client, config))
+        history = ChannelHistory(self.client, self.directory, config.channel_context_messages)
+        self.parser = SlackParser(self.directory, FileReader(self.client, config), history)
         self.sender = SlackSender(self.client, self.directory)
         bolt = self.app.bolt
         bolt.event("message")(self._on_message)
@@ -114,6 +116,7 @@ class SlackAdapter:
 
     def _identify(self, auth: Mapping[str, Any]) -> None:
         self.directory.bot_user_id = auth.get("user_id")
+        self.directory.bot_name = str(auth.get("user") or self.directory.bot_name)
         if auth.get("team_id") and auth.get("team"):
             self.directory.team_names[str(auth["team_id"])] = str(auth["team"])
 
@@ -155,7 +158,7 @@ class SlackAdapter:
     async def _on_message(
         self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext, request: AsyncBoltRequest
     ) -> None:
-        origin = origin_of_message(body, event, self._own_id(context))
+        origin = origin_of_message(body, event, self._own_id(context), self.config.always_on_channels)
         if origin is None:
             return
         retry = request.headers.get("x-slack-retry-num", [None])[0]
@@ -169,7 +172,7 @@ class SlackAdapter:
         await self._accept(origin, message_kind(event), event)
 
     async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext) -> None:
-        origin = origin_of_app_mention(body, event, self._own_id(context))
+        origin = origin_of_app_mention(body, event, self._own_id(context), self.config.always_on_channels)
         if origin is not None:
             await self._accept(origin, "app_mention", event)
 
