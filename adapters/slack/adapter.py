@@ -241,7 +241,9 @@ class SlackAdapter:
         # A message joins the person's open burst in this conversation, if any:
         # the burst's leader handles it (bot/durable/debounce.py). Replays never do.
         where = f"{origin.user_id} {origin.reply_to.get('channel', '')}"
-        burst = self._bursts.join(where, (origin, build)) if debounce else Burst([(origin, build)], 0.0, 0.0, True)
+        burst = (
+            self._bursts.join(where, (origin, build)) if debounce else Burst([(origin, build)], 0.0, 0.0, closed=True)
+        )
         if burst is None:
             return
         # Our own task (not Bolt's untracked future) so close() can wait for it.
