@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.channel_context import render_channel_context
-from bot.conversation import Conversation, open_conversation, seen_from
+from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation, seen_from
 from bot.durable.outbox import outbox_entry, unconfirmed
 from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
@@ -42,10 +42,6 @@ log = logging.getLogger(__name__)
 NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
-INTERRUPTED_RESULT = (
-    "Cut short by a restart: this call may or may not have taken effect. Check (working context, "
-    "archival storage, reminders) before doing it again."
-)
 # Functions a redone step may simply run again: reads, and send_message (its
 # outbox entry is keyed by event and position, so a redo cannot send twice).
 # Their steps skip the extra write that records the calls before they run.
@@ -56,17 +52,6 @@ PAGE_CALL_ALLOWANCE = 160
 MIN_PAGE_TOKENS = 96
 # Events a person is waiting on: a step that reaches nobody gets a nudge.
 ANSWERED_KINDS = frozenset({"user_message", "file_uploaded"})
-
-
-def interrupted_calls(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """The function calls of the last step that have no result: only a crash
-    between recording a step's calls and their results leaves any."""
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if message.role == "assistant" and message.tool_calls:
-            answered = {later.tool_call_id for later in messages[index + 1 :] if later.role == "tool"}
-            return [call for call in message.tool_calls if call.get("id") not in answered]
-    return []
 
 
 @dataclass(slots=True)
@@ -283,8 +268,12 @@ class Agent:
         was recorded now."""
         if await self.store.event_message_seq(self.id, event.event_id) is not None:
             return False
-        message = Message(role="user", content=content, name=event.kind, event_id=event.event_id)
-        await self.record_messages([message], await self.conversation_for(event.place))
+        messages = [Message(role="user", content=content, name=event.kind, event_id=event.event_id)]
+        # Debounced followers (bot/durable/debounce.py): in the same write, each under its own id.
+        messages += [
+            Message(role="user", content=f.render(), name=f.kind, event_id=f.event_id) for f in event.members()[1:]
+        ]
+        await self.record_messages(messages, await self.conversation_for(event.place))
         return True
 
     async def _execute(self, completion: Completion) -> bool:

@@ -116,6 +116,9 @@ class Settings:
     # Seconds an event waits (retrying with backoff) for a busy, full or
     # unreachable store before the person is told (bot/durable/store_wait.py).
     store_wait: float = 120.0
+    # Messages of one person in one place within this many seconds of the
+    # previous one become one event (bot/durable/debounce.py); 0: off.
+    debounce_seconds: float = 1.5
     log_level: str = "INFO"
     # The log file is rotated at this size, keeping this many old files (cli/logs.py).
     log_max_bytes: int = 10 * 1024 * 1024
@@ -391,6 +394,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("MONGODB_URI", "mongodb_uri", text),
     Spec("MONGODB_DB", "mongodb_db", text),
     Spec("MEMGPT_STORE_WAIT", "store_wait", number(0, zero="do not wait")),
+    Spec("MEMGPT_DEBOUNCE_SECONDS", "debounce_seconds", number(0.05, 30, zero="off")),
     Spec("MEMGPT_LOG_LEVEL", "log_level", choice(*LOG_LEVELS)),
     Spec("MEMGPT_LOG_MAX_BYTES", "log_max_bytes", whole(64 * 1024, zero="never rotate")),
     Spec("MEMGPT_LOG_BACKUPS", "log_backups", whole(1, 100)),

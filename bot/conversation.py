@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from memory.places import Place, Visibility
 from memory.queue_manager import QueueManager
@@ -24,6 +24,10 @@ from memory.working_context import WorkingContext
 if TYPE_CHECKING:
     from bot.services import AgentServices
 
+INTERRUPTED_RESULT = (
+    "Cut short by a restart: this call may or may not have taken effect. Check (working context, "
+    "archival storage, reminders) before doing it again."
+)
 CHANNEL_RULES = "Never bring up what the person told you privately."
 
 
@@ -95,3 +99,14 @@ def new_queue(services: AgentServices, instructions: str) -> QueueManager:
 def seen_from(conversations: Sequence[Conversation], key: str) -> list[Conversation]:
     """The open conversations that may read an item recorded in conversation `key`."""
     return [conversation for conversation in conversations if conversation.visible.sees(key)]
+
+
+def interrupted_calls(messages: Sequence[Message]) -> list[dict[str, Any]]:
+    """The function calls of the last step that have no result: only a crash
+    between recording a step's calls and their results leaves any."""
+    for index in range(len(messages) - 1, -1, -1):
+        message = messages[index]
+        if message.role == "assistant" and message.tool_calls:
+            answered = {later.tool_call_id for later in messages[index + 1 :] if later.role == "tool"}
+            return [call for call in message.tool_calls if call.get("id") not in answered]
+    return []

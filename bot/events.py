@@ -77,6 +77,10 @@ class Event:
     def render(self) -> str:
         raise NotImplementedError
 
+    def members(self) -> list[Event]:
+        """The events handled as this one: itself, and what was debounced into it."""
+        return [self]
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelLine:
@@ -97,7 +101,14 @@ class UserMessage(Event):
     # The last messages of the channel or thread before this one (oldest
     # first), read by the adapter with the bot's own permissions; empty in a DM.
     channel_context: list[ChannelLine] = field(default_factory=list)
+    # The same person's next messages in the same place, sent within
+    # MEMGPT_DEBOUNCE_SECONDS: handled with this one as one event, answered
+    # under its id (bot/durable/debounce.py).
+    followers: list[UserMessage] = field(default_factory=list)
     kind = "user_message"
+
+    def members(self) -> list[Event]:
+        return [self, *self.followers]
 
     def render(self) -> str:
         who = self.display_name or "user"

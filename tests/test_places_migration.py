@@ -1,7 +1,7 @@
 """Stores written before places open with everything they hold DM-only:
 visible from the person's DMs, never from a private or public channel, and
 each agent's queue and summary carried into its "dm" conversation. SQLite
-through migration m011, MongoDB through the upgrade at open."""
+through migration m012, MongoDB through the upgrade at open."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from memory.mongo.keywords import passage_terms
 from memory.mongo.store import MongoStore, words
 from memory.places import Place, Visibility
-from memory.sqlite.migrations import MIGRATIONS, migrate
+from memory.sqlite.migrations import MIGRATIONS, m012_places, migrate
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from tests.mongo_server import MongoTarget, mongo_target
@@ -64,10 +64,10 @@ def log_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 # -- SQLite ------------------------------------------------------------------
 def write_old_sqlite(path: Path) -> None:
-    """A database as the release before places left it (migrations 1-10)."""
+    """A database as the release before places left it (every migration before m012)."""
     conn = sqlite3.connect(path, isolation_level=None)
     try:
-        migrate(conn, MIGRATIONS[:10])
+        migrate(conn, MIGRATIONS[: MIGRATIONS.index(m012_places)])
         conn.execute("BEGIN")
         conn.executemany(
             "INSERT INTO agents (id, key, created_at, summary, queue_start_seq, summary_updated_at)"

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import discord
@@ -50,6 +51,7 @@ from adapters.discord.parse import (
     reply_to,
 )
 from adapters.discord.send import CALL_ERRORS, send_reply, typing
+from bot.durable.debounce import Burst, Debouncer, merge
 from bot.durable.lanes import Lanes
 from bot.events import ChannelLine, Delivery, Event, Place, Redo, Reply, UserJoined, agent_key
 from bot.ports import BotPort
@@ -57,6 +59,18 @@ from bot.ports import BotPort
 log = logging.getLogger(__name__)
 
 CONTEXT_ADVICE = "give the bot the Read Message History permission there (docs/discord.md)"
+
+
+@dataclass(eq=False)
+class _Arrival:
+    """A message on its way in; `recorded` is set once the journal has (or could not take) it."""
+
+    message: discord.Message
+    text: str
+    durable: bool | None = None  # as `_record` says
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)
+
+
 SORRY = "Sorry, something went wrong on my side and I could not answer that. Please try again in a moment."
 
 
@@ -79,6 +93,8 @@ class DiscordAdapter:
         # A bot with a journal (the runtime) records events and reports deliveries, so a
         # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are served without.
         self._durable = callable(getattr(bot, "receive", None))
+        # Quick messages of one person in one channel: one event (bot/durable/debounce.py).
+        self.bursts: Debouncer[_Arrival] = Debouncer(getattr(bot, "debounce_seconds", 0.0) if self._durable else 0.0)
         self.context_failures = ContextFailures(PLATFORM, CONTEXT_ADVICE)
         for handler in (self.on_ready, self.on_message, self.on_member_join):
             self.client.event(handler)
@@ -111,11 +127,51 @@ class DiscordAdapter:
         text = addressed_text(message, self.client.user, self.config.always_on_channels)
         if text is None:
             return
+        key, arrival = agent_key(PLATFORM, str(message.author.id)), _Arrival(message, text)
+        if text and not message.attachments:  # a plain message may join the person's open burst here
+            burst = self.bursts.join(f"{key} {message.channel.id}", arrival)
+        else:
+            burst = Burst([arrival], 0.0, 0.0, closed=True)
+        if burst is None:
+            # The burst's leader answers it; kept in the journal now (Discord never sends it again).
+            await self._record_arrival(arrival)
+            return
         # Entered before any await: see self.lanes.
-        async with self.lanes.hold(agent_key(PLATFORM, str(message.author.id))):
-            durable = await self._record(message_payload(message))
-            if durable is not None:
-                await self._answer(message, text, durable=durable)
+        async with self.lanes.hold(key):
+            await self._record_arrival(arrival)
+            await self._answer_burst(await self.bursts.gather(burst))
+
+    async def _record_arrival(self, arrival: _Arrival) -> None:
+        try:
+            arrival.durable = await self._record(message_payload(arrival.message))
+        finally:
+            arrival.recorded.set()
+
+    async def _answer_burst(self, arrivals: Sequence[_Arrival]) -> None:
+        """One event for a burst that can merge (bot/durable/debounce.py), else each message on its own."""
+        for arrival in arrivals:
+            await arrival.recorded.wait()
+        kept = [arrival for arrival in arrivals if arrival.durable is not None]  # not repeats
+        batch = None
+        if len(kept) > 1 and all(arrival.durable for arrival in kept):
+            first = kept[0].message
+            place = place_of(first.channel)
+            # The channel's lines before the first message: the later ones are the person's own, in the batch.
+            context = await self._channel_context(first, place)
+            batch = merge(
+                [
+                    [parse_message(a.message, a.text, durable=True, place=place, context=[] if n else context)]
+                    for n, a in enumerate(kept)
+                ]
+            )
+        if batch is None:
+            for arrival in kept:
+                await self._answer(arrival.message, arrival.text, durable=bool(arrival.durable))
+            return
+        channel = kept[0].message.channel
+        await self.deliver(await self._handle(batch, channel), channel=channel)
+        for arrival in kept:
+            await self.bot.finished(str(arrival.message.id))
 
     async def on_member_join(self, member: discord.Member) -> None:
         if member.bot:

@@ -405,7 +405,14 @@ def m010_journal_running_and_waiting(conn: sqlite3.Connection) -> None:
 
 
 @migration
-def m011_places(conn: sqlite3.Connection) -> None:
+def m011_journal_absorbed_into(conn: sqlite3.Connection) -> None:
+    # Debounced messages (bot/durable/debounce.py): an entry handled as part
+    # of an earlier one's batch names that entry; "" when handled on its own.
+    _run(conn, "ALTER TABLE event_journal ADD COLUMN absorbed_into TEXT NOT NULL DEFAULT ''")
+
+
+@migration
+def m012_places(conn: sqlite3.Connection) -> None:
     # Places (memory/places.py): every message and passage records its
     # conversation key, and each place has its own queue and summary (the
     # conversations table). What was stored before has no known place: it

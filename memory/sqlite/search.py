@@ -50,11 +50,13 @@ _F32 = np.dtype("<f4")
 
 # Hits taken from each side when the archive is searched approximately.
 CANDIDATE_POOL = 100
-# A search limited to some places ranks the visible passages exactly while
-# they are fewer than the ANN threshold (as a small archive is ranked); more,
-# it asks the ANN index for the pool divided by the visible share, times this
-# margin, keeps the visible hits, and ranks exactly when too few survive.
+# A search limited to some places asks the ANN index for the pool divided by
+# the visible share, times this margin, keeps the visible hits, and ranks the
+# visible passages exactly when too few survive, or straight away when the
+# over-fetch would exceed MAX_OVERFETCH (so few are visible that ranking them
+# all costs less than a search that wide).
 VISIBLE_OVERFETCH = 2
+MAX_OVERFETCH = 4_000
 # An expression held by more rows than this is left out of the keyword query:
 # scoring it costs time in proportion to its rows, and its IDF (its weight in
 # bm25) is small anyway. Meaning search still covers such common words.
@@ -322,9 +324,11 @@ class PassageSearch:
         with `visible`, only passages it sees are ranked (the filter comes
         before ranking and paging, on the exact and the approximate path)."""
         entry = self.vectors(conn, agent_id)
-        allowed = None if visible is None or visible.everything else self._visible_ids(conn, agent_id, visible, entry)
-        if not len(entry) or limit <= 0 or (allowed is not None and not allowed):
-            return [], len(entry) if allowed is None else len(allowed)
+        allowed = None if visible is None or visible.everything else self._visible_ids(conn, agent_id, visible)
+        if not len(entry) or (allowed is not None and not allowed):
+            return [], 0
+        if limit <= 0:
+            return [], len(entry) if allowed is None else sum(1 for item in allowed if item in entry)
         keyword = self.keyword_scores(conn, agent_id, text, entry, visible)
         if entry.ann is None:
             assert entry.exact is not None
@@ -335,26 +339,28 @@ class PassageSearch:
             hits = entry.exact.search(query, offset + limit, boost=bonus)
             return hits[offset:], len(entry.exact)
         pool = max(CANDIDATE_POOL, offset + limit)
+        near: dict[int, float] = {}
         if allowed is None:
             near = dict(entry.ann.search(query, pool))
-        elif len(allowed) < self.ann_threshold:
-            near = entry.ann.similarity(query, allowed)
         else:
             wanted = math.ceil(pool * VISIBLE_OVERFETCH * len(entry) / len(allowed))
-            near = {item: score for item, score in entry.ann.search(query, min(wanted, len(entry))) if item in allowed}
-            if len(near) < pool:
+            if wanted <= MAX_OVERFETCH:
+                hits = entry.ann.search(query, min(wanted, len(entry)))
+                near = {item: score for item, score in hits if item in allowed}
+            if len(near) < min(pool, len(allowed)):
                 near = entry.ann.similarity(query, allowed)  # exact over the visible ones
         near.update(entry.ann.similarity(query, [item for item in keyword if item not in near]))
         ranked = fuse(near, keyword)
         return ranked[offset : offset + limit], len(ranked)
 
     @staticmethod
-    def _visible_ids(conn: sqlite3.Connection, agent_id: str, visible: Visibility, entry: AgentVectors) -> set[int]:
-        """Ids of the agent's embedded passages that `visible` sees (from the
-        (agent_id, place) index, never reading a row)."""
+    def _visible_ids(conn: sqlite3.Connection, agent_id: str, visible: Visibility) -> set[int]:
+        """Ids of the agent's passages that `visible` sees (from the (agent_id,
+        place) index, never reading a row). Some may have no vector yet: the
+        rankings skip those."""
         where, args = visible_sql(visible)
         rows = conn.execute(f"SELECT id FROM passages WHERE agent_id = ?{where}", (agent_id, *args))
-        return {passage_id for (passage_id,) in rows if passage_id in entry}
+        return {passage_id for (passage_id,) in rows}
 
     def keyword_scores(
         self,

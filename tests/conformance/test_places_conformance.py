@@ -267,8 +267,8 @@ ANN_THRESHOLD = 8
 async def test_ann_searches_are_filtered_too(tmp_path: Path, hidden: int, shown: int) -> None:
     """With an ANN index serving a small archive: the nearest passages are
     invisible; a filtered search returns only visible ones and still finds
-    them, whether they are fewer than the ANN threshold (ranked exactly,
-    "handful"), a pool of them survives the over-fetch ("many"), or too few
+    them, whether so few are visible that they are ranked exactly at once
+    ("handful"), a pool of them survives the over-fetch ("many"), or too few
     do and the visible ones are ranked exactly ("few")."""
     store = SQLiteStore(tmp_path / "memory.db", ann_threshold=ANN_THRESHOLD)
     await store.open()
