@@ -43,7 +43,7 @@ from typing import Any
 import aiohttp
 
 from bot.durable.inbox import GAVE_UP
-from tests.fake_llm import Reply, reply_text, reply_tool_calls, start_fake_llm, tool_call
+from tests.fake_llm import Reply, is_summary_request, reply_text, reply_tool_calls, start_fake_llm, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.forks import FORKS
 
@@ -68,7 +68,7 @@ def scripted_model(request: dict[str, Any], poison: Callable[[str, int], None] |
     `poison(user, number)` is called first with the message asked about: the
     harness kills the bot there when that message is its poison event."""
     messages = request["messages"]
-    if not request.get("tools"):  # the summarizer
+    if is_summary_request(request):
         return reply_text("Earlier: numbered test messages.")
     asked = None
     for message in reversed(messages):
