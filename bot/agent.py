@@ -18,7 +18,7 @@ from bot.durable.outbox import outbox_entry, unconfirmed
 from bot.events import Event, Reply
 from bot.functions.registry import FunctionSet
 from bot.llm import Completion, LLMClient, LLMUnavailableError, TokenUsage
-from bot.prompts import SUMMARIZER_INSTRUCTIONS
+from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from memory.archival import ArchivalMemory
 from memory.places import DM_KEY
 from memory.queue_manager import (
@@ -359,7 +359,17 @@ class Agent:
 
     async def _summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
         counter = self.services.counter
-        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max(40, int(budget * 0.6)))
+        max_words = max(40, int(budget * 0.6))
+        if not self.services.summary_model:
+            # The chat model summarizes from the prompt it just read (cached by
+            # the provider): the agent's own request up to the evicted messages.
+            tools = self.services.functions.schemas
+            messages = self.queue.summary_prompt(evicted, SUMMARY_REQUEST.format(max_words=max_words))
+            # (Within the limit every step keeps to, so the answer has its reserve.)
+            if messages and counter.count_request(messages, tools) <= self.queue.flush_limit:
+                completion = await self._complete(messages, tools, call_functions=False)
+                return (completion.content or "").strip()
+        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max_words)
         header = f"Previous summary:\n{previous or '(none)'}\n\nMessages leaving memory:\n"
         room = (
             self.queue.flush_limit
@@ -389,6 +399,7 @@ class Agent:
         prompt_tokens: int = 0,
         *,
         model: str | None = None,
+        call_functions: bool = True,
     ) -> Completion:
         """The one way the agent calls the LLM, so each call's cost is counted
         here, with the model's tokenizer (the daily budget, bot/limits.py):
@@ -398,7 +409,7 @@ class Agent:
         its cache, which nothing local can know, and which at most lowers a
         cached token's weight (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails
         counts nothing."""
-        completion = await self.services.llm.complete(messages, tools, model=model)
+        completion = await self.services.llm.complete(messages, tools, model=model, call_functions=call_functions)
         counter = self.services.counter
         prompt = prompt_tokens or counter.count_request(messages, tools or ())
         answer = counter.count(completion.content or "")
@@ -413,9 +424,9 @@ class Agent:
         """What changes on every call: it rides in the request's last message
         (memory/queue_manager.py), after everything a prompt cache can serve."""
         return (
-            f"recall {self.recall_count} messages ({len(self.queue.entries)} in your queue); archival "
-            f"{self.archival_count} passages; working context edited {self.working_context.last_edited()}; "
-            f"memory {round(100 * self.queue.pressure())}% full; now {utc_now():%Y-%m-%d %H:%M} UTC"
+            f"memory {round(100 * self.queue.pressure())}% full; recall {self.recall_count} messages, "
+            f"{len(self.queue.entries)} in queue; archival {self.archival_count} passages; "
+            f"now {utc_now():%Y-%m-%d %H:%M} UTC"
         )
 
     # -- memory operations used by the functions ------------------------------
