@@ -91,6 +91,9 @@ class BusyLock:
         self._guard = threading.Lock()
         self._closed = False
 
+    def __repr__(self) -> str:
+        return f"BusyLock({'held' if self._conn.in_transaction else 'free'})"
+
     def inject(self) -> None:
         with self._guard:
             self._conn.execute("BEGIN EXCLUSIVE")
@@ -115,6 +118,9 @@ class DiskFull:
     def __init__(self, folder: Path, db: Path) -> None:
         self.filler = folder / "filler"
         self.db = db
+
+    def __repr__(self) -> str:
+        return f"DiskFull({'full' if self.filler.exists() else 'room'})"
 
     def inject(self) -> None:
         conn = sqlite3.connect(self.db, timeout=5)
@@ -148,6 +154,10 @@ class MongoProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._switching: set[asyncio.Future[None]] = set()
+
+    def __repr__(self) -> str:
+        state = "listening" if self._server is not None else "cut"
+        return f"MongoProxy({state}, {len(self._writers) // 2} connections, {len(self._switching)} switches under way)"
 
     @property
     def uri(self) -> str:
@@ -235,6 +245,7 @@ class Rig:
     survived: int = 0
     through_slack: list[int] = field(default_factory=list)  # numbers sent as Slack events
     retrier: Redelivery | None = None
+    current: tuple[str, int, str, int] = ("none", 0, "", 0)  # shape, number, event id, channel length before
 
     def model(self, request: dict[str, Any]) -> Reply:
         number = number_in(request)
@@ -263,6 +274,34 @@ class Rig:
         messages = await self.witness.messages_since(record.id, 0)
         return sum(1 for m in messages if m.role == "user" and f"number {number}" in m.content)
 
+    async def wait_for(self, what: str, condition: Callable[[], bool], within: float = 10.0) -> None:
+        """Wait until `condition()` holds; on timeout fail with what was awaited
+        and the state of the event being awaited (`self.current`)."""
+
+        async def check() -> bool:
+            return condition()
+
+        if not await until(check, within):
+            raise AssertionError(f"timed out after {within:.0f} s waiting for {what}\n{await self.diagnosis()}")
+
+    async def diagnosis(self) -> str:
+        """The state of the current event: its journal row, its outbox rows,
+        what the channel got, the fault; read through the witness."""
+        shape, number, event_id, before = self.current
+        lines = [f"{self.name}: {shape} number {number} (event {event_id}); fault: {self.fault!r}"]
+        try:
+            journal = await self.witness.journal_pending("slack")
+            lines.append(f"journal, unfinished: {[(e.event_id, e.state, e.attempts, e.next_try_at) for e in journal]}")
+            if event_id:
+                outbox = await self.witness.outbox_for_event(event_id)
+                lines.append(f"outbox of {event_id}: {[(e.id, e.state, e.attempts, e.text) for e in outbox]}")
+            pending = await self.witness.outbox_pending("slack")
+            lines.append(f"outbox, unconfirmed: {[(e.id, e.state, e.attempts, e.text) for e in pending]}")
+        except StoreError as error:
+            lines.append(f"(the witness cannot read the store: {error})")
+        lines.append(f"channel got since the event: {self.texts()[before:]}")
+        return "\n".join(lines)
+
     async def settled(self, event_id: str) -> bool:
         await self.bot.adapter.drain()
         return event_id not in [entry.event_id for entry in await self.witness.journal_pending("slack")]
@@ -278,9 +317,7 @@ class Rig:
         self.through_slack.append(number)
         ok = answered == 1 and stored == 1 and APOLOGY not in new and done and told_right
         if not ok:
-            print(
-                f"{self.name}: number {number} answered {answered}x, stored {stored}x, done {done}, channel got {new}"
-            )
+            print(f"answered {answered}x, stored {stored}x, done {done}\n{await self.diagnosis()}")
         return ok
 
     def tally(self, survived: bool) -> None:
@@ -291,6 +328,8 @@ class Rig:
     async def short_fault(self) -> None:
         """Starts while the model thinks, heals before MEMGPT_STORE_WAIT."""
         n, before = next(self.numbers), len(self.texts())
+        event_id = f"EvS{self.name}{n}"
+        self.current = ("short", n, event_id, before)
         loop = asyncio.get_running_loop()
 
         def inject() -> None:
@@ -298,23 +337,23 @@ class Rig:
             loop.call_soon_threadsafe(lambda: asyncio.ensure_future(self.heal_later()))
 
         self.hooks[str(n)] = inject
-        event_id = f"EvS{self.name}{n}"
         assert await self.bot.event(dm(f"number {n}"), event_id=event_id) == 200
-        await until_true(lambda: f"answer {n}" in self.texts())
+        await self.wait_for(f"answer {n}", lambda: f"answer {n}" in self.texts())
         self.tally(await self.check(n, event_id, self.texts()[before:], notices=1, told=0))
 
     async def long_fault(self) -> None:
         """Outlasts MEMGPT_STORE_WAIT: told, kept pending, replayed after it heals."""
         n, before = next(self.numbers), len(self.texts())
-        self.hooks[str(n)] = self.fault.inject
         event_id = f"EvL{self.name}{n}"
+        self.current = ("long", n, event_id, before)
+        self.hooks[str(n)] = self.fault.inject
         assert await self.bot.event(dm(f"number {n}"), event_id=event_id) == 200
-        await until_true(lambda: KEPT_MESSAGE in self.texts()[before:], within=STORE_WAIT + 10)
+        await self.wait_for("the kept-message notice", lambda: KEPT_MESSAGE in self.texts()[before:], STORE_WAIT + 10)
         # Given up, and kept: still pending in the journal (seen through another
         # connection), and it cannot be replayed before the fault heals.
         pending = [entry.event_id for entry in await self.witness.journal_pending("slack")]
         self.fault.heal()
-        await until_true(lambda: f"answer {n}" in self.texts())  # replayed by the retrier
+        await self.wait_for(f"answer {n}, replayed by the retrier", lambda: f"answer {n}" in self.texts())
         kept = event_id in pending
         self.tally(await self.check(n, event_id, self.texts()[before:], notices=1, told=1) and kept)
 
@@ -322,19 +361,23 @@ class Rig:
         """There before the event: not journaled, not acked; the redelivery is answered."""
         n, before = next(self.numbers), len(self.texts())
         event_id = f"EvA{self.name}{n}"
+        self.current = ("arrival", n, event_id, before)
         self.fault.inject()
         try:
             refused = await self.bot.event(dm(f"number {n}"), event_id=event_id)
         finally:
             self.fault.heal()
         redelivered = await self.bot.event(dm(f"number {n}"), event_id=event_id)
-        await until_true(lambda: f"answer {n}" in self.texts())
+        await self.wait_for(
+            f"answer {n} (the redelivery was acked {redelivered})", lambda: f"answer {n}" in self.texts()
+        )
         not_acked = not 200 <= refused < 300 and redelivered == 200
         self.tally(await self.check(n, event_id, self.texts()[before:], notices=0, told=0) and not_acked)
 
     async def direct_event(self) -> None:
         """A non-durable event arrives during the fault, waits, is answered."""
         n = next(self.numbers)
+        self.current = ("direct", n, "", len(self.texts()))
         self.fault.inject()
         healing = asyncio.ensure_future(self.heal_later())
         event = UserMessage(platform="terminal", user_id="direct", text=f"number {n}")
@@ -347,7 +390,7 @@ class Rig:
         self.direct.clear()
         ok = replies == [f"answer {n}"] and stored == 1 and notices == 1
         if not ok:
-            print(f"{self.name}: direct number {n}: replies {replies}, stored {stored}x, notices {notices}")
+            print(f"replies {replies}, stored {stored}x, notices {notices}\n{await self.diagnosis()}")
         self.tally(ok)
 
     async def run_rounds(self, rounds: int = N_ROUNDS) -> None:
@@ -378,13 +421,6 @@ async def until(condition: Callable[[], Awaitable[bool]], within: float = 10.0) 
             return False
         await asyncio.sleep(0.02)
     return True
-
-
-async def until_true(condition: Callable[[], bool], within: float = 10.0) -> None:
-    async def check() -> bool:
-        return condition()
-
-    assert await until(check, within), "timed out"
 
 
 @pytest.fixture
