@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -54,7 +55,7 @@ from bot.runtime import Runtime
 from memory.embeddings import Embedder
 from memory.mongo.store import MongoStore
 from memory.sqlite.store import SQLiteStore
-from memory.store import Store, StoreError
+from memory.store import OutboxEntry, Store, StoreError
 from memory.types import utc_now
 from tests.conftest import make_settings
 from tests.fake_llm import FakeLLMServer, Reply
@@ -638,3 +639,52 @@ async def test_the_notice_and_message_are_once_per_outage(
     finally:
         lock.close()
         await runtime.close(close_embedder=False)
+
+
+class OutboxWriteFailsOnce(SQLiteStore):
+    """A SQLite store whose next outbox write fails once: what a write to a
+    MongoDB whose connection was just cut does (the one after reconnects)."""
+
+    fail_next_outbox_add = False
+
+    async def outbox_add(self, entry: OutboxEntry) -> bool:
+        if self.fail_next_outbox_add:
+            self.fail_next_outbox_add = False
+            raise StoreError("storage unreachable for a moment")
+        return await super().outbox_add(entry)
+
+
+async def test_a_store_fault_inside_a_function_redoes_the_event_and_never_reaches_the_model(
+    rig_parts: Callable[..., Awaitable[Runtime]], tmp_path: Path, llm_server: FakeLLMServer
+) -> None:
+    """send_message's outbox write fails: the event waits and is redone whole,
+    with one notice. (It once became a failed call the model was shown, with
+    the store's error text, and the event went on without the person told;
+    tests/test_store_faults.py's MongoDB short faults found it.)"""
+    store = OutboxWriteFailsOnce(tmp_path / "data" / "memgpt.sqlite3")
+    runtime = await rig_parts(store, tmp_path / "data")
+    notices: list[BotReply] = []
+
+    async def notify(replies: list[BotReply]) -> None:
+        notices.extend(replies)
+
+    calls: list[dict[str, Any]] = []
+
+    def model(request: dict[str, Any]) -> Reply:
+        calls.append(request)
+        if len(calls) == 1:  # the model's first call: the message is recorded by now
+            store.fail_next_outbox_add = True
+        return say("answer")
+
+    runtime.store_wait.notify = notify
+    llm_server.set_handler(model)
+    try:
+        await runtime.receive("slack", "E1", "T1:U1", {"kind": "message"})
+        event = UserMessage(platform="slack", user_id="T1:U1", text="hello", event_id="E1", durable=True)
+        result = await runtime.handle_with_details(event)
+    finally:
+        await runtime.close(close_embedder=False)
+    assert [reply.text for reply in result.replies] == ["answer"] and not result.unfinished
+    assert [reply.text for reply in notices] == [TROUBLE_NOTICE]
+    seen_by_model = json.dumps(calls)
+    assert "StoreError" not in seen_by_model and "unreachable" not in seen_by_model
