@@ -258,7 +258,12 @@ class Agent:
         was recorded now."""
         if await self.store.event_message_seq(self.id, event.event_id) is not None:
             return False
-        await self.record_messages([Message(role="user", content=content, name=event.kind, event_id=event.event_id)])
+        messages = [Message(role="user", content=content, name=event.kind, event_id=event.event_id)]
+        # Debounced followers (bot/durable/debounce.py): in the same write, each under its own id.
+        messages += [
+            Message(role="user", content=f.render(), name=f.kind, event_id=f.event_id) for f in event.members()[1:]
+        ]
+        await self.record_messages(messages)
         return True
 
     async def _execute(self, completion: Completion) -> bool:

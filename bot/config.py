@@ -114,6 +114,9 @@ class Settings:
     # Seconds an event waits (retrying with backoff) for a busy, full or
     # unreachable store before the person is told (bot/durable/store_wait.py).
     store_wait: float = 120.0
+    # Messages of one person in one place within this many seconds of the
+    # previous one become one event (bot/durable/debounce.py); 0: off.
+    debounce_seconds: float = 1.5
     log_level: str = "INFO"
     # The log file is rotated at this size, keeping this many old files (cli/logs.py).
     log_max_bytes: int = 10 * 1024 * 1024
@@ -121,6 +124,11 @@ class Settings:
     # Health and Prometheus metrics for `memgpt-bot run` (cli/health.py); 0: off.
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
+    # Channel context (issue 12): when mentioned in a channel, the adapters read
+    # this many of its recent messages (0: none), and the bot keeps at most this
+    # many tokens of them in the prompt.
+    channel_context_messages: int = 20
+    channel_context_tokens: int = 1_200
     checkins: CheckinSettings = field(default_factory=CheckinSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     # The merged environment (.env under the process environment), for the
@@ -140,10 +148,7 @@ class Settings:
         for spec in SPECS:
             raw = env.get(spec.env)
             if raw is not None and raw.strip() != "":
-                try:
-                    value = spec.read(raw.strip())
-                except ValueError as error:
-                    raise ConfigError(f"{spec.env}={raw.strip()!r}: {error}") from None
+                value = spec.parse(raw.strip())
             elif spec.default is not None:
                 value = spec.default(settings)
             else:
@@ -236,6 +241,13 @@ class Spec:
     # Unset: a default that follows from settings read before it (rows run in
     # order), instead of the dataclass default.
     default: Callable[[Settings], Any] | None = None
+
+    def parse(self, raw: str) -> Any:
+        """The value of `raw`; a ConfigError naming the variable and what is allowed."""
+        try:
+            return self.read(raw)
+        except ValueError as error:
+            raise ConfigError(f"{self.env}={raw!r}: {error}") from None
 
 
 def text(value: str) -> str:
@@ -373,9 +385,22 @@ SPECS: tuple[Spec, ...] = (
     Spec("MONGODB_URI", "mongodb_uri", text),
     Spec("MONGODB_DB", "mongodb_db", text),
     Spec("MEMGPT_STORE_WAIT", "store_wait", number(0, zero="do not wait")),
+    Spec("MEMGPT_DEBOUNCE_SECONDS", "debounce_seconds", number(0.05, 30, zero="off")),
     Spec("MEMGPT_LOG_LEVEL", "log_level", choice(*LOG_LEVELS)),
     Spec("MEMGPT_LOG_MAX_BYTES", "log_max_bytes", whole(64 * 1024, zero="never rotate")),
     Spec("MEMGPT_LOG_BACKUPS", "log_backups", whole(1, 100)),
     Spec("MEMGPT_METRICS_PORT", "metrics_port", whole(1, 65_535, zero="off")),
     Spec("MEMGPT_METRICS_HOST", "metrics_host", text),
+    Spec("MEMGPT_CHANNEL_CONTEXT_MESSAGES", "channel_context_messages", whole(1, 100, zero="no channel context")),
+    Spec("MEMGPT_CHANNEL_CONTEXT_TOKENS", "channel_context_tokens", whole(100, 20_000)),
 )
+
+
+def setting(env: Mapping[str, str], variable: str) -> Any:
+    """One setting's value from `env`, read and checked by its row in SPECS (its
+    default when unset): for the adapters, which get the environment, not Settings."""
+    [spec] = [spec for spec in SPECS if spec.env == variable]
+    raw = (env.get(variable) or "").strip()
+    if not raw:
+        return spec.default(Settings()) if spec.default is not None else getattr(Settings(), spec.attr)
+    return spec.parse(raw)

@@ -12,7 +12,10 @@ from datetime import datetime
 from enum import Enum
 from typing import Any
 
-from memory.places import DM, Place
+# Re-exported: adapters take Place from here, never from memory/.
+from memory.places import DM as DM
+from memory.places import Place as Place
+from memory.places import PlaceKind as PlaceKind
 from memory.types import utc_now
 
 
@@ -70,6 +73,10 @@ class Event:
     def render(self) -> str:
         raise NotImplementedError
 
+    def members(self) -> list[Event]:
+        """The events handled as this one: itself, and what was debounced into it."""
+        return [self]
+
 
 @dataclass(frozen=True, slots=True)
 class ChannelLine:
@@ -90,11 +97,21 @@ class UserMessage(Event):
     # The last messages of the channel or thread before this one (oldest
     # first), read by the adapter with the bot's own permissions; empty in a DM.
     channel_context: list[ChannelLine] = field(default_factory=list)
+    # The same person's next messages in the same place, sent within
+    # MEMGPT_DEBOUNCE_SECONDS: handled with this one as one event, answered
+    # under its id (bot/durable/debounce.py).
+    followers: list[UserMessage] = field(default_factory=list)
     kind = "user_message"
+
+    def members(self) -> list[Event]:
+        return [self, *self.followers]
 
     def render(self) -> str:
         who = self.display_name or "user"
-        where = f" in {self.channel}" if self.channel else ""
+        # The adapter's wording of where (Discord adds the server), else the place's name;
+        # nothing in a DM.
+        channel = self.channel or ("" if self.place.is_dm else self.place.name or self.place.id)
+        where = f" in {channel}" if channel else ""
         return f"[{_stamp(self.created_at)}] {who}{where}: {self.text}"
 
 
@@ -110,12 +127,14 @@ class SystemAlert(Event):
 @dataclass(kw_only=True)
 class UserJoined(Event):
     display_name: str = ""
-    place: str = ""
+    # What they joined, in words ("the Gardeners server"); not `place`, the
+    # conversation the event belongs to (a greeting goes to their DM).
+    joined: str = ""
     kind = "user_joined"
 
     def render(self) -> str:
         who = self.display_name or "The person"
-        return f"[{_stamp(self.created_at)}] [event] {who} joined {self.place or 'a space where you live'}."
+        return f"[{_stamp(self.created_at)}] [event] {who} joined {self.joined or 'a space where you live'}."
 
 
 @dataclass(kw_only=True)

@@ -17,6 +17,10 @@ def readable(filename: str, content_type: str = "") -> bool:
 
 
 class BotPort(Protocol):
+    # A bot with a journal may also say `debounce_seconds` (MEMGPT_DEBOUNCE_SECONDS):
+    # adapters then hand it a person's quick messages in one place as one event,
+    # the first with the others as its `followers` (bot/durable/debounce.py).
+
     async def handle(self, event: Event) -> list[Reply]:
         """Run the event through the sender's agent; the replies to deliver."""
         ...

@@ -119,6 +119,8 @@ class Runtime:
         # Store faults (SQLite busy or full, MongoDB down): events wait, then are left
         # waiting in the journal (bot/durable/store_wait.py).
         self.store_wait = StoreWait(self.inbox, settings.store_wait)
+        # MEMGPT_DEBOUNCE_SECONDS, for the adapters' debouncers (bot/durable/debounce.py).
+        self.debounce_seconds = settings.debounce_seconds
 
     @classmethod
     async def create(
@@ -150,7 +152,8 @@ class Runtime:
         return (await self.handle_with_details(event)).replies
 
     async def handle_with_details(self, event: Event) -> EventResult:
-        sanitize_event(event)  # before anything stores or renders it (bot/sanitize.py)
+        for member in event.members():  # debounced followers too (bot/durable/debounce.py)
+            sanitize_event(member)  # before anything stores or renders it (bot/sanitize.py)
         key = event.agent_key
         # A store fault redoes the whole event with backoff for up to
         # MEMGPT_STORE_WAIT, holding the user's line; then the person is told
@@ -178,6 +181,8 @@ class Runtime:
             try:
                 await self.inbox.started(event)  # from here on, a crash counts against the event
                 agent = await self._agent(key, reload=not turn.continuous)
+                if await self.inbox.answered_with_its_batch(agent.id, event):  # debounce: its leader answers
+                    return EventResult()
                 notice: list[Reply] = []
                 # Over a limit: kept in recall, no LLM call, perhaps a notice (bot/limits.py).
                 held = await self.limits.admit(agent, event)

@@ -296,6 +296,11 @@ class JournalStore(Protocol):
         """Entries from `origin` not yet done, in the order they were received;
         with `due_by`, only the "waiting" ones whose next try is at or before it."""
 
+    async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
+        """Link `event_ids` to the entry they were debounced into
+        (JournalEntry.absorbed_into): the leader's run records and answers
+        them (bot/durable/debounce.py)."""
+
     async def outbox_add(self, entry: OutboxEntry) -> bool:
         """Record a reply (id unique); False, and nothing changes, if that id
         is already there (a redo of the same send)."""

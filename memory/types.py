@@ -147,6 +147,9 @@ class JournalEntry:
     state: str = "pending"
     attempts: int = 0  # restarts that found it running
     next_try_at: float = 0.0  # seconds since the epoch, while waiting
+    # The event it was debounced into (bot/durable/debounce.py): that event's
+    # run records this one's message and answers it. "" when handled on its own.
+    absorbed_into: str = ""
 
 
 @dataclass(slots=True)

@@ -11,6 +11,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Debounce waits before each answer: off unless a test turns it on (tests/test_debounce.py).
+os.environ.setdefault("MEMGPT_DEBOUNCE_SECONDS", "0")
 
 from bot.config import Settings
 from bot.llm import LLMClient
@@ -90,6 +92,7 @@ def make_settings(data_dir: Path, **overrides: Any) -> Settings:
         # Off unless a test turns them on: many tests send a burst of turns.
         rate_limit_per_minute=0,
         daily_token_budget=0,
+        debounce_seconds=0.0,
     )
     for name, value in overrides.items():
         setattr(settings, name, value)

@@ -3,7 +3,7 @@ subprocess against the scripted LLM and the fake Slack Web API, killed with
 SIGKILL at random points while a scripted conversation runs, restarted each
 time; then every promise of bot/durable/journal.py is checked.
 
-    python -m tests.crash_harness --kills 100 --users 8 --messages 30
+    python -m tests.crash_harness --kills 100 --users 8 --messages 30 [--debounce 0.3]
 
 The conversation: each user sends numbered messages ("msg U3 17"); the
 scripted model answers "re: U3 17" with send_message, and every fourth
@@ -14,6 +14,11 @@ an event (with the retry header) until the bot acknowledges it.
 Checked at the end: every event answered exactly once on the platform; every
 user message in recall storage exactly once; the working context made of whole
 facts only; nothing left pending in the journal or the outbox.
+
+With `--debounce SECONDS` (MEMGPT_DEBOUNCE_SECONDS, bot/durable/debounce.py) a
+user's quick messages become one event; the scripted model (tests/crash_script.py)
+then answers all it sees unanswered at once ("re: U3 15 16 17"), and "answered
+exactly once" means each message is named by exactly one post.
 """
 
 from __future__ import annotations
@@ -26,7 +31,6 @@ import multiprocessing
 import multiprocessing.process
 import os
 import random
-import re
 import signal
 import socket
 import sqlite3
@@ -35,64 +39,26 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
 from bot.durable.inbox import GAVE_UP
-from tests.fake_llm import Reply, reply_text, reply_tool_calls, start_fake_llm, tool_call
+from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_model
+from tests.fake_llm import start_fake_llm
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.forks import FORKS
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "crash-harness-signing-secret"
 TEAM = "T1"
-_MESSAGE = re.compile(r"msg (U\d+) (\d+)$")
-_FACT = re.compile(r"\[(U\d+):(\d+)\]")
 
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
-
-
-# --------------------------------------------------------------------------- the scripted model
-
-
-def scripted_model(request: dict[str, Any], poison: Callable[[str, int], None] | None = None) -> Reply:
-    """Stateless, so a redone step gets the same answer: decided by the request alone.
-    `poison(user, number)` is called first with the message asked about: the
-    harness kills the bot there when that message is its poison event."""
-    messages = request["messages"]
-    if not request.get("tools"):  # the summarizer
-        return reply_text("Earlier: numbered test messages.")
-    asked = None
-    for message in reversed(messages):
-        if message["role"] == "user":
-            found = _MESSAGE.search(str(message.get("content") or ""))
-            if found:
-                asked = found.group(1), int(found.group(2))
-                break
-    if asked is None:
-        return reply_text("nothing to do")
-    user, number = asked
-    if poison is not None:
-        poison(user, number)
-    last = messages[-1]
-    fact = f"[{user}:{number}]"
-    # A save cut short by a kill comes back as "may or may not have taken
-    # effect": like a careful model, look at the working context (in the system
-    # message) and save again only if the fact is not there.
-    cut_short = last["role"] == "tool" and "Cut short by a restart" in str(last.get("content"))
-    if number % 4 == 0 and (last["role"] == "user" or cut_short) and fact not in messages[0]["content"]:
-        return reply_tool_calls(
-            tool_call("core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True})
-        )
-    return reply_tool_calls(tool_call("send_message", {"message": f"re: {user} {number}"}))
 
 
 # --------------------------------------------------------------------------- the bot process
@@ -171,10 +137,20 @@ class Conversation:
     rng: random.Random
     acked: int = 0
     deliveries: int = 0  # POSTs, retries included
+    # Each user sends runs of 1 to 4 messages in a row (for debounce to batch), not one at a time.
+    runs: bool = False
 
     def events(self) -> list[tuple[str, int, str]]:
         """(user, number, event id), users interleaved, each user's in order."""
-        ordered = [(user, n, f"Ev{user}N{n:04d}") for n in range(self.per_user) for user in self.users]
+        if not self.runs:
+            return [(user, n, f"Ev{user}N{n:04d}") for n in range(self.per_user) for user in self.users]
+        lengths = random.Random(self.per_user)  # the same order every time it is asked for
+        ordered, sent = [], dict.fromkeys(self.users, 0)
+        while any(count < self.per_user for count in sent.values()):
+            for user in self.users:
+                run = min(lengths.randint(1, 4), self.per_user - sent[user])
+                ordered += [(user, n, f"Ev{user}N{n:04d}") for n in range(sent[user], sent[user] + run)]
+                sent[user] += run
         return ordered
 
     async def play(self, port: int, session: aiohttp.ClientSession) -> None:
@@ -238,6 +214,7 @@ class Report:
     pending_events: int = 0
     pending_replies: int = 0
     poison_deaths: int = 0  # the bot killed while it worked on the poison event
+    batched: int = 0  # posts that answered several messages at once (debounce on)
     gave_up: Counter[str] = field(default_factory=Counter)  # "could not process" notices, by user
     problems: list[str] = field(default_factory=list)
 
@@ -251,7 +228,8 @@ class Report:
             f"{wrong_recall}; working context whole: {self.facts_ok} ({self.duplicate_facts} facts saved twice); "
             f"calls cut short by a kill and closed at restart: {self.interrupted_calls}; "
             f"left pending: {self.pending_events} events, {self.pending_replies} replies; "
-            f"given up: {sorted(self.gave_up)} after {self.poison_deaths} deaths on the poison event"
+            f"given up: {sorted(self.gave_up)} after {self.poison_deaths} deaths on the poison event; "
+            f"answers to several messages at once: {self.batched}"
         )
 
 
@@ -266,12 +244,14 @@ async def run(
     startup_kills: int = 0,
     poison: tuple[str, int] | None = None,
     hogs: int = 0,
+    debounce: float = 0.0,
 ) -> Report:
     """Play the conversation, SIGKILLing the bot `kills` times (the first
     `startup_kills` of them during start-up, before it listens) and
     restarting it. With `poison` (user, message number), the bot is also
     killed whenever the model is asked about that message, as if the event
-    itself crashed it. `hogs` processes spin on the CPU meanwhile."""
+    itself crashed it. `hogs` processes spin on the CPU meanwhile. `debounce`:
+    MEMGPT_DEBOUNCE_SECONDS (0: off)."""
     rng = random.Random(seed)
     llm = start_fake_llm()
     slack = FakeSlack(bot_token="xoxb-crash-harness", team_id=TEAM).start()
@@ -297,6 +277,7 @@ async def run(
         "MEMGPT_DAILY_TOKEN_BUDGET": "0",
         # Nothing here searches by meaning: a hundred starts need not load the model.
         "MEMGPT_WARM_UP": "off",
+        "MEMGPT_DEBOUNCE_SECONDS": str(debounce),
     }
     for name in ("DISCORD_TOKEN", "SLACK_APP_TOKEN", "MONGODB_URI"):
         env.pop(name, None)
@@ -309,8 +290,10 @@ async def run(
             poison_deaths += 1
             os.kill(bot.process.pid, signal.SIGKILL)
 
-    llm.set_handler(lambda request: scripted_model(request, kill_on_poison if poison else None))
-    conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng)
+    poisoned = kill_on_poison if poison else None
+    batches = BatchModel() if debounce > 0 else None
+    llm.set_handler(lambda request: scripted_model(request, poisoned, batches=batches))
+    conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng, runs=debounce > 0)
     started = time.monotonic()
     done_killing = 0
     spinners = [
@@ -391,7 +374,7 @@ async def run(
 
 
 def _all_answered(slack: FakeSlack, expected: int) -> bool:
-    return len({text for text in slack.posted_texts() if text.startswith("re: ")}) >= expected
+    return len({asked for text in slack.posted_texts() for asked in answered_in(text)}) >= expected
 
 
 async def _settle(slack: FakeSlack, expected: int, within: float) -> None:
@@ -407,9 +390,10 @@ async def _settle(slack: FakeSlack, expected: int, within: float) -> None:
 def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:
     for call in slack.calls_to("chat.postMessage"):
         text = str(call.args.get("text", ""))
-        found = re.fullmatch(r"re: (U\d+) (\d+)", text)
-        if found:
-            report.answers[(found.group(1), int(found.group(2)))] += 1
+        asked = answered_in(text)
+        if asked:
+            report.answers.update(asked)
+            report.batched += len(asked) > 1
         elif text == GAVE_UP:
             report.gave_up[str(call.args.get("channel", "")).removeprefix("D")] += 1
         else:
@@ -424,15 +408,15 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
             " WHERE m.role = 'user' AND m.name = 'user_message'"
         ).fetchall()
         for _key, content in rows:
-            found = _MESSAGE.search(content or "")
+            found = MESSAGE.search(content or "")
             if found:
                 report.recall[(found.group(1), int(found.group(2)))] += 1
         for key, value in conn.execute(
             "SELECT a.key, b.value FROM blocks b JOIN agents a ON a.id = b.agent_id WHERE b.label = 'human'"
         ).fetchall():
             user = key.rsplit(":", 1)[-1]
-            facts = _FACT.findall(value)
-            leftover = _FACT.sub("", value).strip()
+            facts = FACT.findall(value)
+            leftover = FACT.sub("", value).strip()
             # Whole facts only, each one of this user's, nothing half-written.
             if any(owner != user for owner, _ in facts) or (leftover and not _is_default_human(leftover)):
                 report.facts_ok = False
@@ -473,6 +457,7 @@ def main() -> None:
     parser.add_argument("--startup-kills", type=int, default=0, help="how many of the kills land during start-up")
     parser.add_argument("--poison", metavar="USER:N", help="the bot dies whenever it works on this message (U2:3)")
     parser.add_argument("--hogs", type=int, default=0, help="processes spinning on the CPU meanwhile")
+    parser.add_argument("--debounce", type=float, default=0.0, help="MEMGPT_DEBOUNCE_SECONDS (0: off)")
     parser.add_argument("--data-dir", type=Path, default=Path(f"/tmp/crash-harness-{uuid.uuid4().hex[:8]}"))
     args = parser.parse_args()
     poison = None
@@ -489,6 +474,7 @@ def main() -> None:
             startup_kills=args.startup_kills,
             poison=poison,
             hogs=args.hogs,
+            debounce=args.debounce,
         )
     )
     print(report.summary())

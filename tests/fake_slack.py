@@ -16,7 +16,9 @@ Usage::
 What it answers (``POST`` or ``GET`` ``/api/<method>``, arguments read from the query
 string, a form or a JSON body, the bot token required as ``Authorization: Bearer``):
 ``auth.test``, ``chat.postMessage``, ``chat.postEphemeral``, ``conversations.open``,
-``conversations.info``, ``users.info``, ``files.info`` and ``apps.connections.open``
+``conversations.info``, ``conversations.history`` and ``conversations.replies`` (honouring
+``limit``, ``latest`` and ``inclusive``; messages added with ``add_message`` or posted by
+the bot), ``users.info``, ``files.info`` and ``apps.connections.open``
 (with the app token; answers a ``ws://`` URL to this server's Socket Mode endpoint).
 Anything else is ``{"ok": false, "error": "unknown_method"}``.
 
@@ -235,9 +237,27 @@ class FakeSlack:
             self._users[user_id] = user
         return user
 
-    def add_channel(self, channel_id: str, name: str) -> None:
+    def add_channel(self, channel_id: str, name: str, *, private: bool = False, mpim: bool = False) -> None:
+        """A channel for conversations.info: public, private, or a group DM (`mpim`)."""
         with self._lock:
-            self._channels[channel_id] = {"id": channel_id, "name": name, "is_channel": True}
+            self._channels[channel_id] = {
+                "id": channel_id,
+                "name": name,
+                "is_channel": not (private or mpim),
+                "is_group": private,
+                "is_mpim": mpim,
+                "is_im": False,
+                "is_private": private or mpim,
+            }
+
+    def add_message(self, channel: str, user: str, text: str, *, thread_ts: str = "", **extra: Any) -> JSONDict:
+        """A message someone posted earlier (conversations.history / .replies list it); returns it."""
+        with self._lock:
+            message: JSONDict = {"type": "message", "user": user, "text": text, "ts": self._next_ts(), **extra}
+            if thread_ts:
+                message["thread_ts"] = thread_ts
+            self._history[channel].append(message)
+        return dict(message)
 
     def add_file(
         self,
@@ -496,16 +516,20 @@ class FakeSlack:
 
     def _m_conversations_history(self, args: JSONDict) -> JSONDict:
         # Newest first, top-level messages only, metadata only when asked for (as Slack does).
-        return self._listing([m for m in self._history.get(str(args.get("channel")), []) if "thread_ts" not in m], args)
+        channel = self._history.get(str(args.get("channel")), [])
+        return self._listing([m for m in channel if m.get("thread_ts") in (None, m["ts"])], args)
 
     def _m_conversations_replies(self, args: JSONDict) -> JSONDict:
         thread = str(args.get("ts"))
-        found = [m for m in self._history.get(str(args.get("channel")), []) if m.get("thread_ts") == thread]
+        found = [m for m in self._history.get(str(args.get("channel")), []) if thread in (m.get("thread_ts"), m["ts"])]
         return self._listing(found, args, newest_first=False)
 
     @staticmethod
     def _listing(messages: list[JSONDict], args: JSONDict, *, newest_first: bool = True) -> JSONDict:
         limit = int(args.get("limit") or 100)
+        if args.get("latest"):  # only messages before it (or at it, with inclusive)
+            latest, inclusive = float(args["latest"]), str(args.get("inclusive", "")).lower() in ("1", "true")
+            messages = [m for m in messages if float(m["ts"]) < latest or (inclusive and float(m["ts"]) == latest)]
         with_metadata = str(args.get("include_all_metadata", "")).lower() in ("1", "true")
         chosen = list(reversed(messages))[:limit] if newest_first else messages[:limit]
         shown = [m if with_metadata else {k: v for k, v in m.items() if k != "metadata"} for m in chosen]

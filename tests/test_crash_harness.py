@@ -3,7 +3,8 @@
 lost or doubled. MEMGPT_CRASH_KILLS changes the number of kills. Then kills
 during start-up with a CPU hog beside the bot (nothing may be given up: no
 event was to blame), and a genuine poison event (given up, with a clear reply
-to its sender, while everything else is answered once)."""
+to its sender, while everything else is answered once). And kills with
+debounce on: batches of quick messages keep the same promises."""
 
 from __future__ import annotations
 
@@ -62,3 +63,14 @@ async def test_a_poison_event_is_given_up_with_a_clear_reply_and_nothing_else_is
     assert report.answers[("U2", 3)] == 0, report.summary()
     assert 1 <= report.poison_deaths <= MAX_RESTARTS, report.summary()
     assert_whole(report, except_for=("U2", 3))
+
+
+async def test_sigkill_with_debounce_on_loses_nothing_and_doubles_nothing(tmp_path: Path) -> None:
+    # Each user's quick messages become batches (bot/durable/debounce.py): kills land
+    # between linking the followers, recording the batch, answering it and finishing it.
+    report = await run(tmp_path / "data", kills=25, users=3, per_user=16, seed=12, debounce=0.3)
+    print(report.summary())
+    assert report.kills == 25, report.summary()
+    assert report.problems == [], report.problems[:10]
+    assert_whole(report)  # every message named by exactly one answer, in recall once, nothing left
+    assert report.batched > 0, report.summary()  # batches did form

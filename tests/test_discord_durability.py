@@ -155,6 +155,7 @@ async def test_a_message_cut_short_by_a_crash_is_redone_once_at_restart(
         "channel_id": str(dm.id),
         "guild_id": None,
         "message_id": str(message.id),
+        "place": {"key": "dm", "name": "", "thread": ""},  # a replay files it where it was said
     }
     assert sent() == []
 

@@ -63,7 +63,7 @@ async def test_every_event_kind_reaches_the_model_as_text(
     llm_server.set_handler(lambda request: reply_tool_calls(tool_call("send_message", {"message": "ok"})))
     runtime = await make_runtime()
     base = {"platform": "discord", "user_id": "7"}
-    await runtime.handle(UserJoined(**base, display_name="Maya", place="the Gardening server"))
+    await runtime.handle(UserJoined(**base, display_name="Maya", joined="the Gardening server"))
     await runtime.handle(SystemAlert(**base, text="Maintenance tonight at 22:00 UTC"))
     await runtime.handle(
         ScheduledTick(

@@ -27,30 +27,49 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import discord
 from discord import app_commands
 
+from adapters.channels import ContextFailures
 from adapters.discord.client import build_client, log_ready, run_client, sync_commands
 from adapters.discord.commands import FORGET_TIMEOUT, add_commands
 from adapters.discord.config import PLATFORM, DiscordConfig
 from adapters.discord.parse import (
     addressed_text,
+    channel_line,
     join_payload,
     message_payload,
     parse_attachment,
     parse_member_join,
     parse_message,
+    place_from_json,
+    place_of,
     refusal,
     reply_to,
 )
 from adapters.discord.send import CALL_ERRORS, send_reply, typing
+from bot.durable.debounce import Burst, Debouncer, merge
 from bot.durable.lanes import Lanes
-from bot.events import Delivery, Event, Redo, Reply, UserJoined, agent_key
+from bot.events import ChannelLine, Delivery, Event, Place, Redo, Reply, UserJoined, agent_key
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
+
+CONTEXT_ADVICE = "give the bot the Read Message History permission there (docs/discord.md)"
+
+
+@dataclass(eq=False)
+class _Arrival:
+    """A message on its way in; `recorded` is set once the journal has (or could not take) it."""
+
+    message: discord.Message
+    text: str
+    durable: bool | None = None  # as `_record` says
+    recorded: asyncio.Event = field(default_factory=asyncio.Event)
+
 
 SORRY = "Sorry, something went wrong on my side and I could not answer that. Please try again in a moment."
 
@@ -74,6 +93,9 @@ class DiscordAdapter:
         # A bot with a journal (the runtime) records events and reports deliveries, so a
         # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are served without.
         self._durable = callable(getattr(bot, "receive", None))
+        # Quick messages of one person in one channel: one event (bot/durable/debounce.py).
+        self.bursts: Debouncer[_Arrival] = Debouncer(getattr(bot, "debounce_seconds", 0.0) if self._durable else 0.0)
+        self.context_failures = ContextFailures(PLATFORM, CONTEXT_ADVICE)
         for handler in (self.on_ready, self.on_message, self.on_member_join):
             self.client.event(handler)
         self.client.setup_hook = self.sync_commands  # type: ignore[method-assign]
@@ -105,11 +127,51 @@ class DiscordAdapter:
         text = addressed_text(message, self.client.user, self.config.always_on_channels)
         if text is None:
             return
+        key, arrival = agent_key(PLATFORM, str(message.author.id)), _Arrival(message, text)
+        if text and not message.attachments:  # a plain message may join the person's open burst here
+            burst = self.bursts.join(f"{key} {message.channel.id}", arrival)
+        else:
+            burst = Burst([arrival], 0.0, 0.0, closed=True)
+        if burst is None:
+            # The burst's leader answers it; kept in the journal now (Discord never sends it again).
+            await self._record_arrival(arrival)
+            return
         # Entered before any await: see self.lanes.
-        async with self.lanes.hold(agent_key(PLATFORM, str(message.author.id))):
-            durable = await self._record(message_payload(message))
-            if durable is not None:
-                await self._answer(message, text, durable=durable)
+        async with self.lanes.hold(key):
+            await self._record_arrival(arrival)
+            await self._answer_burst(await self.bursts.gather(burst))
+
+    async def _record_arrival(self, arrival: _Arrival) -> None:
+        try:
+            arrival.durable = await self._record(message_payload(arrival.message))
+        finally:
+            arrival.recorded.set()
+
+    async def _answer_burst(self, arrivals: Sequence[_Arrival]) -> None:
+        """One event for a burst that can merge (bot/durable/debounce.py), else each message on its own."""
+        for arrival in arrivals:
+            await arrival.recorded.wait()
+        kept = [arrival for arrival in arrivals if arrival.durable is not None]  # not repeats
+        batch = None
+        if len(kept) > 1 and all(arrival.durable for arrival in kept):
+            first = kept[0].message
+            place = place_of(first.channel)
+            # The channel's lines before the first message: the later ones are the person's own, in the batch.
+            context = await self._channel_context(first, place)
+            batch = merge(
+                [
+                    [parse_message(a.message, a.text, durable=True, place=place, context=[] if n else context)]
+                    for n, a in enumerate(kept)
+                ]
+            )
+        if batch is None:
+            for arrival in kept:
+                await self._answer(arrival.message, arrival.text, durable=bool(arrival.durable))
+            return
+        channel = kept[0].message.channel
+        await self.deliver(await self._handle(batch, channel), channel=channel)
+        for arrival in kept:
+            await self.bot.finished(str(arrival.message.id))
 
     async def on_member_join(self, member: discord.Member) -> None:
         if member.bot:
@@ -139,13 +201,15 @@ class DiscordAdapter:
             return False
         return True
 
-    async def _answer(self, message: discord.Message, text: str, *, durable: bool) -> None:
+    async def _answer(self, message: discord.Message, text: str, *, durable: bool, place: Place | None = None) -> None:
         channel = message.channel
+        place = place or place_of(channel)  # a replay's is the one recorded with it
         # Files first, so the agent has read them by the time it answers the text.
         for attachment in message.attachments:
-            await self.deliver(await self._upload(message, attachment, durable=durable), channel=channel)
+            await self.deliver(await self._upload(message, attachment, place, durable=durable), channel=channel)
         if text:
-            event = parse_message(message, text, durable=durable)
+            context = await self._channel_context(message, place)
+            event = parse_message(message, text, durable=durable, place=place, context=context)
             await self.deliver(await self._handle(event, channel), channel=channel)
         # Not reached when a crash (or a bug) stops the work: then it stays pending and is redone.
         if durable:
@@ -163,8 +227,22 @@ class DiscordAdapter:
         async with self.lanes.hold(event.agent_key):
             await self.deliver(await self._handle(event, None))
 
+    async def _channel_context(self, message: discord.Message, place: Place) -> list[ChannelLine]:
+        """The messages before this one in its channel or thread, oldest first (none in a DM);
+        without them, if the bot may not read them (logged once per channel)."""
+        limit = self.config.channel_context_messages
+        if place.is_dm or limit <= 0:
+            return []
+        try:
+            earlier = [line async for line in message.channel.history(limit=limit, before=message)]
+        except CALL_ERRORS as error:
+            return self.context_failures.failed(str(message.channel.id), f"{type(error).__name__}: {error}")
+        # Oldest first, by snowflake (time-ordered): whatever order the API listed them in.
+        lines = (channel_line(line, self.client.user) for line in sorted(earlier, key=lambda line: line.id))
+        return [line for line in lines if line is not None]
+
     async def _upload(
-        self, message: discord.Message, attachment: discord.Attachment, *, durable: bool = False
+        self, message: discord.Message, attachment: discord.Attachment, place: Place, *, durable: bool = False
     ) -> list[Reply]:
         reason = refusal(attachment, self.config.max_upload_bytes)
         if reason is None:
@@ -174,7 +252,7 @@ class DiscordAdapter:
                 log.warning("could not download attachment %s of message %s: %s", attachment.id, message.id, error)
                 reason = f"I couldn't download {attachment.filename}; please try again."
             else:
-                event = parse_attachment(message, attachment, data, durable=durable)
+                event = parse_attachment(message, attachment, data, durable=durable, place=place)
                 return await self._handle(event, message.channel)
         return [Reply(reason, PLATFORM, str(message.author.id), reply_to(message), f"{message.id}:{attachment.id}")]
 
@@ -247,7 +325,7 @@ class DiscordAdapter:
             if message is None or text is None:
                 await self.bot.finished(event_id)
                 return
-            await self._answer(message, text, durable=True)
+            await self._answer(message, text, durable=True, place=place_from_json(payload.get("place")))
 
     async def _fetch_again(self, payload: Mapping[str, Any]) -> discord.Message | None:
         """The recorded message as it is now; None if it was deleted or can no longer be read.

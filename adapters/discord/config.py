@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from adapters.channels import context_messages, id_list
 from bot.errors import ConfigError
 
 PLATFORM = "discord"
@@ -25,6 +26,9 @@ class DiscordConfig:
     # The base of Discord's REST API (DISCORD_API_URL): a REST proxy in front of the
     # rate limits, or a local stand-in; discord.py asks it for the gateway address.
     api_url: str | None = None
+    # How many recent messages of a channel the bot reads when answering there
+    # (MEMGPT_CHANNEL_CONTEXT_MESSAGES; 0: none).
+    channel_context_messages: int = 20
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> DiscordConfig | None:
@@ -51,6 +55,7 @@ class DiscordConfig:
             command_guild_id=_positive(guild, "DISCORD_COMMAND_GUILD_ID") if guild else None,
             max_upload_bytes=_positive(upload, "DISCORD_MAX_UPLOAD_BYTES") if upload else DEFAULT_MAX_UPLOAD_BYTES,
             api_url=_api_url(env.get("DISCORD_API_URL", "")),
+            channel_context_messages=context_messages(env),
         )
 
 
@@ -70,8 +75,7 @@ def _positive(value: str, name: str) -> int:
 
 
 def _ids(value: str, name: str, *, allow_zero: bool = False) -> list[int]:
-    parts = [part.strip() for part in value.split(",") if part.strip()]
-    bad = [part for part in parts if not part.isdigit() or (int(part) == 0 and not allow_zero)]
-    if bad:
-        raise ConfigError(f"{name} takes comma-separated numeric ids (Developer Mode → Copy ID), not {bad[0]!r}")
-    return [int(part) for part in parts]
+    def valid(part: str) -> bool:
+        return part.isdigit() and (int(part) != 0 or allow_zero)
+
+    return [int(part) for part in id_list(value, name, valid=valid, what="numeric ids (Developer Mode → Copy ID)")]

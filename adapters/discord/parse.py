@@ -18,13 +18,15 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
 import discord
 
+from adapters.channels import always_on
 from adapters.discord.config import PLATFORM
-from bot.events import FileUploaded, UserJoined, UserMessage
+from bot.events import ChannelLine, FileUploaded, Place, PlaceKind, UserJoined, UserMessage
 from bot.ports import readable
 
 
@@ -52,8 +54,59 @@ def addressed_text(message: discord.Message, me: discord.ClientUser | None, alwa
 
 
 def _always_on(channel: discord.abc.Messageable, ids: frozenset[int]) -> bool:
-    # A thread inherits its parent channel's setting.
-    return getattr(channel, "id", None) in ids or getattr(channel, "parent_id", None) in ids
+    return always_on(ids, getattr(channel, "id", None), getattr(channel, "parent_id", None))
+
+
+def place_of(channel: discord.abc.Messageable) -> Place:
+    """Where a message was posted, from discord.py's cached models (no I/O). A guild
+    channel is public when @everyone may view it, private otherwise; a thread has
+    its parent channel's kind and id, except a private thread, a private place of
+    its own whatever its parent; a group DM is private; a DM is the person's DM."""
+    if isinstance(channel, discord.Thread):
+        parent, thread = channel.parent, str(channel.id)
+        if channel.type is discord.ChannelType.private_thread:
+            # Its own conversation: its members are not the parent's, nor another private thread's.
+            return Place("private", thread, f"#{channel.name}", thread=thread)
+        kind: PlaceKind = _visibility(parent) if parent is not None else "private"  # not cached: the safe side
+        name = f"#{parent.name}" if parent is not None else f"#{channel.name}"
+        return Place(kind, str(channel.parent_id), name, thread=thread)
+    if isinstance(channel, discord.abc.GuildChannel):
+        return Place(_visibility(channel), str(channel.id), f"#{channel.name}")
+    if isinstance(channel, discord.GroupChannel):
+        return Place("private", str(channel.id), channel.name or "a group DM")
+    if isinstance(channel, discord.PartialMessageable) and channel.guild is not None:
+        return Place("private", str(channel.id), f"channel {channel.id}")  # not cached: the safe side
+    return Place()
+
+
+def _visibility(channel: discord.abc.GuildChannel) -> PlaceKind:
+    everyone = channel.guild.default_role
+    return "public" if channel.permissions_for(everyone).view_channel else "private"
+
+
+def place_json(place: Place) -> dict[str, str]:
+    return {"key": place.key, "name": place.name, "thread": place.thread}
+
+
+def place_from_json(data: Mapping[str, Any] | None) -> Place | None:
+    """A recorded place (None for entries recorded before places existed)."""
+    if not data or not data.get("key"):
+        return None
+    return replace(Place.from_key(str(data["key"]), str(data.get("name") or "")), thread=str(data.get("thread") or ""))
+
+
+def channel_line(message: discord.Message, me: discord.abc.User | None) -> ChannelLine | None:
+    """One earlier message of the channel, as context; None for what nobody said."""
+    if message.is_system():
+        return None
+    text = message.clean_content.strip()
+    files = ", ".join(attachment.filename for attachment in message.attachments)
+    if files:
+        text = f"{text} [shared {files}]".strip()
+    if not text:
+        return None
+    own = me is not None and message.author.id == me.id
+    return ChannelLine(message.author.display_name, text, message.created_at, from_bot=own)
 
 
 def reply_to(message: discord.Message) -> dict[str, Any]:
@@ -66,7 +119,14 @@ def dm_address(user_id: int, *, fallback_channel_id: int | None = None) -> dict[
     return {"channel_id": None, "guild": False, "user_id": user_id, "fallback_channel_id": fallback_channel_id}
 
 
-def parse_message(message: discord.Message, text: str, *, durable: bool = False) -> UserMessage:
+def parse_message(
+    message: discord.Message,
+    text: str,
+    *,
+    durable: bool = False,
+    place: Place | None = None,
+    context: list[ChannelLine] | None = None,
+) -> UserMessage:
     return UserMessage(
         platform=PLATFORM,
         user_id=str(message.author.id),
@@ -77,11 +137,18 @@ def parse_message(message: discord.Message, text: str, *, durable: bool = False)
         event_id=str(message.id),
         reply_to=reply_to(message),
         durable=durable,
+        place=place or place_of(message.channel),
+        channel_context=context or [],
     )
 
 
 def parse_attachment(
-    message: discord.Message, attachment: discord.Attachment, data: bytes, *, durable: bool = False
+    message: discord.Message,
+    attachment: discord.Attachment,
+    data: bytes,
+    *,
+    durable: bool = False,
+    place: Place | None = None,
 ) -> FileUploaded:
     return FileUploaded(
         platform=PLATFORM,
@@ -95,6 +162,7 @@ def parse_attachment(
         journal_id=str(message.id),
         reply_to=reply_to(message),
         durable=durable,
+        place=place or place_of(message.channel),
     )
 
 
@@ -105,7 +173,7 @@ def parse_member_join(payload: Mapping[str, Any]) -> UserJoined:
         platform=PLATFORM,
         user_id=str(payload["user_id"]),
         display_name=str(payload["display_name"]),
-        place=f"the {payload['guild_name']} server",
+        joined=f"the {payload['guild_name']} server",
         created_at=datetime.fromisoformat(str(payload["joined_at"])),
         event_id=str(payload["event_id"]),
         reply_to=dm_address(int(payload["user_id"]), fallback_channel_id=int(system) if system else None),
@@ -137,6 +205,8 @@ def message_payload(message: discord.Message) -> dict[str, Any]:
         "channel_id": str(message.channel.id),
         "guild_id": str(message.guild.id) if message.guild else None,
         "message_id": str(message.id),
+        # Where it was said, as it is now: a replay keeps it even if the channel changes.
+        "place": place_json(place_of(message.channel)),
     }
 
 

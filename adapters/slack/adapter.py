@@ -40,8 +40,10 @@ from adapters.slack.config import PLATFORM, SlackConfig
 from adapters.slack.dedupe import EventDeduper, RecentEventIds
 from adapters.slack.directory import Directory
 from adapters.slack.files import FileReader
+from adapters.slack.history import ChannelHistory
 from adapters.slack.parse import (
     Builder,
+    Item,
     Origin,
     SlackParser,
     gave_up,
@@ -52,11 +54,16 @@ from adapters.slack.parse import (
     origin_of_team_join,
 )
 from adapters.slack.send import SlackSender
+from bot.durable.debounce import Burst, Debouncer, merge
 from bot.durable.lanes import Lanes
 from bot.events import Redo, Reply, agent_key
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
+
+# Plain messages; a file share or a join is never merged with another event.
+DEBOUNCED = frozenset({"message", "app_mention"})
+Work = tuple[Origin, Builder]  # a recorded event and how to build it
 
 APOLOGY = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
 
@@ -79,7 +86,8 @@ class SlackAdapter:
         self.app = SlackApp(config)
         self.client = self.app.client
         self.directory = Directory(self.client)
-        self.parser = SlackParser(self.directory, FileReader(self.client, config))
+        history = ChannelHistory(self.client, self.directory, config.channel_context_messages)
+        self.parser = SlackParser(self.directory, FileReader(self.client, config), history)
         self.sender = SlackSender(self.client, self.directory)
         bolt = self.app.bolt
         bolt.event("message")(self._on_message)
@@ -88,6 +96,8 @@ class SlackAdapter:
         bolt.event("member_joined_channel")(self._on_member_joined_channel)
         add_commands(bolt, bot)
         self._lanes = Lanes()
+        # Quick messages of one person in one place: one event (bot/durable/debounce.py).
+        self._bursts: Debouncer[Work] = Debouncer(getattr(bot, "debounce_seconds", 0.0) if self._durable else 0.0)
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
         self._ready = asyncio.Event()
@@ -106,6 +116,7 @@ class SlackAdapter:
 
     def _identify(self, auth: Mapping[str, Any]) -> None:
         self.directory.bot_user_id = auth.get("user_id")
+        self.directory.bot_name = str(auth.get("user") or self.directory.bot_name)
         if auth.get("team_id") and auth.get("team"):
             self.directory.team_names[str(auth["team_id"])] = str(auth["team"])
 
@@ -147,7 +158,7 @@ class SlackAdapter:
     async def _on_message(
         self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext, request: AsyncBoltRequest
     ) -> None:
-        origin = origin_of_message(body, event, self._own_id(context))
+        origin = origin_of_message(body, event, self._own_id(context), self.config.always_on_channels)
         if origin is None:
             return
         retry = request.headers.get("x-slack-retry-num", [None])[0]
@@ -161,7 +172,7 @@ class SlackAdapter:
         await self._accept(origin, message_kind(event), event)
 
     async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext) -> None:
-        origin = origin_of_app_mention(body, event, self._own_id(context))
+        origin = origin_of_app_mention(body, event, self._own_id(context), self.config.always_on_channels)
         if origin is not None:
             await self._accept(origin, "app_mention", event)
 
@@ -193,7 +204,7 @@ class SlackAdapter:
         elif await self.deduper.seen(origin.event_id):
             log.info("slack: event %s was already delivered; ignoring the retry", origin.event_id)
             return
-        self._submit(origin, self.parser.builder(kind, origin, event))
+        self._submit(origin, self.parser.builder(kind, origin, event), debounce=kind in DEBOUNCED)
 
     def hold_new_events(self) -> None:
         """New events wait until `recover` has put the last run's unfinished ones in line."""
@@ -223,27 +234,59 @@ class SlackAdapter:
         return len(redos)
 
     # -- running the work ------------------------------------------------------
-    def _submit(self, origin: Origin, build: Builder, *, early: bool = False) -> None:
+    def _submit(self, origin: Origin, build: Builder, *, early: bool = False, debounce: bool = False) -> None:
         if self._closing:
             log.info("slack: closing; dropping event %s", origin.event_id)
             return
+        # A message joins the person's open burst in this conversation, if any:
+        # the burst's leader handles it (bot/durable/debounce.py). Replays never do.
+        where = f"{origin.user_id} {origin.reply_to.get('channel', '')}"
+        burst = (
+            self._bursts.join(where, (origin, build)) if debounce else Burst([(origin, build)], 0.0, 0.0, closed=True)
+        )
+        if burst is None:
+            return
         # Our own task (not Bolt's untracked future) so close() can wait for it.
-        task = asyncio.create_task(self._process(origin, build, early), name=f"slack-event-{origin.event_id}")
+        task = asyncio.create_task(self._process(burst, early), name=f"slack-event-{origin.event_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _process(self, origin: Origin, build: Builder, early: bool) -> None:
-        # The first await: it fixes this event's place in line.
-        async with self._lanes.hold(agent_key(PLATFORM, origin.user_id), early=early):
-            try:
-                for item in await build():
-                    await self.deliver([item] if isinstance(item, Reply) else await self.bot.handle(item))
-            except Exception:
-                log.exception("slack: handling event %s failed", origin.event_id)
-                if origin.awaits_answer:
-                    await self.deliver([origin.notice(APOLOGY)])
-            if self._durable:
-                await self.bot.finished(origin.event_id)
+    async def _process(self, burst: Burst[Work], early: bool) -> None:
+        # The first await: it fixes this event's (or burst's) place in line.
+        async with self._lanes.hold(agent_key(PLATFORM, burst.leader[0].user_id), early=early):
+            members = await self._bursts.gather(burst)
+            built = [(origin, await self._build(origin, build)) for origin, build in members]
+            readable = [items for _, items in built if items is not None]
+            batch = merge(readable) if len(readable) == len(built) else None
+            if batch is not None:
+                await self._run(built[0][0], [batch])
+                for origin, _ in built[1:]:
+                    await self.bot.finished(origin.event_id)
+            else:
+                for origin, items in built:
+                    await self._run(origin, items)
+
+    async def _build(self, origin: Origin, build: Builder) -> list[Item] | None:
+        """The event's items; None (logged) when they cannot be built."""
+        try:
+            return await build()
+        except Exception:
+            log.exception("slack: reading event %s failed", origin.event_id)
+            return None
+
+    async def _run(self, origin: Origin, items: list[Item] | None) -> None:
+        """Hand the items of one recorded event to the bot, deliver the replies, finish it."""
+        try:
+            if items is None:
+                raise RuntimeError("the event could not be read")
+            for item in items:
+                await self.deliver([item] if isinstance(item, Reply) else await self.bot.handle(item))
+        except Exception:
+            log.exception("slack: handling event %s failed", origin.event_id)
+            if origin.awaits_answer:
+                await self.deliver([origin.notice(APOLOGY)])
+        if self._durable:
+            await self.bot.finished(origin.event_id)
 
     async def deliver(self, replies: Sequence[Reply]) -> None:
         """Post each reply, as mrkdwn in ordered chunks, where its `reply_to` says

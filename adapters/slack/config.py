@@ -3,12 +3,16 @@ platform's constants that every part of the adapter shares."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+
+from adapters.channels import context_messages, id_list
 
 PLATFORM = "slack"
 REPLY_LIMIT = 3_000  # Slack truncates long texts and renders ~4,000 chars per message well
 DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
+CHANNEL_ID = re.compile(r"[CG][A-Z0-9]+")  # public (C...) and private (G..., older) channels
 
 
 class SlackSetupError(RuntimeError):
@@ -29,6 +33,11 @@ class SlackConfig:
     http_host: str = "0.0.0.0"
     http_port: int = 3000
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
+    # Channels where every message (not only a mention) is for the bot, as on Discord.
+    always_on_channels: frozenset[str] = frozenset()
+    # How many recent messages of a channel the bot reads when answering there
+    # (MEMGPT_CHANNEL_CONTEXT_MESSAGES; 0: none).
+    channel_context_messages: int = 20
 
     def __post_init__(self) -> None:
         # Without a secret, HTTP mode would accept requests signed with an empty key.
@@ -65,6 +74,15 @@ class SlackConfig:
             http_host=get("SLACK_HTTP_HOST") or "0.0.0.0",
             http_port=_int_setting(env, "SLACK_HTTP_PORT", 3000, low=0, high=65_535),
             max_upload_bytes=_int_setting(env, "SLACK_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES, low=1),
+            always_on_channels=frozenset(
+                id_list(
+                    env.get("SLACK_ALWAYS_ON_CHANNELS", ""),
+                    "SLACK_ALWAYS_ON_CHANNELS",
+                    valid=CHANNEL_ID.fullmatch,  # type: ignore[arg-type]  # a match object is truthy
+                    what="channel ids (C0123ABCD: the channel's details show it)",
+                )
+            ),
+            channel_context_messages=context_messages(env),
         )
 
 

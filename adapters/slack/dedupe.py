@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from adapters.slack.directory import LRU
+from adapters.lru import LRU
 
 
 class EventDeduper(Protocol):

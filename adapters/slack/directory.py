@@ -11,56 +11,39 @@ the agent's memory lives in memory/.
 from __future__ import annotations
 
 import logging
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
 
+from adapters.lru import LRU
 from adapters.slack.api import CALL_ERRORS, error_code
+from bot.events import PlaceKind
 
 log = logging.getLogger(__name__)
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class LRU(Generic[K, V]):
-    """A bounded mapping that forgets the least recently used entries (and, with a
-    ttl, entries older than ttl seconds: names and channels do get renamed)."""
-
-    def __init__(self, capacity: int, ttl: float | None = None) -> None:
-        self.capacity = capacity
-        self.ttl = ttl
-        self._items: OrderedDict[K, tuple[V, float]] = OrderedDict()
-
-    def get(self, key: K) -> V | None:
-        item = self._items.get(key)
-        if item is None:
-            return None
-        value, stored = item
-        if self.ttl is not None and time.monotonic() - stored > self.ttl:
-            del self._items[key]
-            return None
-        self._items.move_to_end(key)
-        return value
-
-    def put(self, key: K, value: V) -> None:
-        self._items[key] = (value, time.monotonic())
-        self._items.move_to_end(key)
-        while len(self._items) > self.capacity:
-            self._items.popitem(last=False)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self._items
 
 
 @dataclass(slots=True)
 class Person:
     name: str
     is_bot: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Channel:
+    name: str  # "#general"; a DM's channel id
+    kind: PlaceKind
+
+
+def kind_of_channel(info: Mapping[str, Any]) -> PlaceKind:
+    """A `conversations.info` channel's kind of place: a group DM and a private
+    channel are private; anything Slack does not call private or a DM, public."""
+    if info.get("is_im"):
+        return "dm"
+    if info.get("is_mpim") or info.get("is_private") or info.get("is_group"):
+        return "private"
+    return "public"
 
 
 def name_of(user: Mapping[str, Any]) -> str | None:
@@ -79,9 +62,10 @@ class Directory:
     def __init__(self, client: AsyncWebClient) -> None:
         self.client = client
         self.bot_user_id: str | None = None  # known once connected (auth.test)
+        self.bot_name = "the bot"  # its user name, once connected
         self.team_names: dict[str, str] = {}
         self._people: LRU[str, Person] = LRU(5_000, ttl=3_600)
-        self._channel_names: LRU[str, str] = LRU(2_000, ttl=3_600)
+        self._channels: LRU[str, Channel] = LRU(2_000, ttl=3_600)
         self._dm_channels: LRU[str, str] = LRU(5_000)
 
     def learn(self, team: str, user: str, payload: Mapping[str, Any]) -> None:
@@ -118,16 +102,22 @@ class Directory:
 
     async def channel_name(self, channel: str) -> str:
         """`#name`, or `channel C123` when Slack will not say."""
-        name = self._channel_names.get(channel)
-        if name is None:
+        info = await self.channel(channel)
+        return info.name if info is not None else f"channel {channel}"
+
+    async def channel(self, channel: str) -> Channel | None:
+        """The channel's name and kind from `conversations.info` (cached); None when Slack
+        will not say (not cached: the next event asks again)."""
+        found = self._channels.get(channel)
+        if found is None:
             try:
                 info = (await self.client.conversations_info(channel=channel))["channel"]
-                name = f"#{info['name']}" if info.get("name") else channel
             except (*CALL_ERRORS, KeyError) as error:
                 log.info("slack: conversations.info for %s failed: %s", channel, error_code(error))
-                return f"channel {channel}"
-            self._channel_names.put(channel, name)
-        return name
+                return None
+            found = Channel(f"#{info['name']}" if info.get("name") else channel, kind_of_channel(info))
+            self._channels.put(channel, found)
+        return found
 
     async def dm_channel(self, user: str) -> str:
         """The person's DM channel with the bot, opened on first use; raises CALL_ERRORS."""

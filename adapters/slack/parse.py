@@ -7,9 +7,11 @@ go. Its `Origin` is what the journal keeps with the payload.
 
 Then, in the person's lane, `SlackParser.parse_<kind>` turns a recorded payload
 into typed events (`UserMessage`, `UserJoined`, `FileUploaded`), reading the
-names and files it needs; a replay after a crash runs the same function on the
-same recorded payload. Like discord.py's `ConnectionState.parse_<event>`: one
-small function per platform event.
+names, files, place (`place_of`: from the payload's `channel_type`, else
+`conversations.info`) and channel context it needs; a replay after a crash runs
+the same function on the same recorded payload, so it finds the same place.
+Like discord.py's `ConnectionState.parse_<event>`: one small function per
+platform event.
 """
 
 from __future__ import annotations
@@ -19,27 +21,23 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
+from adapters.channels import always_on
 from adapters.slack.config import PLATFORM
 from adapters.slack.directory import Directory
 from adapters.slack.files import DownloadError, FileReader, FileRefused
 from adapters.slack.format import slack_to_plain
-from bot.events import Event, FileUploaded, Reply, UserJoined, UserMessage
+from adapters.slack.history import ChannelHistory, time_of
+from bot.events import Event, FileUploaded, Place, PlaceKind, Reply, UserJoined, UserMessage
 
 log = logging.getLogger(__name__)
 
 Item = Event | Reply  # an event for the bot, or a notice the adapter sends itself
+# An Events API `channel_type` as a kind of place (app_mention events carry none).
+KINDS: dict[str, PlaceKind] = {"im": "dm", "mpim": "private", "group": "private", "channel": "public"}
 Builder = Callable[[], Awaitable[list[Item]]]
-
-
-def time_of(ts: str | float | None) -> datetime:
-    """A Slack timestamp (`ts`, `event_time`) as an aware datetime; now if there is none."""
-    try:
-        return datetime.fromtimestamp(float(ts or ""), UTC)
-    except ValueError:
-        return datetime.now(UTC)
 
 
 def _team_of(body: Mapping[str, Any], event: Mapping[str, Any]) -> str:
@@ -58,8 +56,11 @@ class Origin:
     created_at: datetime
 
     @classmethod
-    def of(cls, body: Mapping[str, Any], team: str, user: str, reply_to: dict[str, Any], ts: Any) -> Origin:
-        return cls(team, user, reply_to, str(body.get("event_id") or uuid.uuid4().hex), time_of(ts))
+    def of(
+        cls, body: Mapping[str, Any], team: str, user: str, reply_to: dict[str, Any], ts: Any, event_id: str = ""
+    ) -> Origin:
+        event_id = event_id or str(body.get("event_id") or uuid.uuid4().hex)
+        return cls(team, user, reply_to, event_id, time_of(ts))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -120,12 +121,15 @@ def is_from_a_bot(event: Mapping[str, Any], own_user_id: str | None) -> bool:
     return bool(event.get("bot_id")) or not event.get("user") or event.get("user") == own_user_id
 
 
-def origin_of_message(body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None) -> Origin | None:
-    """A direct message (with or without files); None for anything else."""
-    if event.get("channel_type") != "im" or event.get("subtype") not in (None, "file_share"):
+def origin_of_message(
+    body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, always_on_channels: frozenset[str]
+) -> Origin | None:
+    """A direct message (with or without files), or any message in an always-on
+    channel (or a thread there); None for anything else."""
+    if event.get("subtype") not in (None, "file_share") or is_from_a_bot(event, own_user_id):
         return None  # edits, deletions, bot messages, joins...: nothing a person said to the bot
-    if is_from_a_bot(event, own_user_id):
-        return None
+    if event.get("channel_type") != "im":
+        return origin_in_channel(body, event, always_on_channels)
     reply_to = {"channel": event["channel"]}
     if event.get("thread_ts"):
         reply_to["thread_ts"] = event["thread_ts"]
@@ -136,16 +140,28 @@ def message_kind(event: Mapping[str, Any]) -> str:
     return "file_share" if event.get("subtype") == "file_share" else "message"
 
 
-def origin_of_app_mention(body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None) -> Origin | None:
+def origin_of_app_mention(
+    body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, always_on_channels: frozenset[str]
+) -> Origin | None:
     if is_from_a_bot(event, own_user_id):
         return None
-    # Answer in the mention's thread (or the thread it was posted in), addressed to its author.
-    reply_to = {
-        "channel": event["channel"],
-        "thread_ts": event.get("thread_ts") or event["ts"],
-        "mention": event["user"],
-    }
-    return Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
+    return origin_in_channel(body, event, always_on_channels, mentioned=True)
+
+
+def origin_in_channel(
+    body: Mapping[str, Any], event: Mapping[str, Any], always_on_channels: frozenset[str], *, mentioned: bool = False
+) -> Origin | None:
+    """A mention, or a message in an always-on channel: answered in its thread (or
+    the thread it was posted in), addressed to its author."""
+    channel = str(event.get("channel") or "")
+    listening = always_on(always_on_channels, channel)
+    if not (mentioned or listening):
+        return None
+    reply_to = {"channel": channel, "thread_ts": event.get("thread_ts") or event["ts"], "mention": event["user"]}
+    # In an always-on channel a mention arrives twice (a message and an app_mention
+    # event, each with its own event id): keyed by the message, the second is a repeat.
+    key = f"{channel}:{event['ts']}" if listening else ""
+    return Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"), key)
 
 
 def origin_of_team_join(body: Mapping[str, Any], event: Mapping[str, Any]) -> Origin | None:
@@ -170,13 +186,14 @@ def origin_of_member_joined_channel(
 class SlackParser:
     """Recorded payloads into typed events, with the names and files they need."""
 
-    def __init__(self, directory: Directory, files: FileReader) -> None:
+    def __init__(self, directory: Directory, files: FileReader, history: ChannelHistory) -> None:
         self.directory = directory
         self.files = files
+        self.history = history
         self._parsers: dict[str, Callable[[Origin, Mapping[str, Any]], Awaitable[list[Item]]]] = {
             "message": self.parse_message,
             "file_share": self.parse_file_share,
-            "app_mention": self.parse_app_mention,
+            "app_mention": self.parse_message,
             "team_join": self.parse_team_join,
             "member_joined_channel": self.parse_member_joined_channel,
         }
@@ -186,21 +203,39 @@ class SlackParser:
         parse = self._parsers[kind]
         return lambda: parse(origin, event)
 
-    async def parse_message(self, origin: Origin, event: Mapping[str, Any], *, channel: str = "") -> list[Item]:
+    async def place_of(self, event: Mapping[str, Any]) -> Place:
+        """Where the event happened: its kind from the payload's `channel_type`, or
+        (mentions, replays of them) from `conversations.info`; its name from there."""
+        channel, thread = str(event.get("channel") or ""), str(event.get("thread_ts") or "")
+        kind = KINDS.get(str(event.get("channel_type") or ""))
+        info = None if kind == "dm" else await self.directory.channel(channel)
+        # Slack would not say: private, the safe side both ways (what is said here
+        # stays out of other channels, and only this channel's and public items are read).
+        kind = kind or (info.kind if info is not None else "private")
+        if kind == "dm":
+            return Place(thread=thread)
+        return Place(kind, channel, info.name if info is not None else channel, thread)
+
+    async def parse_message(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
         text = str(event.get("text") or "")
         if self.directory.bot_user_id:
             text = re.sub(rf"<@{re.escape(self.directory.bot_user_id)}(?:\|[^>]*)?>", "", text)
         person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
+        place = await self.place_of(event)
+        context = await self.history.before(origin.team, event, place)
         plain = slack_to_plain(text, self.directory.known_names(origin.team)).strip()
-        return [
-            UserMessage(**origin.fields(text=plain or "(an empty message)", display_name=person.name, channel=channel))
-        ]
-
-    async def parse_app_mention(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
-        return await self.parse_message(origin, event, channel=await self.directory.channel_name(str(event["channel"])))
+        message = origin.fields(
+            text=plain or "(an empty message)",
+            display_name=person.name,
+            channel="" if place.is_dm else place.name,
+            place=place,
+            channel_context=context,
+        )
+        return [UserMessage(**message)]
 
     async def parse_file_share(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
         person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
+        place = await self.place_of(event)
         items: list[Item] = []
         for number, shared in enumerate(event.get("files") or []):
             file_event_id = f"{origin.event_id}:{number}"
@@ -221,6 +256,7 @@ class SlackParser:
                     data=got.data,
                     content_type=got.content_type,
                     display_name=person.name,
+                    place=place,
                 )
                 items.append(FileUploaded(**uploaded))
         if str(event.get("text") or "").strip():
@@ -231,14 +267,14 @@ class SlackParser:
         person = await self.directory.person(origin.team, origin.user, (event.get("user") or {}).get("profile"))
         workspace = self.directory.team_names.get(origin.team)
         place = f"the {workspace} Slack workspace" if workspace else "the Slack workspace"
-        return [UserJoined(**origin.fields(display_name=person.name, place=place))]
+        return [UserJoined(**origin.fields(display_name=person.name, joined=place))]
 
     async def parse_member_joined_channel(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
         person = await self.directory.person(origin.team, origin.user)
         if person.is_bot:
             return []
-        place = await self.directory.channel_name(str(event["channel"]))
-        return [UserJoined(**origin.fields(display_name=person.name, place=place))]
+        channel = await self.directory.channel_name(str(event["channel"]))
+        return [UserJoined(**origin.fields(display_name=person.name, joined=channel))]
 
 
 def gave_up(origin: Origin, notice: str) -> Builder:

@@ -39,6 +39,12 @@ event or a reply is in its database row, never only in this process's memory.
    back marked `resend`: the adapter looks for it on the platform before
    sending it again (Slack: message metadata; Discord: nonce).
 
+DEBOUNCE (debounce.py). A person's quick messages in one place are one event:
+the followers are linked to their leader in the journal (Inbox.started)
+before all their messages are recorded in one write, each under its own id;
+the leader's run answers them all. A follower redone after a crash is
+finished without an answer if its batch recorded it, else handled alone.
+
 Several bot processes on one database (leases.py): one works on an agent at a
 time, in arrival order.
 """

@@ -66,6 +66,8 @@ class Inbox:
         self._answered: set[str] = set()
         # Events running when the process died run one at a time, alone (quarantine.py).
         self.quarantine = Quarantine()
+        # Replayed entries that were debounced into another (JournalEntry.absorbed_into).
+        self._absorbed: set[str] = set()
 
     # -- the adapters' side (through the bot's port) --------------------------
     async def receive(self, origin: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
@@ -93,7 +95,7 @@ class Inbox:
         redos = []
         for entry in await self.store.journal_pending(origin):
             stops = entry.attempts + (entry.state == "running")
-            redo = Redo(entry.event_id, entry.payload)
+            redo = self._redo(entry)
             if stops >= MAX_RESTARTS:
                 log.error(
                     "giving up on %s event %s of %s: the bot stopped %d times while handling it",
@@ -116,16 +118,43 @@ class Inbox:
             )
         return redos
 
+    def _redo(self, entry: JournalEntry) -> Redo:
+        if entry.absorbed_into:
+            self._absorbed.add(entry.event_id)
+        return Redo(entry.event_id, entry.payload)
+
     # -- the runtime's side ----------------------------------------------------
     async def started(self, event: Event) -> None:
-        """Work on `event` starts: its entry is running (a waiting one stays waiting)."""
+        """Work on `event` starts: its entry is running (a waiting one stays
+        waiting), and the entries debounced into it name it, before any of
+        their messages is recorded (bot/durable/debounce.py)."""
         if event.durable:
             await self.store.journal_update(event.journal_id, state="running", only_from=("pending",))
+            followers = [member.journal_id for member in event.members()[1:]]
+            if followers:
+                await self.store.journal_absorb(event.journal_id, followers)
+
+    async def answered_with_its_batch(self, agent_id: str, event: Event) -> bool:
+        """A replayed event that was debounced into another, and whose message
+        that batch recorded: the batch's run answers it (or did), so it gets no
+        answer of its own. One whose batch stopped before recording is not."""
+        if event.journal_id not in self._absorbed:
+            return False
+        recorded = await self.store.event_message_seq(agent_id, event.event_id) is not None
+        self._absorbed.discard(event.journal_id)
+        if not recorded:
+            return False
+        log.info("event %s was answered with the batch it was debounced into", event.journal_id)
+        return True
 
     async def wait_for_storage(self, event: Event) -> None:
         """Storage stayed down for the whole wait: the entry waits for a replay
         (REPLAY_AFTER from now, or once storage answers), or, REPLAY_FOR after
-        it arrived, for the next start."""
+        it arrived, for the next start. So do the events debounced into it."""
+        for member in event.members():
+            await self._wait_for_storage(member)
+
+    async def _wait_for_storage(self, event: Event) -> None:
         now = self.clock()
         if now - event.created_at.timestamp() > REPLAY_FOR:
             log.error(
@@ -165,7 +194,7 @@ class Inbox:
             if await self.store.journal_update(
                 entry.event_id, state="pending", next_try_at=0.0, only_from=("waiting",)
             ):
-                redos.append(Redo(entry.event_id, entry.payload))
+                redos.append(self._redo(entry))
         if redos:
             log.info("%s: replaying %d events that waited for storage", origin, len(redos))
         return redos

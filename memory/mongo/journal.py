@@ -2,7 +2,7 @@
 (memory/roles.py), as a mixin of MongoStore.
 
     event_journal  {_id: event id, n, origin, agent_key, payload, received_at, state, attempts,
-                    next_try_at}
+                    next_try_at, absorbed_into}
     outbox         {_id: "<event id>:<n>", event_id, position, agent_key, origin, user_id,
                     reply_to, text, created_at, state, attempts, next_try_at}
 
@@ -16,7 +16,7 @@ made unique per process) orders redo; entries are swept a day after they finish.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -52,6 +52,7 @@ def _journal(doc: Doc) -> JournalEntry:
         doc["state"],
         doc.get("attempts", 0),
         doc.get("next_try_at", 0.0),
+        doc.get("absorbed_into", ""),
     )
 
 
@@ -99,6 +100,7 @@ class MongoJournal(MongoBase):
             "state": entry.state,
             "attempts": entry.attempts,
             "next_try_at": entry.next_try_at,
+            "absorbed_into": entry.absorbed_into,
         }
         try:
             await self._c("event_journal").insert_one(doc)
@@ -129,6 +131,13 @@ class MongoJournal(MongoBase):
         if not fields:
             return await self._c("event_journal").count_documents(where, limit=1) > 0
         return (await self._c("event_journal").update_one(where, {"$set": fields})).matched_count > 0
+
+    @guarded
+    async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
+        if event_ids:
+            await self._c("event_journal").update_many(
+                {"_id": {"$in": list(event_ids)}}, {"$set": {"absorbed_into": leader_id}}
+            )
 
     @guarded
     async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:

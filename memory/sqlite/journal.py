@@ -21,16 +21,14 @@ from memory.sqlite.base import SQLiteBase
 from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
 
 _SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
-_JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts, next_try_at"
+_JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts, next_try_at, absorbed_into"
 _OUTBOX_COLS = (
     "id, event_id, position, agent_key, origin, user_id, reply_to, text, created_at, state, attempts, next_try_at"
 )
 
 
 def _journal(row: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(
-        row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), row[5], row[6], row[7]
-    )
+    return JournalEntry(row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), *row[5:])
 
 
 def _outbox(row: Sequence[Any]) -> OutboxEntry:
@@ -67,6 +65,7 @@ class SQLiteJournal(SQLiteBase):
             entry.state,
             entry.attempts,
             entry.next_try_at,
+            entry.absorbed_into,
         )
 
         def job(conn: sqlite3.Connection) -> bool:
@@ -76,7 +75,7 @@ class SQLiteJournal(SQLiteBase):
                 conn.execute("DELETE FROM outbox WHERE state <> 'pending' AND created_at < ?", (cutoff,))
             return bool(
                 conn.execute(
-                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (event_id) DO NOTHING",
                     row,
                 ).rowcount
@@ -120,6 +119,15 @@ class SQLiteJournal(SQLiteBase):
             return [_journal(row) for row in rows]
 
         return await self.run_in_db(job)
+
+    async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
+        def job(conn: sqlite3.Connection) -> None:
+            conn.executemany(
+                "UPDATE event_journal SET absorbed_into = ? WHERE event_id = ?",
+                [(leader_id, event_id) for event_id in event_ids],
+            )
+
+        await self.run_in_db(job, write=True)
 
     async def outbox_add(self, entry: OutboxEntry) -> bool:
         row = (

@@ -399,3 +399,10 @@ def m010_journal_running_and_waiting(conn: sqlite3.Connection) -> None:
         "DROP INDEX event_journal_pending",
         "CREATE INDEX event_journal_unfinished ON event_journal (origin, n) WHERE state <> 'done'",
     )
+
+
+@migration
+def m011_journal_absorbed_into(conn: sqlite3.Connection) -> None:
+    # Debounced messages (bot/durable/debounce.py): an entry handled as part
+    # of an earlier one's batch names that entry; "" when handled on its own.
+    _run(conn, "ALTER TABLE event_journal ADD COLUMN absorbed_into TEXT NOT NULL DEFAULT ''")

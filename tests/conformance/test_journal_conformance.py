@@ -124,3 +124,17 @@ async def test_finished_entries_older_than_a_day_are_swept(store: Store) -> None
     assert await store.journal_receive(entry("EvNew"))
     assert [r.id for r in await store.outbox_for_event("EvOld")] == ["EvOld:1"]  # never an unsent one
     assert await store.journal_receive(entry("EvOld"))  # swept: new again
+
+
+async def test_debounced_entries_name_the_entry_they_were_absorbed_into(store: Store, twin: Store) -> None:
+    for event_id in ("Lead", "Follow1", "Follow2", "Alone"):
+        assert await store.journal_receive(entry(event_id))
+    await store.journal_absorb("Lead", ["Follow1", "Follow2"])
+    await store.journal_absorb("Lead", [])  # nothing to link: no error
+    pending = {e.event_id: e.absorbed_into for e in await twin.journal_pending("slack")}
+    assert pending == {"Lead": "", "Follow1": "Lead", "Follow2": "Lead", "Alone": ""}
+    # The link survives the state changes of a replay, and shows on waiting entries too.
+    await store.journal_update("Follow1", state="waiting", next_try_at=1.0)
+    assert [(e.event_id, e.absorbed_into) for e in await store.journal_pending("slack", due_by=2.0)] == [
+        ("Follow1", "Lead")
+    ]

@@ -1,0 +1,57 @@
+"""A bot port for adapter tests about what events an adapter builds (their
+place, their channel context): it keeps each event it is handed, and each
+journal payload, and answers "noted". What the bot layer does with events is
+tested with the real runtime elsewhere."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.events import Delivery, Event, Redo, Reply, UserMessage
+
+
+@dataclass
+class RecordingBot:
+    """A BotPort with a journal that keeps every event and payload it is given."""
+
+    events: list[Event] = field(default_factory=list)
+    payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    async def handle(self, event: Event) -> list[Reply]:
+        self.events.append(event)
+        return [event.reply("noted")]
+
+    async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
+        if event_id in self.payloads:  # a repeat delivery, as the journal tells it
+            return False
+        self.payloads[event_id] = payload
+        return True
+
+    async def finished(self, event_id: str) -> None:
+        return None
+
+    async def pending_events(self, platform: str) -> list[Redo]:
+        return []
+
+    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
+        return outcome
+
+    async def memory_report(self, platform: str, user_id: str) -> str | None:
+        return None
+
+    async def forget_user(self, platform: str, user_id: str) -> bool:
+        return False
+
+    def messages(self) -> list[UserMessage]:
+        return [event for event in self.events if isinstance(event, UserMessage)]
+
+    async def wait_for_messages(self, count: int, within: float = 10.0) -> list[UserMessage]:
+        """Poll (every 20 ms) until `count` user messages arrived; all of them."""
+        deadline = time.monotonic() + within
+        while len(self.messages()) < count:
+            assert time.monotonic() < deadline, f"{len(self.messages())} messages arrived, expected {count}"
+            await asyncio.sleep(0.02)
+        return self.messages()
