@@ -28,7 +28,7 @@ from memory.queue_manager import (
     render_transcript,
 )
 from memory.recall import RecallMemory
-from memory.store import Store
+from memory.store import Store, StoreError
 from memory.tokens import TOKENS_PER_MESSAGE, TokenCounter
 from memory.types import AgentRecord, Block, ConversationRecord, Message, utc_now
 from memory.working_context import WorkingContext
@@ -293,6 +293,11 @@ class Agent:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
                 ok, result, asks_heartbeat = outcome.ok, outcome.result, outcome.heartbeat
+            except StoreError:
+                # Storage failing under a function (send_message's outbox write, a memory
+                # edit) is no failed call for the model: the whole event waits and is
+                # redone (bot/durable/store_wait.py), and the person is told it waits.
+                raise
             except Exception as error:
                 # A function that breaks on arguments its schema let through (e.g. a page
                 # number too big for SQLite) must not crash the agent: like any failed
