@@ -23,7 +23,7 @@ from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls
 from bot.durable.outbox import outbox_entry, unconfirmed
 from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
-from bot.prompts import SUMMARIZER_INSTRUCTIONS
+from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
 from memory.queue_manager import (
@@ -32,7 +32,7 @@ from memory.queue_manager import (
     QueueManager,
     render_transcript,
 )
-from memory.store import Store
+from memory.store import Store, StoreError
 from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import AgentRecord, Block, Message, Passage, utc_now
 from memory.working_context import WorkingContext
@@ -297,6 +297,11 @@ class Agent:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
                 ok, result, asks_heartbeat = outcome.ok, outcome.result, outcome.heartbeat
+            except StoreError:
+                # Storage failing under a function (send_message's outbox write, a memory
+                # edit) is no failed call for the model: the whole event waits and is
+                # redone (bot/durable/store_wait.py), and the person is told it waits.
+                raise
             except Exception as error:
                 # A function that breaks on arguments its schema let through (e.g. a page
                 # number too big for SQLite) must not crash the agent: like any failed
@@ -348,17 +353,7 @@ class Agent:
             if not self.queue.needs_flush(status):
                 return
             eviction = await self.queue.evict(status, self._summarize)
-            conversation, now = self.conversation, utc_now()
-            await self.store.update_queue(
-                self.id, eviction.summary, eviction.new_start_seq, now, place=conversation.key
-            )
-            self.queue.apply(eviction)
-            record = conversation.record
-            record.summary, record.queue_start_seq, record.summary_updated_at = (
-                eviction.summary,
-                eviction.new_start_seq,
-                now,
-            )
+            await self.conversation.flushed(self.store, eviction)
             log.info(
                 "agent %s: evicted %d messages (summary by %s)",
                 self.id,
@@ -369,7 +364,17 @@ class Agent:
 
     async def _summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
         counter = self.services.counter
-        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max(40, int(budget * 0.6)))
+        max_words = max(40, int(budget * 0.6))
+        if not self.services.summary_model:
+            # The chat model summarizes from the prompt it just read (cached by
+            # the provider): the agent's own request up to the evicted messages.
+            tools = self.services.functions.schemas
+            messages = self.queue.summary_prompt(evicted, SUMMARY_REQUEST.format(max_words=max_words))
+            # (Within the limit every step keeps to, so the answer has its reserve.)
+            if messages and counter.count_request(messages, tools) <= self.queue.flush_limit:
+                completion = await self._complete(messages, tools, call_functions=False)
+                return (completion.content or "").strip()
+        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max_words)
         header = f"Previous summary:\n{previous or '(none)'}\n\nMessages leaving memory:\n"
         room = (
             self.queue.flush_limit
@@ -399,6 +404,7 @@ class Agent:
         prompt_tokens: int = 0,
         *,
         model: str | None = None,
+        call_functions: bool = True,
     ) -> Completion:
         """The one way the agent calls the LLM, so each call's cost is counted
         here, with the model's tokenizer (the daily budget, bot/limits.py):
@@ -408,7 +414,7 @@ class Agent:
         its cache, which nothing local can know, and which at most lowers a
         cached token's weight (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails
         counts nothing."""
-        completion = await self.services.llm.complete(messages, tools, model=model)
+        completion = await self.services.llm.complete(messages, tools, model=model, call_functions=call_functions)
         counter = self.services.counter
         prompt = prompt_tokens or counter.count_request(messages, tools or ())
         answer = counter.count(completion.content or "")
@@ -424,9 +430,9 @@ class Agent:
         (memory/queue_manager.py), after everything a prompt cache can serve;
         so does a channel's recent lines, shown for the current event only."""
         status = (
-            f"recall {self.recall_count} messages ({len(self.queue.entries)} in your queue); archival "
-            f"{self.archival_count} passages; working context edited {self.working_context.last_edited()}; "
-            f"memory {round(100 * self.queue.pressure())}% full; now {utc_now():%Y-%m-%d %H:%M} UTC"
+            f"memory {round(100 * self.queue.pressure())}% full; recall {self.recall_count} messages, "
+            f"{len(self.queue.entries)} in queue; archival {self.archival_count} passages; "
+            f"now {utc_now():%Y-%m-%d %H:%M} UTC"
         )
         return f"{status}\n{self._channel_context}" if self._channel_context else status
 

@@ -82,7 +82,7 @@ class Settings:
     fallback_encoding: str = "cl100k_base"
     warning_threshold: float = 0.70
     flush_threshold: float = 1.00
-    evict_fraction: float = 0.75
+    evict_fraction: float = 0.9
     # Tokens kept free for the model's answer; counted against the window.
     response_reserve: int = DEFAULT_RESPONSE_RESERVE
     max_steps_per_event: int = 8

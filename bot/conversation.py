@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from memory.places import Place, Visibility
-from memory.queue_manager import QueueManager
-from memory.types import ConversationRecord, Message
+from memory.queue_manager import Eviction, QueueManager
+from memory.store import Store
+from memory.types import ConversationRecord, Message, utc_now
 from memory.working_context import WorkingContext
 
 if TYPE_CHECKING:
@@ -55,6 +56,14 @@ class Conversation:
     @property
     def visible(self) -> Visibility:
         return Visibility.of(self.place)
+
+    async def flushed(self, store: Store, eviction: Eviction) -> None:
+        """Keep an eviction (its new summary, where the queue now starts), then apply it."""
+        now = utc_now()
+        await store.update_queue(self.record.agent_id, eviction.summary, eviction.new_start_seq, now, place=self.key)
+        self.queue.apply(eviction)
+        self.record.summary, self.record.queue_start_seq = eviction.summary, eviction.new_start_seq
+        self.record.summary_updated_at = now
 
     def show(self, working_context: WorkingContext) -> None:
         """Put the working context, as this place may see it, into its prompt."""

@@ -9,14 +9,18 @@ from bot.events import UserMessage
 from memory.queue_manager import PRESSURE_MARKER
 from memory.tokens import TokenCounter, load_encoder
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, fault_status, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import (
+    FakeLLMServer,
+    Reply,
+    fault_status,
+    is_summary_request,
+    reply_text,
+    reply_tool_calls,
+    tool_call,
+)
 
 WINDOW = 2_048
 TURNS = 240
-
-
-def is_summary_request(request: dict[str, Any]) -> bool:
-    return not request.get("tools")
 
 
 async def test_hundreds_of_turns_never_exceed_a_small_window(
