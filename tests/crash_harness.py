@@ -31,6 +31,7 @@ import multiprocessing
 import multiprocessing.process
 import os
 import random
+import re
 import signal
 import socket
 import sqlite3
@@ -428,9 +429,13 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
             if missing:
                 report.facts_ok = False
                 report.problems.append(f"working context of {key} lost facts {sorted(missing)[:5]}")
+        troubled = set()
         for (user, number), count in sorted(report.answers.items()):
             if count > 1 or (count == 0 and user not in report.gave_up):
                 report.problems.append(f"{user}'s message {number} answered {count} times")
+                troubled.add(user)
+        for user in sorted(troubled):
+            report.problems += _story(conn, user, slack)
         report.interrupted_calls = conn.execute(
             "SELECT count(*) FROM messages WHERE role = 'tool' AND content LIKE '%Cut short by a restart%'"
         ).fetchone()[0]
@@ -438,6 +443,52 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
         report.pending_replies = conn.execute("SELECT count(*) FROM outbox WHERE state = 'pending'").fetchone()[0]
     finally:
         conn.close()
+
+
+def _story(conn: sqlite3.Connection, user: str, slack: FakeSlack) -> list[str]:
+    """How a user's messages went, to explain a wrong answer count: the order
+    their messages were recorded in recall (by seq; a number out of place is
+    one that overtook or was overtaken), which event's replies answered what,
+    the posts they got (with the outbox id each carried), and their events'
+    restart counts."""
+    key = f"slack:{TEAM}:{user}"
+    recorded = [
+        (int(found.group(2)), event_id)
+        for content, event_id in conn.execute(
+            "SELECT m.content, m.event_id FROM messages m JOIN agents a ON a.id = m.agent_id"
+            " WHERE a.key = ? AND m.role = 'user' AND m.name = 'user_message' ORDER BY m.seq",
+            (key,),
+        ).fetchall()
+        if (found := MESSAGE.search(content or ""))
+    ]
+    order = " ".join(str(number) if number == n else f"[{number}]" for n, (number, _) in enumerate(recorded))
+    lines = [f"  {user}'s messages in recall, in the order recorded ([n]: out of place): {order}"]
+    answered_by = [
+        f"{event_id}->{text!r}({state})"
+        for event_id, text, state in conn.execute(
+            "SELECT event_id, text, state FROM outbox WHERE agent_key = ? ORDER BY created_at", (key,)
+        ).fetchall()
+        if answered_in(text) != [(user, _number_of(event_id))]
+    ]
+    lines.append(f"  {user}'s replies that answer another message than their event's: {answered_by or 'none'}")
+    posts = []
+    for call in slack.calls_to("chat.postMessage"):
+        if call.args.get("channel") == f"D{user}":
+            metadata = call.args.get("metadata") or {}
+            payload = (json.loads(metadata) if isinstance(metadata, str) else metadata).get("event_payload") or {}
+            posts.append(f"{call.args.get('text')!r}<-{payload.get('outbox_id', '?')}")
+    lines.append(f"  {user}'s posts in order (<- outbox id): {' '.join(posts)}")
+    restarted = conn.execute(
+        "SELECT event_id, attempts, state FROM event_journal WHERE agent_key = ? AND attempts > 0 ORDER BY n", (key,)
+    ).fetchall()
+    lines.append(f"  {user}'s events redone after a restart (attempts, state): {restarted or 'none'}")
+    return lines
+
+
+def _number_of(event_id: str) -> int:
+    """The message number in a harness event id ("EvU3N0005": 5)."""
+    found = re.search(r"N(\d+)$", event_id)
+    return int(found.group(1)) if found else -1
 
 
 def _is_default_human(text: str) -> bool:
@@ -478,7 +529,7 @@ def main() -> None:
         )
     )
     print(report.summary())
-    for problem in report.problems[:20]:
+    for problem in report.problems[:40]:
         print("  -", problem)
 
 
