@@ -32,3 +32,51 @@ async def test_without_hold_back_nobody_waits() -> None:
     order: list[str] = []
     await _take(lanes, "new", order)
     assert order == ["new"] and len(lanes) == 0
+
+
+async def test_a_new_event_whose_task_has_not_run_yet_at_release_still_waits_for_the_replays() -> None:
+    # The crash harness's "U3's message 5 answered 0 times, 11 answered 2 times":
+    # a new message's receive and the start-up journal read finish in the same
+    # turn of the loop, so its task is created (but has not run its first step)
+    # when recover() creates the replays' tasks and releases. Run in creation
+    # order, that first step found the gate open and took the lane ahead of
+    # the replay of the person's older message, which then answered the newer one.
+    lanes = Lanes()
+    lanes.hold_back()
+    order: list[str] = []
+    new = asyncio.create_task(_take(lanes, "new", order))  # created, not yet run
+    replay = asyncio.create_task(_take(lanes, "replay", order, early=True))
+    lanes.release()  # in the same turn, as recover() does right after creating the replays' tasks
+    await asyncio.gather(new, replay)
+    assert order == ["replay", "new"]
+
+
+async def test_new_events_keep_their_arrival_order_across_the_opening() -> None:
+    # One waited at the gate; one came in the turn of the release, one in the
+    # turn the gate opened (before the first has joined its lane).
+    lanes = Lanes()
+    lanes.hold_back()
+    order: list[str] = []
+    waiting = asyncio.create_task(_take(lanes, "new 0", order))
+    await asyncio.sleep(0)
+    replay = asyncio.create_task(_take(lanes, "replay", order, early=True))
+    lanes.release()
+    late = [asyncio.create_task(_take(lanes, "new 1", order))]
+    await asyncio.sleep(0)  # the gate opens in this turn
+    late.append(asyncio.create_task(_take(lanes, "new 2", order)))
+    await asyncio.gather(waiting, replay, *late)
+    assert order == ["replay", "new 0", "new 1", "new 2"]
+    assert len(lanes) == 0
+
+
+async def test_a_holder_cancelled_at_the_gate_holds_nobody_up() -> None:
+    lanes = Lanes()
+    lanes.hold_back()
+    order: list[str] = []
+    gone = asyncio.create_task(_take(lanes, "gone", order))
+    stays = asyncio.create_task(_take(lanes, "stays", order))
+    await asyncio.sleep(0)
+    gone.cancel()
+    lanes.release()
+    await stays
+    assert order == ["stays"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -55,8 +56,7 @@ class Lanes:
         self._lanes: dict[str, _Lane] = {}
         # Closed by `hold_back`: at start, new events wait here until the
         # events the last run left unfinished have taken their places.
-        self._gate = asyncio.Event()
-        self._gate.set()
+        self._gate = _Gate()
 
     def __len__(self) -> int:
         return len(self._lanes)
@@ -75,19 +75,21 @@ class Lanes:
         """Until `release`, holders other than `early` ones wait before joining
         their lane (in the order they came): so at start a new message cannot
         overtake the replay of the same person's older one."""
-        self._gate.clear()
+        self._gate.close()
 
     def release(self) -> None:
-        self._gate.set()
+        """Let the held-back holders in, behind the early ones (see _Gate.open)."""
+        self._gate.open()
 
     @asynccontextmanager
     async def hold(self, key: str, *, early: bool = False) -> AsyncIterator[None]:
         """Wait for `key`'s turn and hold it for the `async with` body.
         `early`: an event the last run left unfinished, never held back."""
-        if not early and not self._gate.is_set():
-            await self._gate.wait()  # waiters wake in order, and join their lane before any other await
+        waited = not early and await self._gate.wait()
         lane = self._lane(key)
         lane.users += 1
+        if waited:
+            self._gate.joined()  # in its lane (or its lock's queue) before any await
         try:
             async with lane.lock:
                 yield
@@ -130,3 +132,70 @@ class Lanes:
             lane.waiting.setdefault(outbox_id, time.monotonic())
         else:
             lane.waiting.pop(outbox_id, None)
+
+
+class _Gate:
+    """The start-up gate of `Lanes`: while closed, and until everyone who
+    waited at it has joined a lane, holders wait here in arrival order.
+
+    Why not an asyncio.Event: the place in line is taken in a task's first
+    step, and a task created before `open` may run that step after it. Seen
+    in the crash harness ("U3's message 5 answered 0 times, 11 answered 2
+    times"): a new message's receive and the start-up journal read finished
+    in the same turn of the loop, so its task existed, not yet run, when
+    recover() created the replays' tasks and released; run first (it was
+    created first), it found the gate open and took its lane ahead of the
+    replay of the person's older message, which was then redone after the
+    newer one was recorded and answered it instead. So the gate opens on
+    the loop's next turn, behind every first step already scheduled (each
+    task created so far has then taken its place: the early ones in their
+    lanes, the others here), and a holder that comes while those let
+    through have not all joined their lanes yet waits behind them."""
+
+    def __init__(self) -> None:
+        self._closed = False
+        self._queue: deque[asyncio.Future[None]] = deque()
+        self._passing = 0  # let through, not yet in their lanes
+
+    def close(self) -> None:
+        self._closed = True
+
+    def open(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop: no task can be waiting or about to
+            self._closed = False
+            return
+        loop.call_soon(self._opened)
+
+    def _opened(self) -> None:
+        self._closed = False
+        if not self._passing:
+            self._let_through()
+
+    def _let_through(self) -> None:
+        turns = [turn for turn in self._queue if not turn.done()]
+        self._queue.clear()
+        self._passing += len(turns)
+        for turn in turns:
+            turn.set_result(None)
+
+    async def wait(self) -> bool:
+        """Until this holder's turn to join its lane; whether it waited (then
+        it calls `joined` once in its lane)."""
+        if not (self._closed or self._queue or self._passing):
+            return False
+        turn = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # let through, then cancelled before it ran
+                self.joined()
+            raise
+        return True
+
+    def joined(self) -> None:
+        self._passing -= 1
+        if not self._passing and not self._closed and self._queue:
+            self._let_through()  # those who came meanwhile, in their order
