@@ -1,0 +1,55 @@
+"""At start, a new Slack message that arrives while the last run's events are
+read from the journal is answered after the replays of the same person's
+older ones, never before (bot/durable/lanes.py: the start-up gate). The crash
+harness saw it otherwise: U9's message 19 answered 0 times, 31 twice."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from adapters.slack.parse import Origin
+from bot.events import Redo
+from tests import test_slack_adapter as slack_tests
+from tests.fake_llm import FakeLLMServer
+from tests.test_slack_adapter import Start, dm, say
+
+fake_slack = slack_tests.fake_slack
+start_bot = slack_tests.start_bot
+
+
+def payload(event_id: str, text: str) -> dict[str, Any]:
+    origin = {"team": "T1", "user": "U1", "reply_to": {"channel": "DU1"}, "event_id": event_id}
+    return {"kind": "message", "event": dm(text), "origin": origin | {"created_at": "2026-11-30T10:00:00+00:00"}}
+
+
+async def test_a_new_message_arriving_with_the_journal_read_waits_for_the_replays(
+    start_bot: Start, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bot = await start_bot()
+    adapter = bot.adapter
+    adapter.hold_new_events()  # as `memgpt-bot run` does before the adapters start
+    # The last run left "number 1" unfinished.
+    await bot.runtime.receive("slack", "EvOld", "T1:U1", payload("EvOld", "number 1"))
+    new = payload("EvNew", "number 2")
+    read_the_journal = bot.runtime.pending_events
+
+    async def a_new_message_comes_with_the_read(origin: str) -> list[Redo]:
+        # "number 2" is journaled just before the read, and its listener goes
+        # on in the same turn as recover(): its task exists, not yet run,
+        # when the replays' tasks are created and the gate is released.
+        await bot.runtime.receive("slack", "EvNew", "T1:U1", new)
+        redos = await read_the_journal(origin)
+        built = adapter.parser.builder("message", Origin.from_json(new["origin"]), new["event"])
+        adapter._submit(Origin.from_json(new["origin"]), built, debounce=True)
+        return redos
+
+    monkeypatch.setattr(bot.runtime, "pending_events", a_new_message_comes_with_the_read)
+    llm_server.set_handler(lambda request: say("ok " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
+    assert await adapter.recover() == 2  # both are in the journal's leftovers
+    assert await bot.texts(2) == ["ok 1", "ok 2"]  # before the fix: ["ok 2", "ok 1"]
+    record = await bot.runtime.store.find_agent("slack:T1:U1")
+    assert record is not None
+    recorded = [m.event_id for m in await bot.runtime.store.messages_since(record.id, 0) if m.role == "user"]
+    assert recorded == ["EvOld", "EvNew"]
