@@ -51,32 +51,36 @@ ASK = "what is my codeword? search your memory"
 
 REMEMBER = re.compile(r"remember: ([^\n]*)")
 QUESTION = re.compile(r"what is my (\w+)\?")
+EVENT_LINE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d UTC\] [^\n]*", re.MULTILINE)
 
 
 # --------------------------------------------------------------------------- the model
 
 
-def _newest_user_text(messages: list[dict[str, Any]]) -> str:
-    return next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
+def _event(messages: list[dict[str, Any]]) -> tuple[int, str]:
+    """Where the event being answered is (the newest message holding a "[<time> UTC] <who>:
+    <text>" line, not the memory status or the channel's lines, which may quote the
+    person's earlier words) and that line; (-1, "") if it left the context."""
+    for at in range(len(messages) - 1, -1, -1):
+        if messages[at].get("role") == "user":
+            lines = EVENT_LINE.findall(messages[at].get("content") or "")
+            if lines:
+                return at, lines[-1]
+    return -1, ""
 
 
-def _answered(messages: list[dict[str, Any]]) -> bool:
-    """Whether the agent already acted on the newest user message."""
-    for message in reversed(messages):
-        if message.get("role") in ("user", "assistant"):
-            return message["role"] == "assistant"
-    return False
+def _results(after: list[dict[str, Any]]) -> list[str]:
+    """The text each function returned to the newest assistant message with calls."""
+    last = max(n for n, message in enumerate(after) if message.get("tool_calls"))
+    return [
+        str(json.loads(message.get("content") or "{}").get("result", ""))
+        for message in after[last + 1 :]
+        if message.get("role") == "tool"
+    ]
 
 
-def _results(messages: list[dict[str, Any]]) -> list[str]:
-    """The results of the function calls just made (the tool messages after the newest
-    assistant message), as the text each function returned."""
-    tail: list[str] = []
-    for message in reversed(messages):
-        if message.get("role") != "tool":
-            break
-        tail.insert(0, str(json.loads(message.get("content") or "{}").get("result", "")))
-    return tail
+def say(text: str) -> Reply:
+    return reply_tool_calls(tool_call("send_message", {"message": text}))
 
 
 def story_model(request: dict[str, Any]) -> Reply:
@@ -87,15 +91,17 @@ def story_model(request: dict[str, Any]) -> Reply:
     messages = request.get("messages") or []
     if is_summary_request(request):  # a summary that keeps everything it was given, word for word
         return reply_text("Summary of what was said: " + json.dumps(messages[1:], ensure_ascii=False))
-    text = _newest_user_text(messages)
+    at, text = _event(messages)
+    after = messages[at + 1 :] if at >= 0 else []
+    called = [call["function"]["name"] for message in after for call in message.get("tool_calls") or []]
     asked, remembered = QUESTION.search(text), REMEMBER.search(text)
-    if messages and messages[-1].get("role") == "tool":
+    if "send_message" in called:
+        return say("Anything else?")
+    if called:  # the functions ran: answer from what they returned
         if not asked:
-            return reply_tool_calls(tool_call("send_message", {"message": "Noted."}))
-        lines = [line for result in _results(messages) for line in result.splitlines() if asked[1] in line]
-        return reply_tool_calls(tool_call("send_message", {"message": "I found: " + " | ".join(lines)[:1500]}))
-    if _answered(messages):
-        return reply_tool_calls(tool_call("send_message", {"message": "Anything else?"}))
+            return say("Noted.")
+        lines = [line for result in _results(after) for line in result.splitlines() if asked[1] in line]
+        return say("I found: " + " | ".join(lines)[:1500])
     if asked:
         return reply_tool_calls(*search_everything(asked[1]))
     if remembered:
@@ -104,7 +110,7 @@ def story_model(request: dict[str, Any]) -> Reply:
             tool_call("archival_memory_insert", {"content": fact, "request_heartbeat": True}),
             tool_call("core_memory_append", {"name": "private", "content": fact, "request_heartbeat": True}),
         )
-    return reply_tool_calls(tool_call("send_message", {"message": "Heard you."}))
+    return say("Heard you.")
 
 
 # --------------------------------------------------------------------------- the story and its checks
@@ -122,12 +128,15 @@ class Turn:
         """(request number, word) for each of `words` found in a request body."""
         return [(n, word) for n, body in enumerate(self.bodies) for word in words if word in body]
 
+    def requests(self) -> list[dict[str, Any]]:
+        return [json.loads(body) for body in self.bodies]
+
     def called(self) -> set[str]:
         """The functions the model called while answering the event."""
-        last = json.loads(self.bodies[-1])
         return {
             call["function"]["name"]
-            for message in last["messages"]
+            for request in self.requests()
+            for message in request["messages"]
             if message.get("role") == "assistant"
             for call in message.get("tool_calls") or []
         }
@@ -203,7 +212,9 @@ PUBLIC_ID, TEAM_ID = "C1", "G1"
 async def slack_turn(bot: SlackBot, llm: FakeLLMServer, event: dict[str, Any]) -> Turn:
     asked, posted = len(llm.raw_requests), len(bot.slack.calls_to("chat.postMessage"))
     assert await bot.event(event) == 200
-    await bot.slack.wait_for("chat.postMessage", posted + 1)
+    # Returns once posted; the bound is roomy because the first search of a test session
+    # loads the embedding model (seconds on a busy machine).
+    await bot.slack.wait_for("chat.postMessage", posted + 1, within=60)
     await bot.adapter.drain()
     posts = bot.slack.calls_to("chat.postMessage")[posted:]
     return Turn(
