@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import discord
 import discord.ext.test as dpytest
@@ -254,20 +254,25 @@ async def test_slack_a_dm_stays_in_the_dm(start_bot: Start, fake_slack: FakeSlac
 # --------------------------------------------------------------------------- Discord
 
 
+T = TypeVar("T")
+
+
+def named(items: Iterable[T], name: str) -> T:
+    found = discord.utils.get(items, name=name)
+    assert found is not None, name
+    return found
+
+
 @dataclass
 class Guild:
     adapter: DiscordAdapter
     runtime: Runtime
 
     def channel(self, name: str) -> discord.TextChannel:
-        found = discord.utils.get(dpytest.get_config().guilds[0].text_channels, name=name)
-        assert found is not None
-        return found
+        return named(dpytest.get_config().guilds[0].text_channels, name)
 
     def member(self, name: str) -> discord.Member:
-        found = discord.utils.get(dpytest.get_config().members, name=name)
-        assert found is not None
-        return found
+        return named(dpytest.get_config().members, name)
 
     def mention(self, text: str) -> str:
         assert self.adapter.client.user is not None
