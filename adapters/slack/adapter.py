@@ -221,23 +221,32 @@ class SlackAdapter:
         return await self.replay(redos)
 
     async def replay(self, redos: Sequence[Redo]) -> int:
-        """Handle recorded events again, in order (through the users' lanes), and wait for them."""
+        """Handle recorded events again, in order (through the users' lanes), and wait for them
+        (only for them: new events keep arriving meanwhile on a busy bot, and the
+        start-up waits for this before redelivery and check-ins begin)."""
+        replays: list[asyncio.Task[None]] = []
         for redo in redos:
             origin = Origin.from_json(redo.payload["origin"])
             if redo.notice:  # given up: the person is told, instead of a redo
-                self._submit(origin, gave_up(origin, redo.notice), early=True)
+                task = self._submit(origin, gave_up(origin, redo.notice), early=True)
             else:
                 build = self.parser.builder(str(redo.payload["kind"]), origin, redo.payload["event"])
-                self._submit(origin, build, early=True)
+                task = self._submit(origin, build, early=True)
+            if task is not None:
+                replays.append(task)
         self._lanes.release()  # after the replays' tasks: they join their lanes first
-        await self.drain()
+        if replays:
+            await asyncio.wait(replays)
         return len(redos)
 
     # -- running the work ------------------------------------------------------
-    def _submit(self, origin: Origin, build: Builder, *, early: bool = False, debounce: bool = False) -> None:
+    def _submit(
+        self, origin: Origin, build: Builder, *, early: bool = False, debounce: bool = False
+    ) -> asyncio.Task[None] | None:
+        """Start handling an event; its task, or None if it joined an open burst (or we are closing)."""
         if self._closing:
             log.info("slack: closing; dropping event %s", origin.event_id)
-            return
+            return None
         # A message joins the person's open burst in this conversation, if any:
         # the burst's leader handles it (bot/durable/debounce.py). Replays never do.
         where = f"{origin.user_id} {origin.reply_to.get('channel', '')}"
@@ -245,11 +254,12 @@ class SlackAdapter:
             self._bursts.join(where, (origin, build)) if debounce else Burst([(origin, build)], 0.0, 0.0, closed=True)
         )
         if burst is None:
-            return
+            return None
         # Our own task (not Bolt's untracked future) so close() can wait for it.
         task = asyncio.create_task(self._process(burst, early), name=f"slack-event-{origin.event_id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def _process(self, burst: Burst[Work], early: bool) -> None:
         # The first await: it fixes this event's (or burst's) place in line.
