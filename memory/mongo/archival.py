@@ -34,7 +34,7 @@ from memory.types import Passage, SearchPage
 
 _F32 = np.dtype("<f4")
 # The keyword fields are only for search: never sent back with a passage.
-_NO_TERMS: Doc = {"terms": 0, "words": 0}
+_NO_TERMS: Doc = {"terms": 0, "words": 0, "analysed": 0}
 
 ARCHIVAL_INDEXES: dict[str, list[IndexModel]] = {
     "passages": [

@@ -16,7 +16,7 @@ carries `agent_id`, and every query filters on it):
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
                tool_call_id, name, created_at, place, terms, [embedding]}
     passages  {_id: int id, agent_id, text, source, position, created_at,
-               place, embedding, embedded, [hash], terms, words}
+               place, embedding, embedded, [hash], terms, words, analysed}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo/sources.py)
     lease_owners, lease_tickets, lease_holders (memory/mongo/coordination.py)
@@ -80,6 +80,7 @@ from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.journal import MongoJournal
+from memory.mongo.keywords import upgrade_passage_terms
 from memory.mongo.recall import MessageIndexes
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
@@ -179,6 +180,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             await db.command("ping")
             await ensure_indexes(db)
             await upgrade_to_places(db)
+            await upgrade_passage_terms(db["passages"])
             await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
             await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)

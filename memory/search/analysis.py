@@ -1,4 +1,4 @@
-"""Words as conversation search indexes them: folded, stop words out, stemmed,
+"""Words as conversation and archival search index them: folded, stop words out, stemmed,
 plus each identifier written without spaces as one term of its own.
 
 Stemming ("researching" finds "research", "painted" finds "paint") is the
@@ -16,6 +16,11 @@ from functools import lru_cache
 import Stemmer
 
 from memory.search.hybrid import STOPWORDS, tokens
+
+# Archival search ORs every query term in FTS5 (and MongoDB fetches the
+# passages holding each), so a long query keeps only its first terms:
+# identifiers come first.
+MAX_KEYWORD_TERMS = 24
 
 _STEMMER = Stemmer.Stemmer("english")
 # Contractions are not identifiers: "I'm" is not the term "i m".
@@ -42,3 +47,8 @@ def query_terms(text: str) -> list[str]:
     """The distinct terms of a query, identifiers first."""
     found = terms(text)
     return list(dict.fromkeys(sorted(found, key=lambda term: " " not in term)))
+
+
+def keyword_terms(text: str) -> list[str]:
+    """The terms archival search looks up for a query (both backends)."""
+    return query_terms(text)[:MAX_KEYWORD_TERMS]
