@@ -200,9 +200,9 @@ def scripted_call(request: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def scripted_reply(request: dict[str, Any]) -> Any:
-    from tests.fake_llm import reply_text, reply_tool_calls, tool_call
+    from tests.fake_llm import is_summary_request, reply_text, reply_tool_calls, tool_call
 
-    if not request.get("tools"):
+    if is_summary_request(request):
         return reply_text("The user asked questions about the loaded documents.")
     name, args = scripted_call(request)
     return reply_tool_calls(tool_call(name, args))

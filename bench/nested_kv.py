@@ -258,9 +258,9 @@ def _last_call_args(messages: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def scripted_reply(request: dict[str, Any]) -> Any:
-    from tests.fake_llm import reply_text, reply_tool_calls, tool_call
+    from tests.fake_llm import is_summary_request, reply_text, reply_tool_calls, tool_call
 
-    if not request.get("tools"):  # a summary request
+    if is_summary_request(request):
         return reply_text("The user asked for nested key lookups.")
     name, args = scripted_call(request)
     return reply_tool_calls(tool_call(name, args))

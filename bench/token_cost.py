@@ -11,8 +11,10 @@ bot's own tokenizer:
 
 - prefix share: tokens a request shares, from its first token, with the previous
   agent step's request (tools, then each message), over its tokens; token-weighted;
-- effective tokens: uncached tokens + 25% of the shared prefix; summarizer calls
-  count in full (their prompt is new every time);
+- effective tokens: uncached tokens + 25% of the shared prefix, for summarizer
+  calls too (the chat model summarizes from the agent's own prompt, so a
+  summarizer call shares the previous step's prefix up to the evicted messages;
+  a separate summary model's prompt would be new every time);
 - a naive full-history bot, computed from the same conversation: every call
   sends the whole history, append-only, so it is all cacheable but unbounded.
 
@@ -47,7 +49,15 @@ from bot.runtime import Runtime
 from memory.embeddings import Embedder
 from memory.sqlite.store import SQLiteStore
 from memory.tokens import TokenCounter
-from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, start_fake_llm, tool_call
+from tests.fake_llm import (
+    FakeLLMServer,
+    Reply,
+    is_summary_request,
+    reply_text,
+    reply_tool_calls,
+    start_fake_llm,
+    tool_call,
+)
 
 CACHED_PRICE = 0.25
 LETTA = {"calls": 1.80, "prompt": 6_499, "share": 0.826, "effective": 2_910, "summaries": 61 / 2}
@@ -98,7 +108,7 @@ def without_status(message: dict[str, Any]) -> dict[str, Any]:
 
 def scripted_model(request: dict[str, Any]) -> Reply:
     messages = [without_status(m) for m in request["messages"]]
-    if not request.get("tools"):
+    if is_summary_request(request):
         return reply_text(scripted_summary(messages))
     rng = random.Random(len(messages))
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user" and _said(m)), default=-1)
@@ -132,8 +142,9 @@ def _said(message: dict[str, Any]) -> str:
 
 def scripted_summary(messages: Sequence[dict[str, Any]]) -> str:
     """About half the words the summarizer is allowed, taken from what it read."""
-    allowed = re.search(r"at most (\d+) words", str(messages[0]["content"]))
-    words = str(messages[-1]["content"]).split()
+    allowed = re.search(r"at most (\d+) words", str(messages[0]["content"]) + str(messages[-1]["content"]))
+    read = messages[1:-1] if len(messages) > 2 else messages[-1:]
+    words = " ".join(str(m.get("content") or "") for m in read).split()
     keep = min(len(words), int(allowed.group(1)) // 2 if allowed else 200)
     return "Summary: " + " ".join(words[-keep:])
 
@@ -148,7 +159,7 @@ class Figures:
     summaries: int = 0
     step_tokens: list[int] = field(default_factory=list)
     step_cached: list[int] = field(default_factory=list)
-    summary_tokens: int = 0
+    summary_tokens: float = 0.0  # cached prefix of a summarizer call at its price too
     naive_tokens: list[int] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -221,9 +232,10 @@ def measure(figures: Figures, requests: list[dict[str, Any]], counter: TokenCoun
     for request in requests:
         current = pieces.pieces(request)
         total = sum(len(pieces.tokens(piece)) for piece in current)
-        if not request.get("tools"):
+        if is_summary_request(request):
             figures.summaries += 1
-            figures.summary_tokens += total
+            shared = pieces.shared_prefix(previous, current)
+            figures.summary_tokens += total - shared + CACHED_PRICE * shared
             continue
         figures.steps += 1
         figures.step_tokens.append(total)

@@ -4,6 +4,10 @@ An event becomes a message in the queue; then the agent runs LLM steps. Each
 step's function calls are executed in order and their results appended; the
 chain goes on while a call asks for a heartbeat (or fails), up to a hard cap.
 Every message is in recall storage before the next step uses it.
+
+An event runs in the conversation of its place (bot/conversation.py): that
+place's queue and summary, every message it records tagged with the place,
+and every read through the place's visibility (memory/places.py).
 """
 
 from __future__ import annotations
@@ -14,33 +18,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.channel_context import render_channel_context
+from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation, seen_from
 from bot.durable.outbox import outbox_entry, unconfirmed
-from bot.events import Event, Reply
-from bot.functions.registry import FunctionSet
-from bot.llm import Completion, LLMClient, LLMUnavailableError, TokenUsage
-from bot.prompts import SUMMARIZER_INSTRUCTIONS
-from memory.archival import ArchivalMemory
-from memory.places import DM_KEY
+from bot.events import Event, Reply, UserMessage
+from bot.llm import Completion, LLMUnavailableError, TokenUsage
+from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
+from bot.services import AgentServices
+from memory.places import DM, Place, Visibility
 from memory.queue_manager import (
     PRESSURE_MARKER,
     ContextOverflowError,
     QueueManager,
     render_transcript,
 )
-from memory.recall import RecallMemory
-from memory.store import Store
-from memory.tokens import TOKENS_PER_MESSAGE, TokenCounter
-from memory.types import AgentRecord, Block, ConversationRecord, Message, utc_now
+from memory.store import Store, StoreError
+from memory.tokens import TOKENS_PER_MESSAGE
+from memory.types import AgentRecord, Block, Message, Passage, utc_now
 from memory.working_context import WorkingContext
 
 log = logging.getLogger(__name__)
 
 NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
-)
-INTERRUPTED_RESULT = (
-    "Cut short by a restart: this call may or may not have taken effect. Check (working context, "
-    "archival storage, reminders) before doing it again."
 )
 # Functions a redone step may simply run again: reads, and send_message (its
 # outbox entry is keyed by event and position, so a redo cannot send twice).
@@ -52,43 +52,6 @@ PAGE_CALL_ALLOWANCE = 160
 MIN_PAGE_TOKENS = 96
 # Events a person is waiting on: a step that reaches nobody gets a nudge.
 ANSWERED_KINDS = frozenset({"user_message", "file_uploaded"})
-
-
-def interrupted_calls(messages: Sequence[Message]) -> list[dict[str, Any]]:
-    """The function calls of the last step that have no result: only a crash
-    between recording a step's calls and their results leaves any."""
-    for index in range(len(messages) - 1, -1, -1):
-        message = messages[index]
-        if message.role == "assistant" and message.tool_calls:
-            answered = {later.tool_call_id for later in messages[index + 1 :] if later.role == "tool"}
-            return [call for call in message.tool_calls if call.get("id") not in answered]
-    return []
-
-
-@dataclass(slots=True)
-class AgentServices:
-    """What every agent of a runtime shares."""
-
-    store: Store
-    archival: ArchivalMemory
-    recall: RecallMemory
-    llm: LLMClient
-    counter: TokenCounter
-    functions: FunctionSet
-    instructions: str
-    context_window: int
-    warning_threshold: float
-    flush_threshold: float
-    evict_fraction: float
-    response_reserve: int
-    max_steps: int
-    search_page_size: int
-    max_message_tokens: int = 0  # 0: the queue manager's automatic size
-    queue_tokens: int = 0  # MEMGPT_QUEUE_TOKENS; 0: what the window leaves
-    # MEMGPT_CACHED_TOKEN_WEIGHT: what a token the server served from its prompt
-    # cache counts toward the daily budget (1.0: as much as any other).
-    cached_token_weight: float = 1.0
-    summary_model: str = ""  # MEMGPT_SUMMARY_MODEL; empty: the chat model
 
 
 @dataclass(slots=True)
@@ -106,33 +69,15 @@ class EventResult:
 
 class Agent:
     def __init__(
-        self,
-        record: AgentRecord,
-        blocks: Sequence[Block],
-        services: AgentServices,
-        recall_count: int,
-        archival_count: int,
-        conversation: ConversationRecord | None = None,
+        self, record: AgentRecord, working_context: WorkingContext, services: AgentServices, dm: Conversation
     ) -> None:
         self.record = record
-        # The queue state of the conversation the queue holds (the DM one).
-        self.conversation = conversation or ConversationRecord(record.id, DM_KEY)
         self.services = services
-        self.working_context = WorkingContext(blocks)
-        self.recall_count = recall_count
-        self.archival_count = archival_count
-        self.queue = QueueManager(
-            services.counter,
-            services.instructions,
-            services.functions.schemas,
-            services.context_window,
-            warning_threshold=services.warning_threshold,
-            flush_threshold=services.flush_threshold,
-            evict_fraction=services.evict_fraction,
-            response_reserve=services.response_reserve,
-            max_item_tokens=services.max_message_tokens,
-            queue_tokens=services.queue_tokens,
-        )
+        self.working_context = working_context
+        # One conversation per place, opened on its first event; the DM's at load.
+        self.conversations: dict[str, Conversation] = {dm.key: dm}
+        # The conversation of the event being handled (the DM's between events).
+        self.conversation = dm
         # Tokens of every LLM call this agent made, counted locally (_complete):
         # what the daily budget charges (cached tokens at their weight), and the
         # parts (prompt, the share the server said it cached, completion).
@@ -142,6 +87,8 @@ class Agent:
         # The event being handled, for functions that need its sender or reply
         # address (schedule_reminder delivers where the user asked); None between events.
         self.current_event: Event | None = None
+        # The channel's recent lines for this event's calls only (bot/channel_context.py).
+        self._channel_context = ""
 
     @property
     def id(self) -> str:
@@ -151,26 +98,73 @@ class Agent:
     def store(self) -> Store:
         return self.services.store
 
+    @property
+    def queue(self) -> QueueManager:
+        """The queue of the current place."""
+        return self.conversation.queue
+
+    @property
+    def place(self) -> Place:
+        return self.conversation.place
+
+    @property
+    def visible(self) -> Visibility:
+        """What reads made now may return (memory/places.py)."""
+        return self.conversation.visible
+
+    @property
+    def recall_count(self) -> int:
+        """Messages in recall storage that the current place may read."""
+        return self.conversation.recall_count
+
+    @recall_count.setter
+    def recall_count(self, value: int) -> None:
+        self.counted(self.place.key, messages=value - self.recall_count)
+
+    @property
+    def archival_count(self) -> int:
+        """Passages in archival storage that the current place may read."""
+        return self.conversation.archival_count
+
+    @archival_count.setter
+    def archival_count(self, value: int) -> None:
+        self.counted(self.place.key, passages=value - self.archival_count)
+
+    def counted(self, key: str, *, messages: int = 0, passages: int = 0) -> None:
+        """Items stored in conversation `key`: each open place that may read them counts them."""
+        for conversation in seen_from(list(self.conversations.values()), key):
+            conversation.recall_count += messages
+            conversation.archival_count += passages
+
     @classmethod
     async def load(cls, key: str, default_blocks: Sequence[Block], services: AgentServices) -> Agent:
         store = services.store
         record, blocks = await store.get_or_create_agent(key, default_blocks)
-        conversation = await store.get_conversation(record.id, DM_KEY)
-        queue_messages = await store.messages_since(record.id, conversation.queue_start_seq)
-        agent = cls(
-            record,
-            blocks,
-            services,
-            recall_count=await store.count_messages(record.id),
-            archival_count=await store.count_passages(record.id),
-            conversation=conversation,
-        )
-        agent.queue.load(conversation.summary, queue_messages, agent.working_context.render())
+        # A block added since the agent was made (the private block) is created on load.
+        have = {block.label for block in blocks}
+        for block in default_blocks:
+            if block.label not in have:
+                await store.save_block(record.id, block)
+                blocks.append(block)
+        working_context = WorkingContext(blocks)
+        dm, queue_messages = await open_conversation(services, record.id, DM, working_context)
+        agent = cls(record, working_context, services, dm)
         await agent.close_interrupted_calls(queue_messages)
         await services.archival.resume_pending(record.id)
         return agent
 
-    async def close_interrupted_calls(self, queue_messages: Sequence[Message]) -> None:
+    async def conversation_for(self, place: Place) -> Conversation:
+        """The conversation of `place`, opened from the store on its first event."""
+        conversation = self.conversations.get(place.key)
+        if conversation is None:
+            conversation, queue_messages = await open_conversation(self.services, self.id, place, self.working_context)
+            self.conversations[place.key] = conversation
+            await self.close_interrupted_calls(queue_messages, conversation)
+        return conversation
+
+    async def close_interrupted_calls(
+        self, queue_messages: Sequence[Message], conversation: Conversation | None = None
+    ) -> None:
         """Give every function call a crash left without its result an
         "interrupted" one: the model sees what may not have happened, and the
         queue never holds a call without its answer (the API refuses that)."""
@@ -187,7 +181,8 @@ class Agent:
                         content=result,
                     )
                     for call in open_calls
-                ]
+                ],
+                conversation,
             )
 
     # -- the event loop of one agent -------------------------------------
@@ -195,9 +190,19 @@ class Agent:
         result = EventResult()
         self._outbox = []
         self.current_event = event
+        self.conversation = await self.conversation_for(event.place)
+        try:
+            return await self._run(event, result)
+        finally:
+            self.current_event, self.conversation, self._channel_context = None, self.conversations[DM.key], ""
+
+    async def _run(self, event: Event, result: EventResult) -> EventResult:
         if await self._answered_before_a_crash(event, result):
-            self.current_event = None
             return result
+        if isinstance(event, UserMessage):
+            self._channel_context = render_channel_context(
+                event.channel_context, event.place, self.services.counter, self.services.channel_context_tokens
+            )
         while True:
             result.steps += 1
             try:
@@ -236,7 +241,6 @@ class Agent:
         if result.trouble and not self._outbox and self._awaits_answer():
             await self.send(result.trouble)
         result.replies = list(self._outbox)
-        self.current_event = None
         return result
 
     async def _answered_before_a_crash(self, event: Event, result: EventResult) -> bool:
@@ -269,7 +273,7 @@ class Agent:
         messages += [
             Message(role="user", content=f.render(), name=f.kind, event_id=f.event_id) for f in event.members()[1:]
         ]
-        await self.record_messages(messages)
+        await self.record_messages(messages, await self.conversation_for(event.place))
         return True
 
     async def _execute(self, completion: Completion) -> bool:
@@ -293,6 +297,11 @@ class Agent:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
                 ok, result, asks_heartbeat = outcome.ok, outcome.result, outcome.heartbeat
+            except StoreError:
+                # Storage failing under a function (send_message's outbox write, a memory
+                # edit) is no failed call for the model: the whole event waits and is
+                # redone (bot/durable/store_wait.py), and the person is told it waits.
+                raise
             except Exception as error:
                 # A function that breaks on arguments its schema let through (e.g. a page
                 # number too big for SQLite) must not crash the agent: like any failed
@@ -344,11 +353,7 @@ class Agent:
             if not self.queue.needs_flush(status):
                 return
             eviction = await self.queue.evict(status, self._summarize)
-            now = utc_now()
-            await self.store.update_queue(self.id, eviction.summary, eviction.new_start_seq, now)
-            self.queue.apply(eviction)
-            self.conversation.summary, self.conversation.queue_start_seq = eviction.summary, eviction.new_start_seq
-            self.conversation.summary_updated_at = now
+            await self.conversation.flushed(self.store, eviction)
             log.info(
                 "agent %s: evicted %d messages (summary by %s)",
                 self.id,
@@ -359,7 +364,17 @@ class Agent:
 
     async def _summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
         counter = self.services.counter
-        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max(40, int(budget * 0.6)))
+        max_words = max(40, int(budget * 0.6))
+        if not self.services.summary_model:
+            # The chat model summarizes from the prompt it just read (cached by
+            # the provider): the agent's own request up to the evicted messages.
+            tools = self.services.functions.schemas
+            messages = self.queue.summary_prompt(evicted, SUMMARY_REQUEST.format(max_words=max_words))
+            # (Within the limit every step keeps to, so the answer has its reserve.)
+            if messages and counter.count_request(messages, tools) <= self.queue.flush_limit:
+                completion = await self._complete(messages, tools, call_functions=False)
+                return (completion.content or "").strip()
+        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max_words)
         header = f"Previous summary:\n{previous or '(none)'}\n\nMessages leaving memory:\n"
         room = (
             self.queue.flush_limit
@@ -389,6 +404,7 @@ class Agent:
         prompt_tokens: int = 0,
         *,
         model: str | None = None,
+        call_functions: bool = True,
     ) -> Completion:
         """The one way the agent calls the LLM, so each call's cost is counted
         here, with the model's tokenizer (the daily budget, bot/limits.py):
@@ -398,7 +414,7 @@ class Agent:
         its cache, which nothing local can know, and which at most lowers a
         cached token's weight (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails
         counts nothing."""
-        completion = await self.services.llm.complete(messages, tools, model=model)
+        completion = await self.services.llm.complete(messages, tools, model=model, call_functions=call_functions)
         counter = self.services.counter
         prompt = prompt_tokens or counter.count_request(messages, tools or ())
         answer = counter.count(completion.content or "")
@@ -411,25 +427,39 @@ class Agent:
 
     def status_line(self) -> str:
         """What changes on every call: it rides in the request's last message
-        (memory/queue_manager.py), after everything a prompt cache can serve."""
-        return (
-            f"recall {self.recall_count} messages ({len(self.queue.entries)} in your queue); archival "
-            f"{self.archival_count} passages; working context edited {self.working_context.last_edited()}; "
-            f"memory {round(100 * self.queue.pressure())}% full; now {utc_now():%Y-%m-%d %H:%M} UTC"
+        (memory/queue_manager.py), after everything a prompt cache can serve;
+        so does a channel's recent lines, shown for the current event only."""
+        status = (
+            f"memory {round(100 * self.queue.pressure())}% full; recall {self.recall_count} messages, "
+            f"{len(self.queue.entries)} in queue; archival {self.archival_count} passages; "
+            f"now {utc_now():%Y-%m-%d %H:%M} UTC"
         )
+        return f"{status}\n{self._channel_context}" if self._channel_context else status
 
     # -- memory operations used by the functions ------------------------------
-    async def record_messages(self, messages: list[Message]) -> None:
-        """Store first, then show to the model: nothing is used before it is kept."""
+    async def record_messages(self, messages: list[Message], conversation: Conversation | None = None) -> None:
+        """Store first, then show to the model: nothing is used before it is
+        kept. In the current place's conversation unless one is given."""
+        conversation = conversation or self.conversation
+        for message in messages:
+            message.place = conversation.key
         await self.store.append_messages(self.id, messages)
         for message in messages:
-            self.queue.append(message)
-        self.recall_count += len(messages)
+            conversation.queue.append(message)
+        self.counted(conversation.key, messages=len(messages))
+
+    async def save_passages(self, passages: list[Passage]) -> None:
+        """Into archival storage, saved in (and visible as from) the current place."""
+        for passage in passages:
+            passage.place = self.place.key
+        await self.services.archival.insert(self.id, passages)
+        self.counted(self.place.key, passages=len(passages))
 
     async def save_block(self, block: Block) -> None:
         await self.store.save_block(self.id, block)
         self.working_context.commit(block)
-        self.queue.set_working_context(self.working_context.render())
+        for conversation in self.conversations.values():
+            conversation.show(self.working_context)
 
     async def send(self, text: str) -> None:
         """A reply to the current event. For a durable event it is in the

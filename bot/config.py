@@ -82,12 +82,14 @@ class Settings:
     fallback_encoding: str = "cl100k_base"
     warning_threshold: float = 0.70
     flush_threshold: float = 1.00
-    evict_fraction: float = 0.75
+    evict_fraction: float = 0.9
     # Tokens kept free for the model's answer; counted against the window.
     response_reserve: int = DEFAULT_RESPONSE_RESERVE
     max_steps_per_event: int = 8
     persona_limit: int = 2_000
     human_limit: int = 2_000
+    # The private block (shown only in DMs, memory/working_context.py).
+    private_limit: int = 1_000
     search_page_size: int = 5
     # A queue item longer than this is shown to the model shortened, with a
     # note (it stays whole in recall storage); 0: a quarter of the usable window.
@@ -346,6 +348,12 @@ def _human() -> str:
     return DEFAULT_HUMAN
 
 
+def _private() -> str:
+    from memory.working_context import DEFAULT_PRIVATE
+
+    return DEFAULT_PRIVATE
+
+
 SPECS: tuple[Spec, ...] = (
     Spec("OPENAI_API_KEY", "openai_api_key", text),
     Spec("OPENAI_BASE_URL", "openai_base_url", text),
@@ -365,6 +373,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_MAX_STEPS", "max_steps_per_event", whole(1, 100)),
     Spec("MEMGPT_PERSONA_LIMIT", "persona_limit", _block_limit(_persona)),
     Spec("MEMGPT_HUMAN_LIMIT", "human_limit", _block_limit(_human)),
+    Spec("MEMGPT_PRIVATE_LIMIT", "private_limit", _block_limit(_private)),
     Spec("MEMGPT_SEARCH_PAGE_SIZE", "search_page_size", whole(1, 50)),
     Spec("MEMGPT_MAX_MESSAGE_TOKENS", "max_message_tokens", whole(64, zero="a quarter of the usable window")),
     Spec("MEMGPT_QUEUE_TOKENS", "queue_tokens", whole(256, zero="as much as the window leaves")),

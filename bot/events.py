@@ -48,6 +48,10 @@ class Event:
     event_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Where replies go, opaque to the runtime (a channel id, a thread ts...).
     reply_to: dict[str, Any] = field(default_factory=dict)
+    # Where a reply reaches the person alone (their DM), for what must not go
+    # to a channel: a reminder set there wakes the agent in the DM, with all it
+    # knows (bot/checkins/functions.py). Adapters set it; empty: unknown.
+    dm_reply_to: dict[str, Any] = field(default_factory=dict)
     # Replies go through the outbox and the event can be redone after a crash
     # (bot/durable/): set by adapters that report deliveries, and by check-ins.
     durable: bool = False

@@ -106,12 +106,17 @@ class LLMClient:
         )
 
     async def complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, *, model: str | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        model: str | None = None,
+        call_functions: bool = True,
     ) -> Completion:
         """One chat completion; `model` overrides the client's (a cheaper summarizer)."""
         started = time.perf_counter()
         try:
-            completion = await self._complete(messages, tools, model or self.model)
+            completion = await self._complete(messages, tools, model or self.model, call_functions)
             metrics.record_llm_call(time.perf_counter() - started, ok=True)
             return completion
         except LLMUnavailableError as error:
@@ -125,12 +130,12 @@ class LLMClient:
             raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
 
     async def _complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str, call_functions: bool
     ) -> Completion:
         kwargs: dict[str, Any] = {"model": model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
-            kwargs["tool_choice"] = "auto"
+            kwargs["tool_choice"] = "auto" if call_functions else "none"
         try:
             # The low-level post keeps the client's retries, auth and error types but
             # skips its typed-params transform, which walks every message of the

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bot.agent import Agent, AgentServices, EventResult
+from bot.agent import Agent, EventResult
 from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
 from bot.checkins.rules import CheckinSettings
@@ -28,10 +28,11 @@ from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from bot.reports import describe_user, plural, render_description
 from bot.sanitize import sanitize_event
+from bot.services import AgentServices
 from memory.archival import ArchivalMemory
 from memory.embeddings import Embedder
 from memory.ingest.loader import load_document
-from memory.places import DM_KEY
+from memory.places import DM, DM_KEY
 from memory.recall import RecallMemory
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
@@ -92,6 +93,7 @@ class Runtime:
             queue_tokens=settings.queue_tokens,
             cached_token_weight=settings.cached_token_weight,
             summary_model=settings.summary_model,
+            channel_context_tokens=settings.channel_context_tokens,
         )
         self._agents: dict[str, Agent] = {}
         # One event (or admin call) per agent at a time in this process, in arrival order.
@@ -205,7 +207,8 @@ class Runtime:
             self._agents.pop(key, None)
         agent = self._agents.get(key)
         if agent is None:
-            blocks = default_blocks(self.settings.persona_limit, self.settings.human_limit)
+            limits = self.settings
+            blocks = default_blocks(limits.persona_limit, limits.human_limit, private_limit=limits.private_limit)
             agent = self._agents[key] = await Agent.load(key, blocks, self.services)
         return agent
 
@@ -245,11 +248,12 @@ class Runtime:
             event.content_type,
             text=event.text or None,
             counter=self.services.counter,
+            place=event.place.key,  # an upload in a DM stays DM-only (memory/places.py)
         )
         if result.status == "failed":
             event.load_error = result.reason
             return 0
-        agent.archival_count += result.passages_added
+        agent.counted(event.place.key, passages=result.passages_added)
         return result.passages
 
     # -- admin and data rights ---------------------------------------------
@@ -350,19 +354,23 @@ class Runtime:
         }
 
     async def import_history(self, key: str, messages: Iterable[Message]) -> int:
-        """Load past conversation into recall storage (not into the queue)."""
+        """Load past conversation into recall storage (not into the queue), as
+        the DM conversation's: private to the person, like anything of unknown place."""
         batch = list(messages)
         async with self.leases.hold(key) as turn, self._lanes.hold(key):
             agent = await self._agent(key, reload=not turn.continuous)
+            for message in batch:
+                message.place = DM.key
             await self.store.append_messages(agent.id, batch)
-            agent.recall_count += len(batch)
+            agent.counted(DM.key, messages=len(batch))
             # Imported history is older than anything live: it belongs in recall
-            # storage, not in the queue, so the queue restarts after it.
+            # storage, not in the DM queue, so that queue restarts after it.
             if batch:
+                dm = await agent.conversation_for(DM)
                 start = batch[-1].seq + 1
-                await self.store.update_queue(agent.id, agent.conversation.summary, start, utc_now())
-                agent.conversation.queue_start_seq = start
-                agent.queue.load(agent.conversation.summary, [], agent.working_context.render())
+                await self.store.update_queue(agent.id, dm.record.summary, start, utc_now(), place=DM.key)
+                dm.record.queue_start_seq = start
+                dm.queue.load(dm.record.summary, [], agent.working_context.render())
             return len(batch)
 
     async def close(self, *, close_embedder: bool = True) -> None:

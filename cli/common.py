@@ -125,13 +125,19 @@ def _warmed(task: asyncio.Task[None]) -> None:
 def fixed_prompt_tokens(runtime: Runtime) -> int:
     """Tokens of every request's unchanging part: the system instructions, the
     function schemas and the working context at its defaults."""
+    from bot.conversation import place_instructions
+    from memory.places import Place
     from memory.working_context import WorkingContext, default_blocks
 
     services, settings = runtime.services, runtime.settings
     counter = services.counter
-    blocks = WorkingContext(default_blocks(settings.persona_limit, settings.human_limit))
+    blocks = WorkingContext(
+        default_blocks(settings.persona_limit, settings.human_limit, private_limit=settings.private_limit)
+    )
+    # The longest where-you-are text: a channel's (bot/conversation.py).
+    channel = place_instructions(services.instructions, Place("public", "C0000000000", "#a-long-channel-name"))
     return (
-        counter.count(services.instructions)
+        counter.count(channel)
         + counter.count_tools(services.functions.schemas)
         + counter.count(blocks.render())
         + 64  # section headings, the memory status line and the message wrappers

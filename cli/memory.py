@@ -16,6 +16,7 @@ from bot.config import Settings
 from bot.reports import plural, render_description
 from cli.args import User
 from cli.common import EXIT_ERROR, EXIT_OK, CLIError, dumps, isatty, iso, open_runtime, read_line, unknown, write
+from memory.places import Place, Visibility
 from memory.types import Message, Passage
 
 if TYPE_CHECKING:
@@ -33,6 +34,14 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def place_key(text: str) -> Place:
+    """`--place`: a conversation key, "dm", "private:<channel id>" or "public:<channel id>"."""
+    place = Place.from_key(text.strip())
+    if place.key != text.strip():
+        raise argparse.ArgumentTypeError(f"not a place: {text!r}; use dm, private:CHANNEL_ID or public:CHANNEL_ID")
+    return place
 
 
 def add_memory_commands(
@@ -57,6 +66,12 @@ def add_memory_commands(
     where.add_argument("--recall", metavar="QUERY", help="search every past message by words")
     where.add_argument("--archival", metavar="QUERY", help="search saved passages by meaning")
     search.add_argument("--limit", type=_positive, default=10, metavar="K", help="results per query (default 10)")
+    search.add_argument(
+        "--place",
+        type=place_key,
+        metavar="dm|private:ID|public:ID",
+        help="search as from this place: only what the agent may read there (default: everything)",
+    )
     search.add_argument("--json", action="store_true", help="print JSON")
     search.set_defaults(func=cmd_search)
 
@@ -107,6 +122,7 @@ def message_json(message: Message, rank: int) -> dict[str, Any]:
         "content": message.content,
         "tool_calls": message.tool_calls,
         "created_at": iso(message.created_at),
+        "place": message.place,
     }
 
 
@@ -121,6 +137,7 @@ def passage_json(passage: Passage, score: float, rank: int) -> dict[str, Any]:
         "collection": getattr(passage, "collection", None),
         "position": passage.position,
         "created_at": iso(passage.created_at),
+        "place": passage.place,
     }
 
 
@@ -128,6 +145,8 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     user: User = args.user
     archival = args.archival is not None
     query: str = args.archival if archival else args.recall
+    # As the admin by default; with --place, what the agent may read there.
+    visible = Visibility.of(args.place) if args.place else None
     runtime = await open_runtime(settings)
     try:
         record = await runtime.store.find_agent(user.key)
@@ -143,11 +162,11 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
             total = 0
             if archival:
                 if has_passages and text.strip():
-                    found = await runtime.archival.search(record.id, text, args.limit)
+                    found = await runtime.archival.search(record.id, text, args.limit, visible=visible)
                     results = [passage_json(p, score, rank) for rank, (p, score) in enumerate(found.items, 1)]
                     total = found.total
             else:
-                page = await runtime.store.search_messages(record.id, text, args.limit)
+                page = await runtime.store.search_messages(record.id, text, args.limit, visible=visible)
                 results = [message_json(message, rank) for rank, message in enumerate(page.items, 1)]
                 total = page.total
             return {"query": text, "store": "archival" if archival else "recall", "total": total, "results": results}

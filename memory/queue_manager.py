@@ -271,6 +271,23 @@ class QueueManager:
         self.set_summary(eviction.summary)
         self.warned = False
 
+    def summary_prompt(self, evicted: Sequence[Message], ask: str) -> list[dict[str, Any]] | None:
+        """A summarizer request that starts the way this queue's requests do:
+        the system message (with the current summary), the evicted messages
+        exactly as they were sent, then `ask`. That prefix is what the
+        provider cached for the last step, so a summary costs about a quarter
+        of a fresh prompt of the same size. None unless `evicted` is the head
+        of the queue."""
+        head = self.entries[: len(evicted)]
+        if (
+            not evicted
+            or len(head) < len(evicted)
+            or any(e.message is not m for e, m in zip(head, evicted, strict=True))
+        ):
+            return None
+        payloads = [entry.payload for entry in head]
+        return [{"role": "system", "content": self.system_text()}, *payloads, {"role": "user", "content": ask}]
+
     def plain_summary(self, evicted: Sequence[Message]) -> str:
         transcript = render_transcript(evicted)
         text = f"{self.summary}\n[Later messages, not summarized (summarizer unavailable)]:\n{transcript}"

@@ -1,5 +1,9 @@
 """Working context: labelled blocks of limited size that the model edits itself.
 
+The `private` block holds what the person said in confidence: it is shown,
+and editable, only in their direct messages (memory/places.py); channels see
+the other blocks only.
+
 Edits never truncate and never exceed a block's limit: an edit that would
 overflow is refused with an error that tells the model how much room is left,
 so it can condense the block (core_memory_replace) or move facts to archival
@@ -17,16 +21,28 @@ DEFAULT_PERSONA = (
     "follow up on what they told me, keep answers short and warm, and never invent memories."
 )
 DEFAULT_HUMAN = "Nothing known yet about this person."
+DEFAULT_PRIVATE = ""
+PRIVATE_BLOCK = "private"
+DEFAULT_PRIVATE_LIMIT = 1_000
+# Placeholders an append replaces instead of extending.
+PLACEHOLDERS = (DEFAULT_HUMAN,)
 
 
 class MemoryEditError(ValueError):
     """An edit the model asked for that cannot be done; the text goes back to it."""
 
 
-def default_blocks(persona_limit: int, human_limit: int, persona: str = DEFAULT_PERSONA) -> list[Block]:
+def default_blocks(
+    persona_limit: int,
+    human_limit: int,
+    persona: str = DEFAULT_PERSONA,
+    *,
+    private_limit: int = DEFAULT_PRIVATE_LIMIT,
+) -> list[Block]:
     return [
         Block(label="persona", value=persona[:persona_limit], limit=persona_limit),
         Block(label="human", value=DEFAULT_HUMAN[:human_limit], limit=human_limit),
+        Block(label=PRIVATE_BLOCK, value=DEFAULT_PRIVATE[:private_limit], limit=private_limit),
     ]
 
 
@@ -47,7 +63,7 @@ class WorkingContext:
         if not content:
             raise MemoryEditError("Nothing to append: content is empty.")
         # A block that still holds only its placeholder is replaced, not extended.
-        base = "" if block.value in (DEFAULT_HUMAN,) else block.value
+        base = "" if block.value in PLACEHOLDERS else block.value
         new_value = f"{base}\n{content}" if base else content
         return self._set(block, new_value)
 
@@ -86,8 +102,11 @@ class WorkingContext:
         latest = max(block.updated_at for block in self.blocks.values())
         return latest.strftime("%Y-%m-%d %H:%M UTC")
 
-    def render(self) -> str:
+    def render(self, *, private: bool = True) -> str:
+        """The blocks as the model reads them; without the private block unless `private` (a DM)."""
         parts = []
         for block in self.blocks.values():
+            if block.label == PRIVATE_BLOCK and not private:
+                continue
             parts.append(f'<{block.label} chars="{len(block.value)}/{block.limit}">\n{block.value}\n</{block.label}>')
         return "\n".join(parts)

@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from tests.fake_llm import Reply, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
 
 MESSAGE = re.compile(r"msg (U\d+) (\d+)$")
 FACT = re.compile(r"\[(U\d+):(\d+)\]")
@@ -30,7 +30,7 @@ def scripted_model(
     the message asked about: the harness kills the bot there when that message
     is its poison event. `batches`: debounce is on (BatchModel answers)."""
     messages = request["messages"]
-    if not request.get("tools"):  # the summarizer
+    if is_summary_request(request):
         return reply_text("Earlier: numbered test messages.")
     if batches is not None:
         return batches(messages)

@@ -268,6 +268,13 @@ def reply_tool_calls(
     return CompletionReply(content=content, tool_calls=tuple(calls), finish_reason=finish_reason, usage=usage)
 
 
+def is_summary_request(request: JSONDict) -> bool:
+    """A summarizer call, not an agent step: the chat model's summaries come
+    with the agent's tools and tool_choice "none" (so they share the agent's
+    cached prefix); a separate summary model's, without tools."""
+    return not request.get("tools") or request.get("tool_choice") == "none"
+
+
 def reply_text(text: str, *, finish_reason: str = "stop", usage: JSONDict | None = None) -> CompletionReply:
     """A plain assistant message with no tool calls."""
     return CompletionReply(content=text, finish_reason=finish_reason, usage=usage)

@@ -36,7 +36,7 @@ from memory.sqlite.terms import indexed_text, term_expressions
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Block, Passage
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
 
 CORPUS_SIZE = int(os.environ.get("MEMGPT_HYBRID_TEST_N", "2000"))
 SAMPLED_KEYS = 200
@@ -185,7 +185,7 @@ async def read_two_pages(runtime: Runtime, llm_server: FakeLLMServer) -> EventRe
     agent.archival_count += len(passages)
 
     def model(request: dict[str, Any]) -> Reply:
-        if not request.get("tools"):
+        if is_summary_request(request):
             return reply_text("Alice asked about the lighthouse reports.")
         # Like a real model, go by the page just read: in a small window the
         # previous page may already have been evicted to recall storage.

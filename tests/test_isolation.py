@@ -32,9 +32,8 @@ from typing import Any
 
 from bot.events import Reply as BotReply
 from bot.events import UserMessage
-from bot.prompts import SUMMARIZER_INSTRUCTIONS
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
 
 # Words that, in a parameter name, would let the model choose whose memory a call touches.
 SELECTOR_WORDS = frozenset(
@@ -72,7 +71,6 @@ SEARCHES = {"archival_memory_search", "conversation_search"}
 PERSON = re.compile(r"person\d{3}")
 TELL = re.compile(r"\] (person\d{3}): My secret: the (\w+) code is (\w+)\.")
 ASK = re.compile(r"\] (person\d{3}): Round (\d+): what are the other people's codes\?")
-SUMMARIZER = SUMMARIZER_INSTRUCTIONS[:60]
 
 
 # -- 1: isolation by construction ---------------------------------------------
@@ -178,7 +176,7 @@ class Model:
 
     def __call__(self, request: dict[str, Any]) -> Reply:
         messages = request["messages"]
-        if str(messages[0].get("content") or "").startswith(SUMMARIZER):
+        if is_summary_request(request):
             # The summary keeps the person's name, so every later request of
             # theirs can still be attributed to them.
             names = sorted(set(PERSON.findall(json.dumps(messages[1:]))))

@@ -41,10 +41,13 @@ _FIRST_INSTRUCTIONS = 4
 # job (adapters/slack/: app, adapter, parse, directory, send, where one file and its
 # helpers were); 27 and 66 with the SQLite store's shared plumbing in memory/sqlite/base.py;
 # 27 and 73 with the prompt-cache layout (the queue manager renders the memory status
-# into the newest message). A third of the entries are data records (bot.events,
-# memory.types). Lower these as the path gets shorter.
-MAX_MODULES = 27
-MAX_RE_ENTRIES = 73
+# into the newest message); 32 and 99 with places (issue 12: memory.places, whose
+# `key` is asked 15 times, bot.conversation, bot.channel_context, the adapter's
+# channel history and its cache adapters.lru) and the debounce (bot.durable.debounce).
+# A third of the entries are data records (bot.events, memory.types, memory.places).
+# Lower these as the path gets shorter.
+MAX_MODULES = 32
+MAX_RE_ENTRIES = 99
 
 
 def project_module(filename: str) -> str | None:

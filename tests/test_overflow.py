@@ -9,14 +9,18 @@ from bot.events import UserMessage
 from memory.queue_manager import PRESSURE_MARKER
 from memory.tokens import TokenCounter, load_encoder
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, fault_status, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import (
+    FakeLLMServer,
+    Reply,
+    fault_status,
+    is_summary_request,
+    reply_text,
+    reply_tool_calls,
+    tool_call,
+)
 
 WINDOW = 2_048
 TURNS = 240
-
-
-def is_summary_request(request: dict[str, Any]) -> bool:
-    return not request.get("tools")
 
 
 async def test_hundreds_of_turns_never_exceed_a_small_window(
@@ -68,7 +72,7 @@ async def test_hundreds_of_turns_never_exceed_a_small_window(
         assert previous in request["messages"][-1]["content"]
     # And the latest summary is what the model now sees at the top.
     agent = await runtime.agent("terminal:alice")
-    assert agent.conversation.summary == summaries[-1]
+    assert agent.conversation.record.summary == summaries[-1]
 
     # Every message is still in recall storage: per turn one user message, one
     # assistant call and one function result, plus the pressure alerts.
@@ -99,4 +103,4 @@ async def test_failed_summary_still_evicts(make_runtime: RuntimeFactory, llm_ser
     for request in llm_server.requests:
         assert counter.count_request(request["messages"], request.get("tools") or []) <= WINDOW
     agent = await runtime.agent("terminal:alice")
-    assert "not summarized" in agent.conversation.summary
+    assert "not summarized" in agent.conversation.record.summary

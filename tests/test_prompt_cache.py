@@ -16,14 +16,10 @@ from cli.limits import render_usage, usage_json
 from memory.queue_manager import STATUS_MARKER
 from memory.tokens import TokenCounter, load_encoder
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
 
 WINDOW = 4_096
 STATUS_FIELD = re.compile(r', "memory_status": "(?:[^"\\]|\\.)*"\}$')
-
-
-def is_summary(request: dict[str, Any]) -> bool:
-    return not request.get("tools")
 
 
 def without_status(message: dict[str, Any]) -> dict[str, Any]:
@@ -39,11 +35,11 @@ def carries_status(message: dict[str, Any]) -> bool:
     status = content.split("\n", 1)[0] if content.startswith(STATUS_MARKER) else ""
     if message["role"] == "tool":
         status = json.loads(content).get("memory_status", "")
-    return bool(re.search(r"recall \d+ messages .* now \d{4}-\d\d-\d\d \d\d:\d\d UTC", status))
+    return bool(re.search(r"\d+% full; recall \d+ messages, .* now \d{4}-\d\d-\d\d \d\d:\d\d UTC", status))
 
 
 def chatty_model(request: dict[str, Any]) -> Reply:
-    if is_summary(request):
+    if is_summary_request(request):
         return reply_text("Summary: Alice chats about her garden, her sister and her plans.")
     newest = without_status(request["messages"][-1])
     said = str(newest.get("content") or "")
@@ -76,15 +72,15 @@ async def test_requests_between_flushes_extend_the_previous_prompt(
     sizes = [counter.count_request(r["messages"], r.get("tools") or []) for r in requests]
     assert max(sizes) <= WINDOW, f"largest request {max(sizes)} tokens"
 
-    steps = [r for r in requests if not is_summary(r)]
+    steps = [r for r in requests if not is_summary_request(r)]
     assert all(carries_status(r["messages"][-1]) for r in steps), "every step sees the memory status"
     assert all(STATUS_MARKER not in str(m.get("content")) for r in steps for m in r["messages"][1:-1])
 
     extended = rewritten = 0
-    flushes = sum(map(is_summary, requests))
+    flushes = sum(map(is_summary_request, requests))
     for index in range(1, len(requests)):
         before, after = requests[index - 1], requests[index]
-        if is_summary(before) or is_summary(after):
+        if is_summary_request(before) or is_summary_request(after):
             continue
         old, new = before["messages"], after["messages"]
         if old[0] != new[0]:  # a working-context edit re-renders the system message
@@ -97,20 +93,33 @@ async def test_requests_between_flushes_extend_the_previous_prompt(
         extended += 1
     assert flushes >= 2 and extended > 5 * (flushes + rewritten)
     # Each edit the model made rewrote the system message once, no more.
-    edits = sum(
-        1
-        for r in steps
-        for m in r["messages"][-1:]
-        if m["role"] == "tool" and json.loads(m["content"]).get("result", "").startswith("Appended")
+    # (Counted by the results the model saw: the one right after an edit may be
+    # followed by a memory pressure alert, so they are not always the newest message.)
+    edits = len(
+        {
+            m["tool_call_id"]
+            for r in steps
+            for m in r["messages"]
+            if m["role"] == "tool" and json.loads(without_status(m)["content"]).get("result", "").startswith("Appended")
+        }
     )
     assert rewritten == edits
 
     # A flush only under pressure: the step before it was near the flush limit.
     agent = await runtime.agent("terminal:alice")
     for index, request in enumerate(requests):
-        if is_summary(request):
-            previous = max(i for i in range(index) if not is_summary(requests[i]))
+        if is_summary_request(request):
+            previous = max(i for i in range(index) if not is_summary_request(requests[i]))
             assert sizes[previous] >= 0.7 * agent.queue.flush_limit, "a flush while memory was not under pressure"
+            # The summarizer reads the agent's own prompt: the previous step's
+            # tools, system message and queue up to the evicted messages, then the ask.
+            before, summary = requests[previous], request["messages"]
+            assert request["tools"] == before["tools"] and request["tool_choice"] == "none"
+            # (the status rode in the previous request's newest message, which may be evicted)
+            newest = len(before["messages"]) - 1
+            head = before["messages"][: len(summary) - 1]
+            assert summary[:-1] == [without_status(m) if i == newest else m for i, m in enumerate(head)]
+            assert len(summary) - 2 >= 1 and summary[-1]["content"].startswith("[system alert] Your queue is full")
 
 
 async def test_cached_tokens_the_server_reports_are_recorded_and_shown(
@@ -161,6 +170,6 @@ async def test_summary_model_is_used_for_summaries_only(
     runtime = await make_runtime(context_window=2_048, response_reserve=128, summary_model="cheap-model")
     for turn in range(40):
         await runtime.handle(UserMessage(platform="terminal", user_id="alice", text=f"Turn {turn} " + "words " * 30))
-    models = {(is_summary(r), r["model"]) for r in llm_server.requests}
+    models = {(is_summary_request(r), r["model"]) for r in llm_server.requests}
     assert (True, "cheap-model") in models
     assert models <= {(True, "cheap-model"), (False, "test-model")}

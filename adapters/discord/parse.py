@@ -136,6 +136,7 @@ def parse_message(
         created_at=message.created_at,
         event_id=str(message.id),
         reply_to=reply_to(message),
+        dm_reply_to=dm_address(message.author.id),  # no fallback: never a channel
         durable=durable,
         place=place or place_of(message.channel),
         channel_context=context or [],
@@ -161,6 +162,7 @@ def parse_attachment(
         event_id=f"{message.id}:{attachment.id}",
         journal_id=str(message.id),
         reply_to=reply_to(message),
+        dm_reply_to=dm_address(message.author.id),  # no fallback: never a channel
         durable=durable,
         place=place or place_of(message.channel),
     )

@@ -96,6 +96,7 @@ class Origin:
             "platform": PLATFORM,
             "user_id": self.user_id,
             "reply_to": self.reply_to,
+            "dm_reply_to": {"dm_user": self.user},  # the DM, opened on demand (send.py)
             "event_id": self.event_id,
             "created_at": self.created_at,
             "durable": True,

@@ -42,9 +42,19 @@ SCHEDULE_REMINDER = function_schema(
 
 
 def _sender(agent: Agent) -> tuple[str, str, dict[str, Any]]:
+    """Who a reminder is for and where it goes: always their DM. Its tick wakes
+    the agent in the DM, with everything it knows, so its answer must reach
+    the person alone, even when they asked for it in a channel."""
     event = getattr(agent, "current_event", None)
     if event is not None:
-        return event.platform, event.user_id, dict(event.reply_to)
+        if event.place.is_dm:
+            return event.platform, event.user_id, dict(event.reply_to)
+        if not event.dm_reply_to:
+            raise FunctionError(
+                "A reminder is delivered by direct message, and there is no way to reach this person's DMs "
+                "from here: ask them to set it in a direct message with you."
+            )
+        return event.platform, event.user_id, dict(event.dm_reply_to)
     platform, _, user_id = agent.record.key.partition(":")
     return platform, user_id, {}
 

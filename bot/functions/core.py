@@ -12,8 +12,9 @@ from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot.functions.registry import HEARTBEAT, PAGE, FunctionError, FunctionSet, Implementation, function_schema
+from memory.places import DM_KEY
 from memory.types import Message, Passage
-from memory.working_context import MemoryEditError
+from memory.working_context import PRIVATE_BLOCK, MemoryEditError
 
 if TYPE_CHECKING:
     from bot.agent import Agent
@@ -22,7 +23,16 @@ MAX_ARCHIVAL_INSERT_CHARS = 8_000
 # A shortened result keeps at least this much: enough for a UUID and its context.
 MIN_ITEM_TOKENS = 40
 
-BLOCK_NAME = {"type": "string", "description": "Block: persona or human."}
+BLOCK_NAME = {"type": "string", "description": "Block: persona, human or private (DMs only)."}
+PRIVATE_ELSEWHERE = (
+    "The private block can be edited only in a direct message with the person, where it is shown; "
+    "here others may read along. Keep this for their next DM, or save what is not private in human."
+)
+
+
+def _editable(agent: Agent, name: str) -> None:
+    if name == PRIVATE_BLOCK and not agent.place.is_dm:
+        raise FunctionError(PRIVATE_ELSEWHERE)
 
 
 SEND_MESSAGE = function_schema(
@@ -50,6 +60,7 @@ CORE_MEMORY_APPEND = function_schema(
 
 
 async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
+    _editable(agent, args["name"])
     try:
         block = agent.working_context.append(args["name"], args["content"])
     except MemoryEditError as error:
@@ -72,6 +83,7 @@ CORE_MEMORY_REPLACE = function_schema(
 
 
 async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
+    _editable(agent, args["name"])
     try:
         block = agent.working_context.replace(args["name"], args["old_content"], args["new_content"])
     except MemoryEditError as error:
@@ -97,8 +109,7 @@ async def archival_memory_insert(agent: Agent, args: dict[str, Any]) -> str:
             f"content is {len(content)} characters; save at most {MAX_ARCHIVAL_INSERT_CHARS} per call "
             "(split it into several self-contained passages)."
         )
-    await agent.services.archival.insert(agent.id, [Passage(text=content, source="agent")])
-    agent.archival_count += 1
+    await agent.save_passages([Passage(text=content, source="agent")])
     return f"Saved to archival storage ({agent.archival_count} passages)."
 
 
@@ -113,7 +124,7 @@ ARCHIVAL_MEMORY_SEARCH = function_schema(
 async def archival_memory_search(agent: Agent, args: dict[str, Any]) -> str:
     query, page = _query_and_page(args)
     size = agent.services.search_page_size
-    found = await agent.services.archival.search(agent.id, query, size, page * size)
+    found = await agent.services.archival.search(agent.id, query, size, page * size, visible=agent.visible)
     items = [_passage_line(passage, score) for passage, score in found.items]
     return _page_text(agent, "archival storage", query, page, size, found.total, items)
 
@@ -130,8 +141,8 @@ async def conversation_search(agent: Agent, args: dict[str, Any]) -> str:
     query, page = _query_and_page(args)
     size = agent.services.search_page_size
     # By meaning and keywords; the agent's messages are embedded on its first searches (memory/recall.py).
-    found = await agent.services.recall.search(agent.id, query, size, page * size)
-    items = [_message_line(message) for message in found.items]
+    found = await agent.services.recall.search(agent.id, query, size, page * size, visible=agent.visible)
+    items = [_elsewhere(agent, message.place) + _message_line(message) for message in found.items]
     return _page_text(agent, "recall storage", query, page, size, found.total, items)
 
 
@@ -155,8 +166,8 @@ async def conversation_search_date(agent: Agent, args: dict[str, Any]) -> str:
         raise FunctionError("end_date must not be before start_date.")
     page = int(args.get("page", 0))
     size = agent.services.search_page_size
-    found = await agent.store.messages_between(agent.id, start, end, size, page * size)
-    items = [_message_line(message) for message in found.items]
+    found = await agent.store.messages_between(agent.id, start, end, size, page * size, visible=agent.visible)
+    items = [_elsewhere(agent, message.place) + _message_line(message) for message in found.items]
     label = f"{args['start_date']} to {args['end_date']}"
     return _page_text(agent, "recall storage", label, page, size, found.total, items)
 
@@ -203,6 +214,16 @@ def parse_date(text: str, *, end: bool) -> datetime:
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return moment + timedelta(microseconds=1) if end else moment
+
+
+def _elsewhere(agent: Agent, key: str) -> str:
+    """ "(in #general) " for a message said in another place than the current one; "" for this one."""
+    if key == agent.place.key:
+        return ""
+    if key == DM_KEY:
+        return "(in a DM) "
+    opened = agent.conversations.get(key)
+    return f"(in {opened.place.name if opened and opened.place.name else key}) "
 
 
 def _message_line(message: Message) -> str:

@@ -60,6 +60,7 @@ from memory.ingest.reading import (
     read_chunks,
     scan_file_of,
 )
+from memory.places import DM_KEY
 from memory.roles import DocumentStore
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import DocumentRecord, utc_now
@@ -139,8 +140,10 @@ class _Loader:
         embed_batch: int,
         progress: bool | None,
         label: str,
+        place: str = DM_KEY,
     ) -> None:
         self.store = store
+        self.place = place  # the conversation key the passages record (memory/places.py)
         self.embedder = embedder
         self.agent_id = agent_id
         self.chunking = chunking
@@ -211,7 +214,9 @@ class _Loader:
             ended = False
             while not ended:
                 try:
-                    pieces, ended = await asyncio.to_thread(read_batch, chunks, file, self.write_batch, self.loaded_at)
+                    pieces, ended = await asyncio.to_thread(
+                        read_batch, chunks, file, self.write_batch, self.loaded_at, self.place
+                    )
                 except DocumentError as error:
                     self.results[file.index] = FileResult(file.name, "failed", reason=str(error))
                     return
@@ -423,8 +428,10 @@ async def load_document(
     counter: TokenCounter | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
+    place: str = DM_KEY,
 ) -> FileResult:
-    """One file held in memory (a chat upload); `text` if already extracted."""
+    """One file held in memory (a chat upload); `text` if already extracted;
+    its passages are visible as from `place`, where it was shared."""
     store, model = _target(target, embedder)
     loader = _Loader(
         store,
@@ -435,6 +442,7 @@ async def load_document(
         embed_batch=MAX_BATCH,
         progress=False,
         label=name,
+        place=place,
     )
     [result] = await loader.run([Input(name, data=data, content_type=content_type, text=text)])
     return result

@@ -15,6 +15,7 @@ from typing import BinaryIO, Literal
 
 from memory.ingest.chunking import Chunk, iter_chunks
 from memory.ingest.documents import ScannedFile, document_kind, iter_markdown_sections, scan_file, stream_sections
+from memory.places import DM_KEY
 from memory.tokens import TokenCounter
 from memory.types import Passage
 
@@ -147,11 +148,16 @@ class Batch:
     finished: list[FileProgress] = field(default_factory=list)
 
 
-def read_batch(chunks: Iterator[Chunk], file: FileProgress, size: int, loaded_at: datetime) -> tuple[list[Piece], bool]:
-    """Up to `size` passages of the file (in a worker thread), and whether it ended."""
+def read_batch(
+    chunks: Iterator[Chunk], file: FileProgress, size: int, loaded_at: datetime, place: str = DM_KEY
+) -> tuple[list[Piece], bool]:
+    """Up to `size` passages of the file (in a worker thread), and whether it
+    ended; each records the conversation key `place` it was shared in."""
     pieces: list[Piece] = []
     for chunk in chunks:
-        passage = Passage(text=chunk.text, source=file.name, position=chunk.position or None, created_at=loaded_at)
+        passage = Passage(
+            text=chunk.text, source=file.name, position=chunk.position or None, created_at=loaded_at, place=place
+        )
         pieces.append(Piece(file, passage, passage_hash(chunk.text)))
         if len(pieces) >= size:
             return pieces, False

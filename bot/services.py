@@ -1,0 +1,39 @@
+"""What every agent of a runtime shares: storage, the model, the functions, the settings of the step loop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bot.functions.registry import FunctionSet
+from bot.llm import LLMClient
+from memory.archival import ArchivalMemory
+from memory.recall import RecallMemory
+from memory.store import Store
+from memory.tokens import TokenCounter
+
+
+@dataclass(slots=True)
+class AgentServices:
+    """What every agent of a runtime shares."""
+
+    store: Store
+    archival: ArchivalMemory
+    recall: RecallMemory
+    llm: LLMClient
+    counter: TokenCounter
+    functions: FunctionSet
+    instructions: str
+    context_window: int
+    warning_threshold: float
+    flush_threshold: float
+    evict_fraction: float
+    response_reserve: int
+    max_steps: int
+    search_page_size: int
+    max_message_tokens: int = 0  # 0: the queue manager's automatic size
+    queue_tokens: int = 0  # MEMGPT_QUEUE_TOKENS; 0: what the window leaves
+    # MEMGPT_CACHED_TOKEN_WEIGHT: what a token the server served from its prompt
+    # cache counts toward the daily budget (1.0: as much as any other).
+    cached_token_weight: float = 1.0
+    summary_model: str = ""  # MEMGPT_SUMMARY_MODEL; empty: the chat model
+    channel_context_tokens: int = 0  # MEMGPT_CHANNEL_CONTEXT_TOKENS; 0: none shown
