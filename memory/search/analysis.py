@@ -37,7 +37,9 @@ def terms(text: str) -> list[str]:
     found: list[str] = []
     for chunk in text.split():
         words = tokens(chunk)
-        found.extend(stem(word) for word in words if word not in STOPWORDS)
+        # Numbers are left as they are (no stemmer changes one): not through
+        # the cache, which a long document's many numbers would only fill.
+        found.extend(word if word.isdecimal() else stem(word) for word in words if word not in STOPWORDS)
         if len(words) > 1 and not _APOSTROPHES.match(chunk):
             found.append(" ".join(words))
     return found
