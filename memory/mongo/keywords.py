@@ -26,9 +26,9 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
-from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
+from memory.mongo.base import update_by_id
 from memory.search.analysis import keyword_terms, terms
 from memory.search.hybrid import coverage, idf
 
@@ -40,7 +40,7 @@ MAX_TERM = 64
 # The analysis the stored terms come from: 2 is memory/search/analysis.py
 # (stemmed, identifiers whole); passages without it hold unstemmed words.
 ANALYSIS_VERSION = 2
-# Passages re-analysed per bulk write when an old database is upgraded.
+# Passages read at a time when an old database is upgraded.
 UPGRADE_BATCH = 500
 # Like sqlite_search: a word held by more passages than this is left out of
 # the keyword query (fetching its passages costs time, its IDF is tiny), and
@@ -131,12 +131,11 @@ async def keyword_scores(
 
 async def upgrade_passage_terms(passages: AsyncCollection[Any]) -> None:
     """Re-analyse the passages stored with older keyword fields (idempotent,
-    at open; logs how many). In batches: one bulk write per UPGRADE_BATCH."""
+    at open; logs how many). Read UPGRADE_BATCH at a time, written by _id."""
     old = {"analysed": {"$ne": ANALYSIS_VERSION}}
     upgraded = 0
     while batch := [doc async for doc in passages.find(old, {"text": 1}).limit(UPGRADE_BATCH)]:
-        updates = [UpdateOne({"_id": doc["_id"]}, {"$set": passage_terms(doc["text"])}) for doc in batch]
-        await passages.bulk_write(updates, ordered=False)
+        await update_by_id(passages, [(doc["_id"], passage_terms(doc["text"])) for doc in batch])
         upgraded += len(batch)
     if upgraded:
         log.info("re-analysed the keyword terms of %d archival passages (stemmed, identifiers whole)", upgraded)

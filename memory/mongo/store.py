@@ -71,7 +71,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, UpdateOne
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us, visible_filter
@@ -464,15 +464,12 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         messages = self._c("messages")
         stored = await messages.find_one({"agent_id": agent_id, "embedding": {"$exists": True}}, {"embedding": 1})
         check_dimension(matrix, None if stored is None else len(stored["embedding"]))
-        # The agent_id condition keeps one agent from writing another's messages.
-        await messages.bulk_write(
-            [
-                UpdateOne({"agent_id": agent_id, "seq": seq}, {"$set": {"embedding": matrix[n].tolist()}})
-                for n, seq in enumerate(seqs)
-            ],
-            ordered=False,
-        )
-        self._conversations.added(agent_id, {seq: matrix[n] for n, seq in enumerate(seqs)})
+        # Only the agent's own messages (looked up by agent_id) are written.
+        where = {"agent_id": agent_id, "seq": {"$in": seqs}}
+        ids = {doc["seq"]: doc["_id"] async for doc in messages.find(where, {"_id": 1, "seq": 1})}
+        updates = [(ids[seq], {"embedding": matrix[n].tolist()}) for n, seq in enumerate(seqs) if seq in ids]
+        await self._update_by_id(messages, updates)
+        self._conversations.added(agent_id, {seq: matrix[n] for n, seq in enumerate(seqs) if seq in ids})
 
     @guarded
     async def messages_between(
