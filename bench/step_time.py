@@ -31,7 +31,7 @@ from bot.llm import LLMClient
 from bot.runtime import Runtime
 from memory.embeddings import Embedder
 from memory.sqlite.store import SQLiteStore
-from tests.fake_llm import reply_text, reply_tool_calls, start_fake_llm, tool_call
+from tests.fake_llm import is_summary_request, reply_text, reply_tool_calls, start_fake_llm, tool_call
 
 
 def machine() -> str:
@@ -61,9 +61,9 @@ async def main() -> None:
     server = start_fake_llm()
     server.set_handler(
         lambda request: (
-            reply_tool_calls(tool_call("send_message", {"message": "ok"}))
-            if request.get("tools")
-            else reply_text("A short summary of the conversation so far.")
+            reply_text("A short summary of the conversation so far.")
+            if is_summary_request(request)
+            else reply_tool_calls(tool_call("send_message", {"message": "ok"}))
         )
     )
     with tempfile.TemporaryDirectory() as data_dir:

@@ -37,14 +37,14 @@ from memory.sqlite.store import SQLiteStore
 
 
 def serve(port_queue: multiprocessing.Queue, stop: multiprocessing.Event) -> None:  # type: ignore[type-arg]
-    from tests.fake_llm import reply_text, reply_tool_calls, start_fake_llm, tool_call
+    from tests.fake_llm import is_summary_request, reply_text, reply_tool_calls, start_fake_llm, tool_call
 
     server = start_fake_llm()
     server.set_handler(
         lambda request: (
-            reply_tool_calls(tool_call("send_message", {"message": "ok"}))
-            if request.get("tools")
-            else reply_text("A short summary.")
+            reply_text("A short summary.")
+            if is_summary_request(request)
+            else reply_tool_calls(tool_call("send_message", {"message": "ok"}))
         )
     )
     server.keep_requests = False

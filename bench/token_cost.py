@@ -310,8 +310,9 @@ def report(runs: list[Figures]) -> None:
     )
     print(
         "calls/msg: agent steps + summarizer calls; prefix: token-weighted share of each step's request that "
-        "repeats the previous step's from the first token; effective: uncached + 25% of cached + summarizer "
-        "prompts; largest: the biggest step prompt / window (pieces tokenized apart, a slight overcount)."
+        "repeats the previous step's from the first token; effective: uncached + 25% of cached, summarizer "
+        "calls included (their prefix shared with the previous step at 25%); "
+        "largest: the biggest step prompt / window (pieces tokenized apart, a slight overcount)."
     )
     base = next((f for f in runs if f.name == "script200-8k"), None)
     if base is not None:

@@ -107,12 +107,19 @@ async def test_requests_between_flushes_extend_the_previous_prompt(
 
     # A flush only under pressure: the step before it was near the flush limit.
     agent = await runtime.agent("terminal:alice")
+    shared = 0
     for index, request in enumerate(requests):
         if is_summary_request(request):
             previous = max(i for i in range(index) if not is_summary_request(requests[i]))
             assert sizes[previous] >= 0.7 * agent.queue.flush_limit, "a flush while memory was not under pressure"
+            if "tools" not in request:
+                # The fallback when the agent's own prompt up to the evicted
+                # messages, with the ask, would not fit: a transcript of them.
+                assert len(request["messages"]) == 2 and sizes[index] <= agent.queue.flush_limit
+                continue
             # The summarizer reads the agent's own prompt: the previous step's
             # tools, system message and queue up to the evicted messages, then the ask.
+            shared += 1
             before, summary = requests[previous], request["messages"]
             assert request["tools"] == before["tools"] and request["tool_choice"] == "none"
             # (the status rode in the previous request's newest message, which may be evicted)
@@ -120,6 +127,7 @@ async def test_requests_between_flushes_extend_the_previous_prompt(
             head = before["messages"][: len(summary) - 1]
             assert summary[:-1] == [without_status(m) if i == newest else m for i, m in enumerate(head)]
             assert len(summary) - 2 >= 1 and summary[-1]["content"].startswith("[system alert] Your queue is full")
+    assert shared >= 1 and 2 * shared >= flushes, "summaries are written from the cached prefix where it fits"
 
 
 async def test_cached_tokens_the_server_reports_are_recorded_and_shown(
