@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,8 +18,9 @@ from memory.sqlite.migrations import MIGRATIONS, m013_passage_terms, migrate
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from tests.mongo_server import MongoTarget, mongo_target
+from tests.test_places_migration import old_mongo
 
-__all__ = ["mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_target", "old_mongo"]  # the fixtures, imported to be found here
 
 T0 = datetime(2024, 5, 17, 9, 30, tzinfo=UTC)
 # The answer's vector is the farthest from the query: only its keyword bonus
@@ -90,17 +90,6 @@ async def test_an_old_sqlite_archive_is_reindexed_by_analysed_terms(
 
 
 # -- MongoDB -----------------------------------------------------------------
-@pytest.fixture
-async def old_mongo(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
-    """A fresh database (dropped at the end) to write old-shape documents into."""
-    store = mongo_target.store()
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
-
-
 async def test_old_mongodb_passages_are_reanalysed_at_open(
     old_mongo: MongoStore, mongo_target: MongoTarget, caplog: pytest.LogCaptureFixture
 ) -> None:
