@@ -32,7 +32,7 @@ from typing import Any
 from bot.prompts import SUMMARIZER_INSTRUCTIONS
 from memory.places import Place, Visibility
 from memory.types import utc_now
-from tests.fake_llm import Reply, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import Reply, ToolCall, reply_text, reply_tool_calls, tool_call
 
 COMMAND = re.compile(r"CMD (say|save|private|find) ([^\n]*)")
 SUMMARIZER = SUMMARIZER_INSTRUCTIONS[:60]
@@ -75,20 +75,26 @@ def scripted_model(request: dict[str, Any]) -> Reply:
             tool_call("core_memory_append", {"name": "private", "content": text, "request_heartbeat": True})
         )
     if verb == "find":
-        today = utc_now().date()
-        return reply_tool_calls(
-            tool_call("conversation_search", {"query": text, "request_heartbeat": True}),
-            tool_call(
-                "conversation_search_date",
-                {
-                    "start_date": str(today - timedelta(days=1)),
-                    "end_date": str(today + timedelta(days=1)),
-                    "request_heartbeat": True,
-                },
-            ),
-            tool_call("archival_memory_search", {"query": text, "request_heartbeat": True}),
-        )
+        return reply_tool_calls(*search_everything(text))
     return reply_tool_calls(tool_call("send_message", {"message": "Heard you."}))
+
+
+def search_everything(query: str) -> tuple[ToolCall, ...]:
+    """Every search the agent has, at once: recall by words, recall by date
+    (yesterday to tomorrow: every recent message the store lets through) and archival."""
+    today = utc_now().date()
+    return (
+        tool_call("conversation_search", {"query": query, "request_heartbeat": True}),
+        tool_call(
+            "conversation_search_date",
+            {
+                "start_date": str(today - timedelta(days=1)),
+                "end_date": str(today + timedelta(days=1)),
+                "request_heartbeat": True,
+            },
+        ),
+        tool_call("archival_memory_search", {"query": query, "request_heartbeat": True}),
+    )
 
 
 @dataclass

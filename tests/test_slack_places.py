@@ -186,6 +186,7 @@ async def test_every_message_in_an_always_on_channel_is_its_authors_event(slack:
     said = slack.said("C5", "U1", "<@UBOT> and garlic?")
     await slack.event({**said, "channel_type": "channel"})
     await slack.event({**said, "type": "app_mention"})
+    await slack.bot.wait_for_messages(2)  # handled after the ack: else "thanks" could count as its arrival
     await slack.message("C5", "channel", "thanks")
     assert [message.text for message in slack.bot.messages()] == ["anyone growing leeks?", "and garlic?", "thanks"]
 
