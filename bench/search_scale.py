@@ -177,7 +177,7 @@ async def store_level(n: int, queries: int, threads: int) -> None:
             times.append((time.perf_counter() - start) * 1000)
         mode = "ANN" if n >= ANN_THRESHOLD else "exact"
         print(
-            f"  store: load {n / loading:,.0f} passages/s (with embeddings, FTS5 kept by triggers); "
+            f"  store: load {n / loading:,.0f} passages/s (with embeddings and FTS5 rows of analysed terms); "
             f"first search {warm:.1f} s (reads vectors{', builds ANN' if mode == 'ANN' else ''})"
         )
         print(f"  store hybrid search ({mode} + bm25, page of 5, event loop to rows): {stats(times)}")

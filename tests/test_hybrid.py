@@ -29,8 +29,10 @@ from bot.agent import EventResult
 from bot.events import UserMessage
 from bot.runtime import Runtime
 from memory.embeddings import Embedder, bundled_model_path
-from memory.search.hybrid import STOPWORDS, coverage, fuse, keyword_query, tokens
+from memory.search.analysis import keyword_terms
+from memory.search.hybrid import STOPWORDS, coverage, fuse, tokens
 from memory.sqlite.store import SQLiteStore
+from memory.sqlite.terms import indexed_text, term_expressions
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Block, Passage
 from tests.conftest import RuntimeFactory
@@ -235,14 +237,19 @@ async def test_agent_reads_the_next_page_in_a_small_window(
 
 
 # -- the keyword query ----------------------------------------------------------
-def test_keyword_query_keeps_ids_whole_and_drops_function_words() -> None:
-    query = keyword_query("What is the value of key 3f2a9b1c-4e5d-4a6b-8c7d-9e0f1a2b3c4d?")
-    assert query is not None
-    parts = '"3f2a9b1c" "4e5d" "4a6b" "8c7d" "9e0f1a2b3c4d"'.split()
-    assert query.expressions[0] == '"3f2a9b1c 4e5d 4a6b 8c7d 9e0f1a2b3c4d"'
-    assert set(parts) <= set(query.expressions)
-    assert '"value"' in query.expressions and '"key"' in query.expressions
-    assert not {'"what"', '"is"', '"the"', '"of"'} & set(query.expressions)
+def test_keyword_terms_keep_ids_whole_first_stem_and_drop_function_words() -> None:
+    found = keyword_terms("What is the value of key 3f2a9b1c-4e5d-4a6b-8c7d-9e0f1a2b3c4d? Researching it")
+    assert found[0] == "3f2a9b1c 4e5d 4a6b 8c7d 9e0f1a2b3c4d"
+    assert {"3f2a9b1c", "4e5d", "4a6b", "8c7d", "9e0f1a2b3c4d"} <= set(found)
+    assert "valu" in found and "key" in found and "research" in found
+    assert not {"what", "is", "the", "of"} & set(found)
+
+
+def test_sqlite_indexes_each_term_as_one_token() -> None:
+    # The identifier is one FTS5 token (its words joined by "_"), and a query
+    # term is quoted, so no input is an FTS5 operator.
+    assert indexed_text("Locker QX-4471-ZP, researching cafés") == "locker qx 4471 zp qx_4471_zp research cafe"
+    assert term_expressions("locker QX-4471-ZP?") == ['"qx_4471_zp"', '"locker"', '"qx"', '"4471"', '"zp"']
 
 
 @pytest.mark.parametrize(
@@ -253,10 +260,11 @@ async def test_any_query_text_is_safe(loaded: Loaded, text: str) -> None:
     assert len(page.items) == 3
 
 
-def test_only_function_words_are_still_searched() -> None:
-    query = keyword_query("The Who")
-    assert query is not None and set(query.expressions) >= {'"the"', '"who"'}
-    assert keyword_query("?! ...") is None
+def test_only_function_words_have_no_keyword_side() -> None:
+    # Function words are not indexed (as in conversation search): such a
+    # query is ranked by meaning alone (tests/conformance has the search).
+    assert keyword_terms("The Who") == []
+    assert keyword_terms("?! ...") == []
 
 
 def test_coverage_is_clipped_and_fuse_breaks_ties_by_id() -> None:

@@ -287,3 +287,21 @@ def test_words_fold_case_and_accents_and_bm25_prefers_rare_words() -> None:
     scores = bm25(docs, ["today", "zoo"], n_docs=10, avg_len=3.0)
     assert max(range(4), key=scores.__getitem__) == 3
     assert bm25([["a"], ["b"]], ["c"], 2, 1.0) == [0.0, 0.0]
+
+
+async def test_hundreds_of_embeddings_are_stored_in_bulk_writes_the_server_answers(store: MongoStore) -> None:
+    # FerretDB never answered one bulk write of 256 updates (recall's embedding
+    # batch): they go by _id, WRITE_BATCH at a time. Without that this waits forever.
+    agent, _ = await store.get_or_create_agent("discord:many", BLOCKS)
+    await store.append_messages(agent.id, [Message("user", f"turn {n}") for n in range(300)])
+    ids = await store.insert_passages(agent.id, [Passage(f"fact {n}") for n in range(300)])
+    vectors = {n: [1.0, float(n)] for n in range(1, 301)}
+    await asyncio.wait_for(store.set_message_embeddings(agent.id, vectors), 120)
+    await asyncio.wait_for(store.set_embeddings(agent.id, dict(zip(ids, vectors.values(), strict=True))), 120)
+    assert await store.messages_without_embedding(agent.id, 10) == []
+    assert await store.passages_without_embedding(agent.id) == []
+    # Another agent's seqs and ids are not written.
+    other, _ = await store.get_or_create_agent("discord:other", BLOCKS)
+    await store.append_messages(other.id, [Message("user", "mine")])
+    await store.set_message_embeddings(agent.id, {1: [0.0, 1.0]})
+    assert [m.seq for m in await store.messages_without_embedding(other.id, 10)] == [1]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import numpy.typing as npt
-from pymongo import ASCENDING, IndexModel, ReturnDocument, UpdateOne
+from pymongo import ASCENDING, IndexModel, ReturnDocument
 from pymongo.errors import BulkWriteError, DuplicateKeyError
 
 from memory.mongo.base import MAX_ATTEMPTS, Doc, MongoBase, Session, from_us, lost_race, to_us, visible_filter
@@ -34,7 +34,7 @@ from memory.types import Passage, SearchPage
 
 _F32 = np.dtype("<f4")
 # The keyword fields are only for search: never sent back with a passage.
-_NO_TERMS: Doc = {"terms": 0, "words": 0}
+_NO_TERMS: Doc = {"terms": 0, "words": 0, "analysed": 0}
 
 ARCHIVAL_INDEXES: dict[str, list[IndexModel]] = {
     "passages": [
@@ -143,20 +143,13 @@ class MongoArchival(MongoBase):
         ids = [int(i) for i in vectors]
         matrix = await self._checked_vectors(agent_id, [vectors[i] for i in vectors])
         passages = self._c("passages")
-        # The agent_id condition keeps one agent from writing another's passages.
+        # Only the agent's own passages (looked up by agent_id) are written.
         owned = {doc["_id"] async for doc in passages.find({"agent_id": agent_id, "_id": {"$in": ids}}, {"_id": 1})}
         rows = [n for n, passage_id in enumerate(ids) if passage_id in owned]
         if not rows:
             return
-        await passages.bulk_write(
-            [
-                UpdateOne(
-                    {"_id": ids[n], "agent_id": agent_id}, {"$set": {"embedding": matrix[n].tolist(), "embedded": True}}
-                )
-                for n in rows
-            ],
-            ordered=False,
-        )
+        updates = [(ids[n], {"embedding": matrix[n].tolist(), "embedded": True}) for n in rows]
+        await self._update_by_id(passages, updates)
         await self._vectors_changed(agent_id, lambda index: index.add([ids[n] for n in rows], matrix[rows]))
 
     async def _checked_vectors(self, agent_id: str, vectors: list[list[float]]) -> npt.NDArray[np.float32]:

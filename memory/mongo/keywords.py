@@ -1,35 +1,47 @@
 """The keyword half of MongoStore's hybrid archival search: BM25 as SQLite's
-FTS5 computes it, over the folded words stored on each passage.
+FTS5 computes it, over the analysed terms stored on each passage.
 
-Each passage document carries `terms` (its distinct folded tokens, what FTS5's
-unicode61 tokenizer with remove_diacritics would index) and `words` (its
-token count, the document length BM25 needs). The (agent_id, terms) index
-finds an agent's passages holding a query word; everything else (phrase
-matching, BM25, coverage) runs in Python on the few candidates, so the score is
-the one memory/sqlite/search.py gets from bm25() and both backends rank alike.
-`$text` is not used: it stems and its score has no IDF.
+Each passage document carries `terms` (its distinct analysed terms, memory/
+search/analysis.py: folded, stop words out, stemmed, identifiers also whole,
+what memory/sqlite/terms.py indexes in FTS5), `words` (how many terms it has,
+the document length BM25 needs) and `analysed` (the version of the analysis,
+ANALYSIS_VERSION). The (agent_id, terms) index finds an agent's passages
+holding a query term; everything else (term frequencies, BM25, coverage) runs
+in Python on the few candidates, so the score is the one memory/sqlite/
+search.py gets from bm25() and both backends rank alike. `$text` is not used:
+its stemming is not this one and its score has no IDF.
 
 Statistics are per agent (SQLite's are over the whole table): the index is per
 agent, so counting another agent's passages would cost a scan, and coverage
 divides by the same IDFs it sums, so the scale cancels out either way.
-Passages stored before `terms` existed have no keyword side; they are still
-ranked by their vector.
+Passages stored in an older shape (unstemmed words) are re-analysed at open
+(upgrade_passage_terms).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import defaultdict
+import logging
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
-from memory.search.hybrid import coverage, idf, keyword_query, tokens
+from memory.mongo.base import update_by_id
+from memory.search.analysis import keyword_terms, terms
+from memory.search.hybrid import coverage, idf
+
+log = logging.getLogger(__name__)
 
 # Stored terms are cut to this length (a base64 blob must not make an index key
-# too long); lookups cut the same way, phrase checks use the full tokens.
+# too long); lookups cut the same way, term frequencies use the full terms.
 MAX_TERM = 64
+# The analysis the stored terms come from: 2 is memory/search/analysis.py
+# (stemmed, identifiers whole); passages without it hold unstemmed words.
+ANALYSIS_VERSION = 2
+# Passages read at a time when an old database is upgraded.
+UPGRADE_BATCH = 500
 # Like sqlite_search: a word held by more passages than this is left out of
 # the keyword query (fetching its passages costs time, its IDF is tiny), and
 # at most this many keyword hits, the best by BM25, get a bonus.
@@ -41,25 +53,12 @@ _K1, _B = 1.2, 0.75
 
 def passage_terms(text: str) -> dict[str, Any]:
     """The keyword fields stored on a passage document."""
-    found = tokens(text)
-    return {"terms": sorted({word[:MAX_TERM] for word in found}), "words": len(found)}
-
-
-def _occurrences(doc_tokens: Sequence[str], phrase: Sequence[str]) -> int:
-    """How often `phrase` (a token sequence) occurs in `doc_tokens`, as FTS5 counts a phrase."""
-    width = len(phrase)
-    if width == 1:
-        return sum(1 for token in doc_tokens if token == phrase[0])
-    first = phrase[0]
-    return sum(
-        1
-        for n in range(len(doc_tokens) - width + 1)
-        if doc_tokens[n] == first and list(doc_tokens[n : n + width]) == list(phrase)
-    )
+    found = terms(text)
+    return {"terms": sorted({term[:MAX_TERM] for term in found}), "words": len(found), "analysed": ANALYSIS_VERSION}
 
 
 async def _word_counts(passages: AsyncCollection[Any], agent_id: str, words: Sequence[str]) -> dict[str, int]:
-    """Passages of the agent holding each word, counted up to just past the cap (index-only counts)."""
+    """Passages of the agent holding each term, counted up to just past the cap (index-only counts)."""
     counts = await asyncio.gather(
         *(
             passages.count_documents({"agent_id": agent_id, "terms": word}, limit=MAX_ROWS_PER_WORD + 1)
@@ -96,40 +95,47 @@ async def keyword_scores(
     the agent's best keyword matches (at most CANDIDATE_POOL), by passage id.
     `where` (a place filter) limits the candidates before they are ranked, so
     the pool holds the best matches among those passages only."""
-    query = keyword_query(text)
-    if query is None:
+    wanted = keyword_terms(text)
+    keys = list(dict.fromkeys(term[:MAX_TERM] for term in wanted))
+    if not keys:
         return {}
-    # Expressions are quoted token runs; their words are what the index holds.
-    phrases = [tuple(expression.strip('"').split()) for expression in query.expressions]
-    words = list(dict.fromkeys(word[:MAX_TERM] for phrase in phrases for word in phrase))
-    counts = await _word_counts(passages, agent_id, words)
-    rare = [word for word in words if counts[word] <= MAX_ROWS_PER_WORD]
-    if not any(counts[word] for word in rare):
+    counts = await _word_counts(passages, agent_id, keys)
+    # As sqlite_search drops a term held by too many rows (its IDF is tiny).
+    rare = [term for term in wanted if counts[term[:MAX_TERM]] <= MAX_ROWS_PER_WORD]
+    held_keys = list(dict.fromkeys(term[:MAX_TERM] for term in rare if counts[term[:MAX_TERM]]))
+    if not held_keys:
         return {}
     total_rows, avg_len = await _statistics(passages, agent_id)
-    # Every passage holding a kept expression holds one of its rare words, so
-    # these candidates give exact per-expression row counts.
-    held_words = [w for w in rare if counts[w]]
-    cursor = passages.find({"agent_id": agent_id, "terms": {"$in": held_words}, **(where or {})}, {"text": 1})
-    docs = {doc["_id"]: tokens(doc["text"]) async for doc in cursor}
+    cursor = passages.find({"agent_id": agent_id, "terms": {"$in": held_keys}, **(where or {})}, {"text": 1})
+    docs = {doc["_id"]: Counter(terms(doc["text"])) async for doc in cursor}
+    lengths = {pid: sum(found.values()) for pid, found in docs.items()}
     if avg_len <= 0:
-        avg_len = max(sum(map(len, docs.values())) / max(len(docs), 1), 1.0)
+        avg_len = max(sum(lengths.values()) / max(len(docs), 1), 1.0)
     total_rows = max(total_rows, len(docs), 1)
 
     scores: defaultdict[int, float] = defaultdict(float)
     idf_total = 0.0
-    for phrase in phrases:
-        # As sqlite_search drops an expression held by too many rows; a phrase
-        # made only of such words is dropped too (its own count is unknown).
-        if not any(word[:MAX_TERM] in rare for word in phrase):
-            continue
-        held = {pid: f for pid, doc_tokens in docs.items() if (f := _occurrences(doc_tokens, phrase))}
-        # An expression no passage holds still counts in the whole: a query
-        # about things the archive never mentions earns a small bonus.
-        weight = idf(total_rows, len(held))
+    for term in rare:
+        held = {pid: f for pid, found in docs.items() if (f := found[term])}
+        # IDF from the agent's passages holding the term, visible or not, as
+        # SQLite counts its FTS rows. A term no passage holds still counts in
+        # the whole: a query about things never mentioned earns a small bonus.
+        weight = idf(max(total_rows, counts[term[:MAX_TERM]]), counts[term[:MAX_TERM]])
         idf_total += weight
         for pid, f in held.items():
-            norm = _K1 * (1.0 - _B + _B * len(docs[pid]) / avg_len)
+            norm = _K1 * (1.0 - _B + _B * lengths[pid] / avg_len)
             scores[pid] += weight * f * (_K1 + 1.0) / (f + norm)
     best = sorted(scores.items(), key=lambda hit: (-hit[1], hit[0]))[:CANDIDATE_POOL]
     return coverage(dict(best), idf_total)
+
+
+async def upgrade_passage_terms(passages: AsyncCollection[Any]) -> None:
+    """Re-analyse the passages stored with older keyword fields (idempotent,
+    at open; logs how many). Read UPGRADE_BATCH at a time, written by _id."""
+    old = {"analysed": {"$ne": ANALYSIS_VERSION}}
+    upgraded = 0
+    while batch := [doc async for doc in passages.find(old, {"text": 1}).limit(UPGRADE_BATCH)]:
+        await update_by_id(passages, [(doc["_id"], passage_terms(doc["text"])) for doc in batch])
+        upgraded += len(batch)
+    if upgraded:
+        log.info("re-analysed the keyword terms of %d archival passages (stemmed, identifiers whole)", upgraded)

@@ -16,7 +16,7 @@ carries `agent_id`, and every query filters on it):
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
                tool_call_id, name, created_at, place, terms, [embedding]}
     passages  {_id: int id, agent_id, text, source, position, created_at,
-               place, embedding, embedded, [hash], terms, words}
+               place, embedding, embedded, [hash], terms, words, analysed}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo/sources.py)
     lease_owners, lease_tickets, lease_holders (memory/mongo/coordination.py)
@@ -71,7 +71,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
-from pymongo import ASCENDING, DESCENDING, AsyncMongoClient, UpdateOne
+from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us, visible_filter
@@ -80,6 +80,7 @@ from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.journal import MongoJournal
+from memory.mongo.keywords import upgrade_passage_terms
 from memory.mongo.recall import MessageIndexes
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
@@ -179,6 +180,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             await db.command("ping")
             await ensure_indexes(db)
             await upgrade_to_places(db)
+            await upgrade_passage_terms(db["passages"])
             await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
             await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)
@@ -462,15 +464,12 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         messages = self._c("messages")
         stored = await messages.find_one({"agent_id": agent_id, "embedding": {"$exists": True}}, {"embedding": 1})
         check_dimension(matrix, None if stored is None else len(stored["embedding"]))
-        # The agent_id condition keeps one agent from writing another's messages.
-        await messages.bulk_write(
-            [
-                UpdateOne({"agent_id": agent_id, "seq": seq}, {"$set": {"embedding": matrix[n].tolist()}})
-                for n, seq in enumerate(seqs)
-            ],
-            ordered=False,
-        )
-        self._conversations.added(agent_id, {seq: matrix[n] for n, seq in enumerate(seqs)})
+        # Only the agent's own messages (looked up by agent_id) are written.
+        where = {"agent_id": agent_id, "seq": {"$in": seqs}}
+        ids = {doc["seq"]: doc["_id"] async for doc in messages.find(where, {"_id": 1, "seq": 1})}
+        updates = [(ids[seq], {"embedding": matrix[n].tolist()}) for n, seq in enumerate(seqs) if seq in ids]
+        await self._update_by_id(messages, updates)
+        self._conversations.added(agent_id, {seq: matrix[n] for n, seq in enumerate(seqs) if seq in ids})
 
     @guarded
     async def messages_between(

@@ -1,4 +1,4 @@
-"""Words as conversation search indexes them: folded, stop words out, stemmed,
+"""Words as conversation and archival search index them: folded, stop words out, stemmed,
 plus each identifier written without spaces as one term of its own.
 
 Stemming ("researching" finds "research", "painted" finds "paint") is the
@@ -17,6 +17,11 @@ import Stemmer
 
 from memory.search.hybrid import STOPWORDS, tokens
 
+# Archival search ORs every query term in FTS5 (and MongoDB fetches the
+# passages holding each), so a long query keeps only its first terms:
+# identifiers come first.
+MAX_KEYWORD_TERMS = 24
+
 _STEMMER = Stemmer.Stemmer("english")
 # Contractions are not identifiers: "I'm" is not the term "i m".
 _APOSTROPHES = re.compile(r"^[^\W_]+['’][^\W_]{1,2}[^\w]*$")
@@ -32,7 +37,9 @@ def terms(text: str) -> list[str]:
     found: list[str] = []
     for chunk in text.split():
         words = tokens(chunk)
-        found.extend(stem(word) for word in words if word not in STOPWORDS)
+        # Numbers are left as they are (no stemmer changes one): not through
+        # the cache, which a long document's many numbers would only fill.
+        found.extend(word if word.isdecimal() else stem(word) for word in words if word not in STOPWORDS)
         if len(words) > 1 and not _APOSTROPHES.match(chunk):
             found.append(" ".join(words))
     return found
@@ -42,3 +49,8 @@ def query_terms(text: str) -> list[str]:
     """The distinct terms of a query, identifiers first."""
     found = terms(text)
     return list(dict.fromkeys(sorted(found, key=lambda term: " " not in term)))
+
+
+def keyword_terms(text: str) -> list[str]:
+    """The terms archival search looks up for a query (both backends)."""
+    return query_terms(text)[:MAX_KEYWORD_TERMS]

@@ -14,19 +14,23 @@ So the score here is
     relevance = cosine(query, passage) + KEYWORD_WEIGHT * coverage
 
 where `coverage` in [0, 1] is the passage's BM25 score divided by the BM25
-score of a passage holding every query expression once (the sum of their
+score of a passage holding every query term once (the sum of their
 IDFs). A passage that holds the rare strings of the query (an id, a code, a
 name) gets close to the full bonus; one that shares only common words gets
 almost none, because those words have almost no IDF. With no keyword match at
 all the relevance is the plain cosine, so pure meaning search is unchanged and
 a paraphrase with no shared word is ranked by the embedding alone.
 
-The keyword query is built from the text the model asked for: its content
-words, plus each token run written without spaces ("3f2a-4e5d", "A-113",
-"v2.1") as an exact phrase, so the whole id outweighs a look-alike that shares
-some of its parts. (Word pairs as phrases were tried and dropped: a pair that
-is adjacent in the question is rarely adjacent in the passage, "code X" vs
-"code is X", and an expression no passage holds only dilutes the bonus.)
+The keyword side works on analysed terms (memory/search/analysis.py, as
+conversation search does): folded, stop words out, Snowball-stemmed, and each
+token run written without spaces ("3f2a-4e5d", "A-113", "v2.1") also kept
+whole as one term, so "researching" finds "research" and the whole id
+outweighs a look-alike that shares some of its parts. Both backends index
+those terms (SQLite: an FTS5 table of them, memory/sqlite/terms.py; MongoDB:
+each passage's `terms`, memory/mongo/keywords.py) and compute the same BM25.
+(Word pairs as phrases were tried and dropped: a pair that is adjacent in the
+question is rarely adjacent in the passage, "code X" vs "code is X", and an
+term no passage holds only dilutes the bonus.)
 """
 
 from __future__ import annotations
@@ -34,19 +38,14 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 
-# Bonus for a passage that holds every query expression. MiniLM cosines of
+# Bonus for a passage that holds every query term. MiniLM cosines of
 # related passages differ by a few hundredths among look-alikes and by about
 # 0.2-0.5 between a relevant and an unrelated one: the full bonus must beat
 # the first, and a partial bonus from one shared common-ish word must not beat
 # the second.
 KEYWORD_WEIGHT = 0.6
-
-# FTS5 ORs every expression, and scoring an expression costs time in
-# proportion to the rows that hold it.
-MAX_EXPRESSIONS = 24
 
 # Letters and digits only: what FTS5's unicode61 tokenizer keeps as tokens
 # ("_" and every other punctuation mark separate tokens there too).
@@ -78,46 +77,15 @@ def tokens(text: str) -> list[str]:
     return _TOKEN.findall(fold(text))
 
 
-@dataclass(frozen=True, slots=True)
-class KeywordQuery:
-    """FTS5 expressions (each a quoted term or phrase, safe to OR together)."""
-
-    expressions: tuple[str, ...]
-
-    def match(self, expressions: Iterable[str] | None = None) -> str:
-        return " OR ".join(self.expressions if expressions is None else expressions)
-
-
-def _quoted(words: Iterable[str]) -> str:
-    # Tokens are letters and digits only, so no quote can appear inside.
-    return '"' + " ".join(words) + '"'
-
-
-def keyword_query(text: str) -> KeywordQuery | None:
-    """The keyword half of a search for `text`; None when nothing is searchable."""
-    units = [words for chunk in text.split() if (words := tokens(chunk))]
-    if not units:
-        return None
-    content = [[w for w in unit if w not in STOPWORDS] for unit in units]
-    if not any(content):
-        # Only function words ("The Who"): search them rather than nothing.
-        content = units
-    compounds = [_quoted(unit) for unit in units if len(unit) > 1]
-    terms = [_quoted([w]) for unit in content for w in unit]
-    # Most specific first, so a long query that hits the cap keeps its ids and codes.
-    expressions = tuple(dict.fromkeys([*compounds, *terms]))[:MAX_EXPRESSIONS]
-    return KeywordQuery(expressions)
-
-
 def idf(total_rows: int, rows_with: int) -> float:
-    """The IDF that FTS5's bm25() gives an expression, so that `coverage`
+    """The IDF that FTS5's bm25() gives a term, so that `coverage`
     divides bm25 by a number on its own scale."""
     return max(1e-6, math.log((total_rows - rows_with + 0.5) / (rows_with + 0.5)))
 
 
 def coverage(bm25_scores: Mapping[int, float], idf_total: float) -> dict[int, float]:
     """bm25 (as a positive number, higher is better) as a share of the score of
-    a passage of average length holding every expression once. Above 1 only
+    a passage of average length holding every term once. Above 1 only
     for short passages or repeated words; clipped, so no passage gets more
     than the full bonus."""
     if idf_total <= 0:

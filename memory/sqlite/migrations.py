@@ -20,6 +20,8 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from memory.sqlite.terms import index_passages
+
 log = logging.getLogger(__name__)
 
 Migration = Callable[[sqlite3.Connection], None]
@@ -452,3 +454,36 @@ def m012_places(conn: sqlite3.Connection) -> None:
             log.info(
                 "agent %s: %d messages and %d passages from before places count as DM-only", key, messages, passages
             )
+
+
+# Passages read and indexed at a time by m013 (bounded memory on a large archive).
+_REINDEX_BATCH = 1_000
+
+
+@migration
+def m013_passage_terms(conn: sqlite3.Connection) -> None:
+    # Archival keyword search on analysed terms (memory/sqlite/terms.py):
+    # stemmed, stop words out, identifiers whole, as conversation search. The
+    # index holds that text, not passages.text, so it is a table of its own
+    # (no external content), filled by the store on insert and emptied by a
+    # trigger on delete; the passages already stored are re-indexed here.
+    _run(
+        conn,
+        "DROP TRIGGER passages_fts_insert",
+        "DROP TRIGGER passages_fts_delete",
+        "DROP TRIGGER passages_fts_update",
+        "DROP TABLE passages_fts",
+        """CREATE VIRTUAL TABLE passages_fts USING fts5(
+            agent_id, text, tokenize = "ascii tokenchars '_'"
+        )""",
+        # Fires for ON DELETE CASCADE too (an agent deleted).
+        """CREATE TRIGGER passages_fts_delete AFTER DELETE ON passages BEGIN
+            DELETE FROM passages_fts WHERE rowid = old.id;
+        END""",
+    )
+    rows = conn.execute("SELECT id, agent_id, text FROM passages ORDER BY id")
+    indexed = 0
+    while batch := rows.fetchmany(_REINDEX_BATCH):
+        indexed += index_passages(conn, batch)
+    if indexed:
+        log.info("re-indexed %d archival passages for keyword search by analysed terms", indexed)

@@ -1,4 +1,5 @@
-"""Hybrid archival search for the SQLite store: FTS5 bm25 fused with vectors.
+"""Hybrid archival search for the SQLite store: FTS5 bm25 over analysed terms
+(memory/sqlite/terms.py) fused with vectors.
 
 Everything here runs on the store's worker thread (the one that owns the
 connection), except ANN builds, which run on a background thread of their own
@@ -39,9 +40,10 @@ import numpy.typing as npt
 
 from memory.places import Visibility
 from memory.search.ann_index import ANN_THRESHOLD, AnnIndex, AnnParams, Signature, remove_files
-from memory.search.hybrid import KEYWORD_WEIGHT, coverage, fuse, idf, keyword_query
+from memory.search.hybrid import KEYWORD_WEIGHT, coverage, fuse, idf
 from memory.search.vector_index import VectorIndex
 from memory.sqlite.base import visible_sql
+from memory.sqlite.terms import term_expressions
 from memory.store import StoreError
 
 log = logging.getLogger(__name__)
@@ -370,15 +372,15 @@ class PassageSearch:
         entry: AgentVectors,
         visible: Visibility | None = None,
     ) -> dict[int, float]:
-        """Coverage (0-1) of the query's expressions by the agent's best
+        """Coverage (0-1) of the query's terms by the agent's best
         keyword matches (those `visible` sees), for passages that have a vector."""
-        query = keyword_query(text)
-        if query is None:
+        expressions = term_expressions(text)
+        if not expressions:
             return {}
-        kept, idf_total = weigh_expressions(conn, "passages_fts", query.expressions, self.row_count.get(conn))
+        kept, idf_total = weigh_expressions(conn, "passages_fts", expressions, self.row_count.get(conn))
         if not kept:
             return {}
-        terms = query.match(kept)
+        terms = " OR ".join(kept)
         where, args = visible_sql(visible, "p.place")
         if where:
             # Filtered before the LIMIT: the best visible hits, never the

@@ -50,6 +50,7 @@ from memory.sqlite.recall import MessageSearch, SQLiteRecall
 from memory.sqlite.schedules import SQLiteScheduleStore
 from memory.sqlite.search import PassageSearch
 from memory.sqlite.sources import SQLiteSources
+from memory.sqlite.terms import index_passages
 from memory.sqlite.usage import SQLiteUsage
 from memory.store import Store, StoreError
 from memory.types import Message, Passage, SearchPage
@@ -351,6 +352,7 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
                 cursor = conn.execute(sql, values)
                 assert cursor.lastrowid is not None  # an INSERT always sets it
                 ids.append(cursor.lastrowid)
+            index_passages(conn, [(passage_id, agent_id, p.text) for passage_id, p in zip(ids, passages, strict=True)])
         self._search.rows_inserted(len(ids))
         if embedded:
             self._search.added(agent_id, [ids[n] for n in embedded], matrix)
