@@ -154,15 +154,11 @@ class UsageLimits:
             return
         now = self.clock()
         try:
-            await self.store.record_usage(key, TOKENS, tokens, now)
+            hits = {TOKENS: tokens}
             if parts is not None:
-                for kind, amount in (
-                    (PROMPT_TOKENS, parts.prompt),
-                    (CACHED_TOKENS, parts.cached),
-                    (COMPLETION_TOKENS, parts.completion),
-                ):
-                    if amount > 0:
-                        await self.store.record_usage(key, kind, amount, now)
+                counts = {PROMPT_TOKENS: parts.prompt, CACHED_TOKENS: parts.cached, COMPLETION_TOKENS: parts.completion}
+                hits.update((kind, amount) for kind, amount in counts.items() if amount > 0)
+            await self.store.record_usage(key, hits, now)  # one write for the event
         except StoreError as error:
             # The answer is out already; losing one event's count is better than losing the answer.
             log.error("could not count %d tokens for %s: %s", tokens, key, error)
@@ -232,7 +228,7 @@ class UsageLimits:
                 # Told already if a notice went out since the last message that got through.
                 told = (await store.usage_since(key, RATE_NOTICE, recent.newest)).count > 0
                 return await self._hold(agent, event, "rate", recent.oldest + RATE_WINDOW, now, told)
-        await store.record_usage(key, MESSAGE, 1, now)
+        await store.record_usage(key, {MESSAGE: 1}, now)
         return None
 
     async def _hold(
@@ -249,7 +245,7 @@ class UsageLimits:
         result = EventResult(held=reason)
         if told or not isinstance(event, USER_EVENTS):
             return result  # once per episode, and only to someone who wrote
-        await self.store.record_usage(key, RATE_NOTICE if reason == "rate" else BUDGET_NOTICE, 1, now)
+        await self.store.record_usage(key, {RATE_NOTICE if reason == "rate" else BUDGET_NOTICE: 1}, now)
         text = self._rate_notice(until, now) if reason == "rate" else self._budget_notice(until, now)
         result.replies.append(event.reply(text))
         return result

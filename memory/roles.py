@@ -377,8 +377,9 @@ class UsageStore(Protocol):
     not agent id, so forgetting a user's memory and their counters are
     separate calls (Runtime.forget makes both). Times are the caller's clock."""
 
-    async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
-        """Count one hit of `kind` ("message", "tokens", ...) worth `amount` for `key`."""
+    async def record_usage(self, key: str, hits: Mapping[str, int], at: datetime) -> None:
+        """Count one hit of each kind in `hits` ("message", "tokens", ...), worth
+        its amount, for `key`, in one write (an event's token counts are four)."""
 
     async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
         """The hits of `kind` for `key` at or after `since`: how many, the sum of

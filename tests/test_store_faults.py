@@ -563,9 +563,9 @@ async def test_sqlite_disk_full(rig: Callable[..., Awaitable[Rig]], small_disk: 
     # A full disk can also fail a WAL checkpoint: the store still writes once there is room again.
     built.fault.inject()
     with pytest.raises(StoreError, match="disk is full"):
-        await store.record_usage("probe", "probe", 1, utc_now())
+        await store.record_usage("probe", {"probe": 1}, utc_now())
     built.fault.heal()
-    await store.record_usage("probe", "probe", 1, utc_now())
+    await store.record_usage("probe", {"probe": 1}, utc_now())
     conn = sqlite3.connect(path)
     try:
         assert conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0] == 0  # not busy: it went through

@@ -15,6 +15,7 @@ epoch (UTC), as everywhere in the MongoDB store.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from pymongo import ASCENDING, IndexModel
@@ -34,8 +35,12 @@ USAGE_INDEXES: dict[str, list[IndexModel]] = {
 
 class MongoUsage(MongoBase):
     @guarded
-    async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
-        await self._c("usage_hits").insert_one({"key": key, "kind": kind, "at": to_us(at), "amount": int(amount)})
+    async def record_usage(self, key: str, hits: Mapping[str, int], at: datetime) -> None:
+        documents = [
+            {"key": key, "kind": kind, "at": to_us(at), "amount": int(amount)} for kind, amount in hits.items()
+        ]
+        if documents:
+            await self._c("usage_hits").insert_many(documents)
 
     @guarded
     async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:

@@ -16,6 +16,7 @@ so a stored instant comes back exactly.
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 
 from memory.sqlite.base import SQLiteBase
@@ -46,12 +47,11 @@ def tally(count: int, amount: int, oldest: int | None, newest: int | None) -> Us
 
 
 class SQLiteUsage(SQLiteBase):
-    async def record_usage(self, key: str, kind: str, amount: int, at: datetime) -> None:
+    async def record_usage(self, key: str, hits: Mapping[str, int], at: datetime) -> None:
+        rows = [(key, kind, to_us(at), int(amount)) for kind, amount in hits.items()]
+
         def job(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO usage_hits (key, kind, at, amount) VALUES (?, ?, ?, ?)",
-                (key, kind, to_us(at), int(amount)),
-            )
+            conn.executemany("INSERT INTO usage_hits (key, kind, at, amount) VALUES (?, ?, ?, ?)", rows)
 
         await self.run_in_db(job, write=True)
 

@@ -16,9 +16,9 @@ async def test_hits_are_counted_and_summed_over_a_window(store: Store) -> None:
     empty = await store.usage_since("discord:1", "tokens", T0 - timedelta(days=1))
     assert (empty.count, empty.amount, empty.oldest, empty.newest) == (0, 0, None, None)
     for seconds, amount in ((0, 100), (30, 250), (90, 40)):
-        await store.record_usage("discord:1", "tokens", amount, T0 + timedelta(seconds=seconds))
-    await store.record_usage("discord:1", "message", 1, T0)  # another kind
-    await store.record_usage("discord:2", "tokens", 999, T0)  # another user
+        await store.record_usage("discord:1", {"tokens": amount}, T0 + timedelta(seconds=seconds))
+    await store.record_usage("discord:1", {"message": 1}, T0)  # another kind
+    await store.record_usage("discord:2", {"tokens": 999}, T0)  # another user
 
     every = await store.usage_since("discord:1", "tokens", T0)  # `since` itself is included
     assert (every.count, every.amount) == (3, 390)
@@ -30,10 +30,24 @@ async def test_hits_are_counted_and_summed_over_a_window(store: Store) -> None:
     assert (await store.usage_since("discord:2", "tokens", T0)).amount == 999
 
 
+async def test_several_kinds_are_counted_in_one_call(store: Store) -> None:
+    await store.record_usage("slack:T1:U2", {"tokens": 120, "prompt_tokens": 100, "completion_tokens": 20}, T0)
+    await store.record_usage("slack:T1:U2", {}, T0)  # nothing to count
+    tallies = {
+        kind: await store.usage_since("slack:T1:U2", kind, T0)
+        for kind in ("tokens", "prompt_tokens", "completion_tokens")
+    }
+    assert {kind: (t.count, t.amount, t.newest) for kind, t in tallies.items()} == {
+        "tokens": (1, 120, T0),
+        "prompt_tokens": (1, 100, T0),
+        "completion_tokens": (1, 20, T0),
+    }
+
+
 async def test_concurrent_hits_from_two_processes_are_all_counted(store: Store, twin: Store) -> None:
     # What a shared `$inc` would get wrong on FerretDB: every hit must land.
     hits = [
-        backend.record_usage("slack:T1:U1", "message", 1, T0 + timedelta(milliseconds=n))
+        backend.record_usage("slack:T1:U1", {"message": 1}, T0 + timedelta(milliseconds=n))
         for n, backend in enumerate((store, twin) * 25)
     ]
     await asyncio.gather(*hits)
@@ -44,8 +58,8 @@ async def test_concurrent_hits_from_two_processes_are_all_counted(store: Store, 
 
 async def test_prune_drops_old_hits_of_every_key(store: Store) -> None:
     for key in ("discord:1", "discord:2"):
-        await store.record_usage(key, "tokens", 10, T0 - timedelta(days=3))
-        await store.record_usage(key, "tokens", 20, T0)
+        await store.record_usage(key, {"tokens": 10}, T0 - timedelta(days=3))
+        await store.record_usage(key, {"tokens": 20}, T0)
     assert await store.prune_usage(T0 - timedelta(days=2)) == 2
     for key in ("discord:1", "discord:2"):
         found = await store.usage_since(key, "tokens", T0 - timedelta(days=10))
@@ -54,9 +68,9 @@ async def test_prune_drops_old_hits_of_every_key(store: Store) -> None:
 
 
 async def test_delete_usage_forgets_one_key_and_keeps_its_exemption(store: Store) -> None:
-    await store.record_usage("discord:1", "tokens", 10, T0)
-    await store.record_usage("discord:1", "message", 1, T0)
-    await store.record_usage("discord:2", "tokens", 10, T0)
+    await store.record_usage("discord:1", {"tokens": 10}, T0)
+    await store.record_usage("discord:1", {"message": 1}, T0)
+    await store.record_usage("discord:2", {"tokens": 10}, T0)
     await store.set_usage_exempt("discord:1", True, T0)
     assert await store.delete_usage("discord:1") == 2
     assert (await store.usage_since("discord:1", "tokens", T0)).count == 0
