@@ -45,6 +45,7 @@ from bot.events import Reply as BotReply
 from bot.events import ScheduledTick
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
+from tests.dpytest_guild import guild_channel, guild_member, the_guild
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
 
 FENCE_LINE = re.compile(r"^[ \t]*```[^\n]*$", re.MULTILINE)
@@ -157,17 +158,13 @@ class Harness:
 
     @property
     def guild(self) -> discord.Guild:
-        return dpytest.get_config().guilds[0]
+        return the_guild()
 
     def channel(self, name: str) -> discord.TextChannel:
-        found = discord.utils.get(self.guild.text_channels, name=name)
-        assert found is not None
-        return found
+        return guild_channel(name)
 
     def member(self, name: str) -> discord.Member:
-        found = discord.utils.get(dpytest.get_config().members, name=name)
-        assert found is not None
-        return found
+        return guild_member(name)
 
     async def agent_id(self, user: discord.abc.User) -> str | None:
         record = await self.runtime.store.find_agent(f"discord:{user.id}")

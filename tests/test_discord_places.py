@@ -20,6 +20,7 @@ from discord.ext.test import backend
 
 from adapters.discord import DiscordAdapter, DiscordConfig
 from bot.events import Place, Redo, UserMessage
+from tests.dpytest_guild import guild_channel, guild_member, the_guild
 from tests.recording_bot import RecordingBot
 
 snowflakes = iter(range(1_400_000_000_000_000_000, 1_500_000_000_000_000_000))
@@ -37,17 +38,13 @@ class Server:
 
     @property
     def guild(self) -> discord.Guild:
-        return dpytest.get_config().guilds[0]
+        return the_guild()
 
     def channel(self, name: str) -> discord.TextChannel:
-        found = discord.utils.get(self.guild.text_channels, name=name)
-        assert found is not None
-        return found
+        return guild_channel(name)
 
     def member(self, name: str) -> discord.Member:
-        found = discord.utils.get(dpytest.get_config().members, name=name)
-        assert found is not None
-        return found
+        return guild_member(name)
 
     def thread(self, parent: discord.TextChannel, name: str, *, private: bool = False) -> discord.Thread:
         """A thread as the gateway announces one (THREAD_CREATE)."""

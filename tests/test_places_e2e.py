@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import discord
 import discord.ext.test as dpytest
@@ -36,6 +36,7 @@ from discord.ext.test import backend, factories
 from adapters.discord import DiscordAdapter, DiscordConfig
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
+from tests.dpytest_guild import guild_channel, guild_member
 from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
 from tests.fake_slack import FakeSlack
 from tests.places_script import search_everything
@@ -254,25 +255,16 @@ async def test_slack_a_dm_stays_in_the_dm(start_bot: Start, fake_slack: FakeSlac
 # --------------------------------------------------------------------------- Discord
 
 
-T = TypeVar("T")
-
-
-def named(items: Iterable[T], name: str) -> T:
-    found = discord.utils.get(items, name=name)
-    assert found is not None, name
-    return found
-
-
 @dataclass
 class Guild:
     adapter: DiscordAdapter
     runtime: Runtime
 
     def channel(self, name: str) -> discord.TextChannel:
-        return named(dpytest.get_config().guilds[0].text_channels, name)
+        return guild_channel(name)
 
     def member(self, name: str) -> discord.Member:
-        return named(dpytest.get_config().members, name)
+        return guild_member(name)
 
     def mention(self, text: str) -> str:
         assert self.adapter.client.user is not None
