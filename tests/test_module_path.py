@@ -21,14 +21,20 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import discord.ext.test as dpytest
+
+from tests import test_discord_adapter as discord_tests
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer
+from tests.test_discord_adapter import Harness
 from tests.test_slack_adapter import SlackBot, dm, say
 
 # The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.
 fake_slack = slack_tests.fake_slack
 start_bot = slack_tests.start_bot
 bot = slack_tests.bot
+# The Discord adapter tests' harness: dpytest's gateway and REST stand-in, a real runtime.
+discord_bot = discord_tests.discord_bot
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("adapters", "bot", "memory", "cli")
@@ -48,6 +54,9 @@ _FIRST_INSTRUCTIONS = 4
 # Lower these as the path gets shorter.
 MAX_MODULES = 32
 MAX_RE_ENTRIES = 99
+# A Discord DM, measured the same way (dpytest's dispatch, then the adapter): 27 and 89 at 74359e1.
+MAX_DISCORD_MODULES = 27
+MAX_DISCORD_RE_ENTRIES = 89
 
 
 def project_module(filename: str) -> str | None:
@@ -124,3 +133,25 @@ async def test_one_slack_message_crosses_few_modules(bot: SlackBot, llm_server: 
     )
     assert path.modules <= MAX_MODULES, counts
     assert path.re_entries <= MAX_RE_ENTRIES, counts
+
+
+async def test_one_discord_message_crosses_few_modules(discord_bot: Harness) -> None:
+    discord_bot.llm.set_handler(lambda request: say("hello"))
+    alice = discord_bot.member("alice")
+    channel = await alice.create_dm()
+    await dpytest.message("first", channel=channel, member=alice)
+    path = ModulePath()
+    sys.setprofile(path.profile)
+    try:
+        await dpytest.message("second", channel=channel, member=alice)
+    finally:
+        sys.setprofile(None)
+    assert [m.content for m in discord_tests.sent()] == ["hello", "hello"]
+    counts = Counter(path.entries)
+    print(
+        f"\none Discord message: {path.modules} modules entered, {path.re_entries} re-entries"
+        f" ({len(path.entries)} entries)\n  "
+        + "\n  ".join(f"{module}: {count}" for module, count in counts.most_common())
+    )
+    assert path.modules <= MAX_DISCORD_MODULES, counts
+    assert path.re_entries <= MAX_DISCORD_RE_ENTRIES, counts
