@@ -6,8 +6,11 @@ banner and a `you> ` prompt go to standard error, so that standard output only
 ever carries the replies and the adapter is as scriptable through a pipe as it
 is usable by hand. End of input ends the chat.
 
-Like every adapter it knows nothing of memory: it builds events and calls the
-`handle` it is given (the runtime's `handle`).
+The smallest platform of the contract (adapters/pipeline.py): a line is an
+arrival, `build` makes its `UserMessage`, `send` prints a reply. Each line
+takes the same durable path as a Slack or Discord message (recorded, in the
+person's lane, answered, finished), and the next is read once it is answered.
+Like every adapter it knows nothing of memory: it calls only the `BotPort`.
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ import asyncio
 import io
 import sys
 import threading
-from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TextIO
+import uuid
+from collections.abc import AsyncGenerator, Mapping
+from contextlib import AbstractAsyncContextManager, nullcontext
+from typing import Any, TextIO
 
-from bot.events import Reply, UserMessage
+from adapters.pipeline import Arrival, Item, Pipeline
+from bot.events import Delivery, Reply, UserMessage
+from bot.ports import BotPort
 
 PLATFORM = "terminal"
 PROMPT = "you> "
-
-Handle = Callable[[UserMessage], Awaitable[list[Reply]]]
 
 
 async def read_lines(stream: TextIO) -> AsyncGenerator[str]:
@@ -64,9 +69,11 @@ async def read_lines(stream: TextIO) -> AsyncGenerator[str]:
 class TerminalChat:
     """One person chatting with their agent through standard input and output."""
 
+    redelivers = False  # a line is read once
+
     def __init__(
         self,
-        handle: Handle,
+        bot: BotPort,
         user_id: str,
         *,
         platform: str = PLATFORM,
@@ -76,23 +83,54 @@ class TerminalChat:
         stderr: TextIO | None = None,
         interactive: bool | None = None,
     ) -> None:
-        self.handle = handle
-        self.platform = platform
+        self.name = platform
         self.user_id = user_id
         self.display_name = display_name or user_id
+        if stdin is None and isinstance(sys.stdin, io.TextIOWrapper):
+            # Bytes that are not UTF-8 become U+FFFD, as on the other platforms:
+            # "strict" would end the chat, the C locale's "surrogateescape" would
+            # pass lone surrogates on (bot/sanitize.py catches those too).
+            sys.stdin.reconfigure(errors="replace")
         self.stdin = stdin or sys.stdin
         self.stdout = stdout or sys.stdout
         self.stderr = stderr or sys.stderr
         self.interactive = _isatty(self.stdin) if interactive is None else interactive
+        self.pipeline = Pipeline(bot, self)
 
-    def event(self, text: str) -> UserMessage:
-        return UserMessage(
-            platform=self.platform,
-            user_id=self.user_id,
-            text=text,
-            display_name=self.display_name,
+    # -- the platform contract (adapters/pipeline.py) -----------------------------
+    def arrival_of(self, payload: Mapping[str, Any]) -> Arrival:
+        return Arrival(str(payload["event_id"]), str(payload["user_id"]), PLATFORM, dict(payload))
+
+    async def build(self, arrival: Arrival) -> list[Item]:
+        payload = arrival.payload
+        message = UserMessage(
+            platform=self.name,
+            user_id=arrival.user_id,
+            text=str(payload["text"]),
+            display_name=str(payload["display_name"]),
             channel="terminal",
+            event_id=arrival.event_id,
+            durable=arrival.durable,
         )
+        return [message]
+
+    async def send(self, reply: Reply, answering: Arrival | None) -> tuple[Delivery, str]:
+        self.stdout.write(reply.text + "\n")
+        self.stdout.flush()
+        return Delivery.SENT, ""
+
+    def notice(self, arrival: Arrival, text: str) -> Reply:
+        return Reply(text, self.name, arrival.user_id, {}, arrival.event_id)
+
+    def working(self, arrival: Arrival) -> AbstractAsyncContextManager[None]:
+        return nullcontext()
+
+    async def say(self, text: str) -> None:
+        """One line in, answered (through the pipeline) before it returns."""
+        payload = {"event_id": uuid.uuid4().hex, "user_id": self.user_id, "text": text}
+        task = await self.pipeline.take(self.arrival_of(payload | {"display_name": self.display_name}))
+        if task is not None:
+            await task
 
     async def run(self) -> int:
         """Chat until end of input; returns how many messages were sent."""
@@ -102,18 +140,17 @@ class TerminalChat:
                 f"Chatting as {self.display_name}. Type a message and press Enter; Ctrl-D (end of input) quits.\n"
             )
             self._note(PROMPT)
+        await self.pipeline.recover()  # what a crash cut short, answered first
         async for line in read_lines(self.stdin):
             text = line.strip()
             if text:
-                replies = await self.handle(self.event(text))
+                await self.say(text)
                 sent += 1
-                for reply in replies:
-                    self.stdout.write(reply.text + "\n")
-                    self.stdout.flush()
             if self.interactive:
                 self._note(PROMPT)
         if self.interactive:
             self._note("\n")
+        await self.pipeline.close()
         return sent
 
     def _note(self, text: str) -> None:
@@ -126,13 +163,3 @@ def _isatty(stream: TextIO) -> bool:
         return stream.isatty()
     except (AttributeError, ValueError):
         return False
-
-
-async def chat(handle: Handle, user_id: str, *, platform: str = PLATFORM, display_name: str | None = None) -> int:
-    """Chat on this process's standard streams; returns how many messages were sent."""
-    if isinstance(sys.stdin, io.TextIOWrapper):
-        # Bytes that are not UTF-8 become U+FFFD, as on the other platforms:
-        # "strict" would end the chat, the C locale's "surrogateescape" would
-        # pass lone surrogates on (bot/sanitize.py catches those too).
-        sys.stdin.reconfigure(errors="replace")
-    return await TerminalChat(handle, user_id, platform=platform, display_name=display_name).run()

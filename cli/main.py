@@ -188,7 +188,7 @@ async def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     # At a terminal a person may ask for a search soon: load the model meanwhile.
     runtime = await open_runtime(settings, talks_to_llm=True, warm_up=settings.warm_up and isatty(sys.stdin))
     try:
-        sent = await TerminalChat(runtime.handle, user.user_id, platform=user.platform).run()
+        sent = await TerminalChat(runtime, user.user_id, platform=user.platform).run()
         log.info("chat with %s ended: %d messages", user.key, sent)
     finally:
         await runtime.close()

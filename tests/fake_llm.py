@@ -268,6 +268,11 @@ def reply_tool_calls(
     return CompletionReply(content=content, tool_calls=tuple(calls), finish_reason=finish_reason, usage=usage)
 
 
+def say(text: str) -> CompletionReply:
+    """The agent's answer `text`: one send_message call (what most scripted turns reply)."""
+    return reply_tool_calls(tool_call("send_message", {"message": text}))
+
+
 def is_summary_request(request: JSONDict) -> bool:
     """A summarizer call, not an agent step: the chat model's summaries come
     with the agent's tools and tool_choice "none" (so they share the agent's

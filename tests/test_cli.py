@@ -19,9 +19,10 @@ from typing import Any
 import pytest
 
 from adapters.terminal import TerminalChat
-from bot.events import Reply, UserMessage
+from bot.events import Event, Reply, UserMessage
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
 from tests.forks import run_cli
+from tests.recording_bot import RecordingBot
 from tests.secrets_catalog import CLI_OPENAI_API_KEY
 
 SECRET_KEY = CLI_OPENAI_API_KEY
@@ -432,23 +433,16 @@ def test_archival_search_finds_a_passage_the_model_saved(llm_server: FakeLLMServ
 
 # -- the terminal adapter at a (pretend) terminal ------------------------------------
 async def test_terminal_adapter_interactive_keeps_prompts_off_stdout() -> None:
-    seen: list[UserMessage] = []
+    class EchoBot(RecordingBot):
+        async def handle(self, event: Event) -> list[Reply]:
+            assert isinstance(event, UserMessage)
+            self.events.append(event)
+            return [event.reply(f"echo: {event.text}")]
 
-    async def handle(event: UserMessage) -> list[Reply]:
-        seen.append(event)
-        return [
-            Reply(
-                text=f"echo: {event.text}",
-                platform=event.platform,
-                user_id=event.user_id,
-                reply_to={},
-                event_id=event.event_id,
-            )
-        ]
-
+    bot = EchoBot()
     stdout, stderr = io.StringIO(), io.StringIO()
     chat = TerminalChat(
-        handle,
+        bot,
         "bob",
         stdin=io.StringIO("hello\n   \nsecond line\n"),
         stdout=stdout,
@@ -459,4 +453,4 @@ async def test_terminal_adapter_interactive_keeps_prompts_off_stdout() -> None:
     assert stdout.getvalue() == "echo: hello\necho: second line\n"
     assert "you> " in stderr.getvalue() and "Chatting as bob" in stderr.getvalue()
     expected = [("terminal", "bob", "terminal", "bob")] * 2
-    assert [(e.platform, e.user_id, e.channel, e.display_name) for e in seen] == expected
+    assert [(e.platform, e.user_id, e.channel, e.display_name) for e in bot.messages()] == expected

@@ -244,7 +244,7 @@ async def test_followers_of_a_batch_that_was_never_recorded_are_answered_on_thei
 
 
 async def test_discord_quick_messages_get_one_answer_and_each_is_journaled(discord_bot: Harness) -> None:
-    discord_bot.adapter.bursts = Debouncer(WINDOW)
+    discord_bot.adapter.pipeline.bursts = Debouncer(WINDOW)
     discord_bot.llm.set_handler(lambda request: say("one answer to all three"))
     alice = discord_bot.member("alice")
     dm = await alice.create_dm()

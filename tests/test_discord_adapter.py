@@ -320,7 +320,7 @@ async def discord_bot(
     async_context.reset(token)
     await dpytest.empty_queue()
     assert not harness.errors, harness.errors
-    assert len(adapter.lanes) == 0
+    assert len(adapter.pipeline.lanes) == 0
 
 
 # -- messages ------------------------------------------------------------------
@@ -496,12 +496,14 @@ async def test_a_greeting_falls_back_to_the_system_channel_when_dms_are_closed(d
 
 
 async def test_events_from_elsewhere_are_answered_where_reply_to_says(discord_bot: Harness) -> None:
-    # The path a scheduled check-in takes: no Discord message to answer, only an address.
+    # The path a scheduled check-in takes (bot/checkins/scheduler.py): the runtime, then the
+    # adapter's delivery; no Discord message to answer, only an address.
     discord_bot.llm.set_handler(lambda request: say("Good morning! Did the seedlings sprout?"))
     alice, chat = discord_bot.member("alice"), discord_bot.channel("garden-chat")
-    await discord_bot.adapter.run_event(
-        ScheduledTick(platform="discord", user_id=str(alice.id), reason="Daily check-in", reply_to=dm_address(alice.id))
+    tick = ScheduledTick(
+        platform="discord", user_id=str(alice.id), reason="Daily check-in", reply_to=dm_address(alice.id)
     )
+    await discord_bot.adapter.deliver(await discord_bot.runtime.handle(tick))
     [dm] = sent()
     assert in_dm_with(dm, alice) and dm.content == "Good morning! Did the seedlings sprout?"
     assert "[scheduled tick] Daily check-in" in last_user_text(discord_bot.llm.requests[0])

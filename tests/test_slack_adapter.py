@@ -28,7 +28,6 @@ from adapters.slack import (
     FORGET_CANCEL,
     FORGET_CONFIRM,
     REPLY_LIMIT,
-    RecentEventIds,
     SlackAdapter,
     SlackConfig,
 )
@@ -39,6 +38,7 @@ from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
+from tests.recording_bot import RecordingBot
 from tests.secrets_catalog import FAKE_SLACK_APP_TOKEN, SLACK_TEST_SIGNING_SECRET
 
 SECRET = SLACK_TEST_SIGNING_SECRET
@@ -475,28 +475,14 @@ async def test_joins_are_answered_in_a_direct_message(bot: SlackBot, llm_server:
 
 
 async def test_an_error_in_the_bot_gets_an_apology_and_the_next_message_an_answer(start_bot: Start) -> None:
-    class FlakyBot:
+    class FlakyBot(RecordingBot):
         calls = 0
 
         async def handle(self, event: Event) -> list[BotReply]:
             self.calls += 1
             if self.calls == 1:
                 raise RuntimeError("the database went away")
-            return [
-                BotReply(
-                    text="back again",
-                    platform=event.platform,
-                    user_id=event.user_id,
-                    reply_to=event.reply_to,
-                    event_id=event.event_id,
-                )
-            ]
-
-        async def memory_report(self, platform: str, user_id: str) -> str | None:
-            return None
-
-        async def forget_user(self, platform: str, user_id: str) -> bool:
-            return False
+            return [event.reply("back again")]
 
     bot = await start_bot(FlakyBot())
     await bot.event(dm("first"))
@@ -594,18 +580,10 @@ async def test_forget_command_asks_first_and_the_button_forgets(bot: SlackBot, l
 
 
 async def test_checkin_command_manages_check_ins_delivered_to_the_dm(start_bot: Start) -> None:
-    class CheckinBot:
+    class CheckinBot(RecordingBot):
         def __init__(self) -> None:
+            super().__init__()
             self.calls: list[tuple[str, str, str, dict[str, Any]]] = []
-
-        async def handle(self, event: Event) -> list[BotReply]:
-            return []
-
-        async def memory_report(self, platform: str, user_id: str) -> str | None:
-            return None
-
-        async def forget_user(self, platform: str, user_id: str) -> bool:
-            return False
 
         async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
             self.calls.append((platform, user_id, text, reply_to))
@@ -739,19 +717,6 @@ async def test_bad_credentials_fail_at_start_without_showing_them(start_bot: Sta
     assert "wrong-token" not in str(bad_bot.value) + str(bad_app.value)
     with pytest.raises(OSError):  # the port is taken
         await start_bot(http_port=(await start_bot()).adapter.port)
-
-
-async def test_recent_event_ids_forget_the_oldest() -> None:
-    ids = RecentEventIds(capacity=2)
-    # "c" pushes out "a", the oldest delivered: a retry of "a" after that counts as new.
-    assert [await ids.seen(event_id) for event_id in ("a", "b", "a", "c", "b", "a")] == [
-        False,
-        False,
-        True,
-        False,
-        True,
-        False,
-    ]
 
 
 async def test_no_token_or_secret_reaches_the_logs(

@@ -66,7 +66,6 @@ async def test_a_replayed_event_is_answered_once_and_recorded_once(start_bot: St
     llm_server.set_handler(lambda request: say("first run answer"))
     # What a killed run leaves behind: the event journaled, its message recorded, no reply.
     payload_event = dm("are you there?")
-    bot.adapter._durable = True
     await bot.runtime.receive(
         "slack",
         "EvR1",
@@ -227,7 +226,7 @@ async def test_a_retried_reply_is_not_overtaken_by_the_persons_later_replies(
     assert await bot.event(dm("number three"), event_id="EvQ3") == 200
     await bot.adapter.drain()
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["re: one", "re: two", "re: three"]
-    assert len(bot.adapter._lanes) == 0  # nothing kept per user once idle
+    assert len(bot.adapter.pipeline.lanes) == 0  # nothing kept per user once idle
 
 
 def recorded(event_id: str, text: str) -> dict[str, object]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from adapters.slack.parse import Origin
+from bot.durable.debounce import Burst
 from bot.events import Redo
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer
@@ -41,8 +41,10 @@ async def test_a_new_message_arriving_with_the_journal_read_waits_for_the_replay
         # when the replays' tasks are created and the gate is released.
         await bot.runtime.receive("slack", "EvNew", "T1:U1", new)
         redos = await read_the_journal(origin)
-        built = adapter.parser.builder("message", Origin.from_json(new["origin"]), new["event"])
-        adapter._submit(Origin.from_json(new["origin"]), built, debounce=True)
+        # Its work starts as a listener's does once the inbox has it (Pipeline.take).
+        arrival = adapter.arrival_of(new)
+        arrival.recorded.set()
+        adapter.pipeline._start(Burst([arrival], 0.0, 0.0, closed=True))
         return redos
 
     monkeypatch.setattr(bot.runtime, "pending_events", a_new_message_comes_with_the_read)

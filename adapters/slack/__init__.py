@@ -1,10 +1,10 @@
 """Slack: Events API in, chat.postMessage out (adapters/slack/adapter.py tells how)."""
 
-from adapters.slack.adapter import APOLOGY, SlackAdapter, SlackClosingError
+from adapters.pipeline import APOLOGY
+from adapters.slack.adapter import SlackAdapter
 from adapters.slack.app import EVENTS_PATH
 from adapters.slack.commands import FORGET_CANCEL, FORGET_CONFIRM
 from adapters.slack.config import PLATFORM, REPLY_LIMIT, SlackConfig, SlackSetupError
-from adapters.slack.dedupe import EventDeduper, RecentEventIds
 from adapters.slack.send import METADATA_TYPE
 
 __all__ = [
@@ -15,10 +15,7 @@ __all__ = [
     "METADATA_TYPE",
     "PLATFORM",
     "REPLY_LIMIT",
-    "EventDeduper",
-    "RecentEventIds",
     "SlackAdapter",
-    "SlackClosingError",
     "SlackConfig",
     "SlackSetupError",
 ]

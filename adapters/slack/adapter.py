@@ -1,22 +1,19 @@
 """The Slack adapter: Events API in (Socket Mode or HTTP), chat.postMessage out.
 
-Each Slack payload is read by one small listener that drops what the bot must
-not answer (adapters/slack/parse.py: `origin_of_<event>`), records the event
-in the bot's journal (bot/durable/) and hands its builder to `_submit`; the
-builder (`SlackParser.parse_<kind>`) turns the payload into typed events
-(`UserMessage`, `UserJoined`, `FileUploaded`). Bolt acks an event only once its
-listener returns (`process_before_response=True`): an event Slack stops
-re-delivering is always one the bot has kept. The listeners only record and
-schedule work, so the agent's LLM calls never delay the HTTP response or the
-Socket Mode ack. Replies carry their outbox id in message metadata, so a reply
-re-sent after a crash is first looked for in the conversation (adapters/slack/send.py).
-
-Work for one user runs in arrival order (their lane, bot/durable/lanes.py,
-taken before any await) so that reading the display name or downloading a
-file cannot let a later message overtake an earlier one; different users run
-concurrently. Replies keep that order too: while one waits for a retry, the
-same person's later replies wait behind it (Lanes.deliver).
-Slack's retried deliveries are dropped by Events API `event_id` (the journal's key).
+Slack's side of the platform contract (adapters/pipeline.py): each Slack
+payload is read by one small listener that drops what the bot must not answer
+(adapters/slack/parse.py: `origin_of_<event>`) and hands an `Arrival` to the
+pipeline, which records it in the bot's inbox before the listener returns:
+Bolt acks an event only then (`process_before_response=True`), so an event
+Slack stops re-delivering is always one the bot has kept, and one that could
+not be recorded is delivered again (`redelivers`). The listeners only record
+and schedule work, so the agent's LLM calls never delay the HTTP response or
+the Socket Mode ack. `build` (`SlackParser.parse_<kind>`) turns a recorded
+payload into typed events (`UserMessage`, `UserJoined`, `FileUploaded`), the
+same way at a replay. Replies carry their outbox id in message metadata, so a
+reply re-sent after a crash is first looked for in the conversation
+(adapters/slack/send.py). Slack's retried deliveries are dropped by Events
+API `event_id` (the inbox's key).
 
 Like every adapter it knows nothing of memory: it calls only the `BotPort`.
 Its parts, one job each: `app` (the Bolt app and its connection), `parse`
@@ -27,26 +24,23 @@ Its parts, one job each: `app` (the Bolt app and its connection), `parse`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 from slack_bolt.async_app import AsyncBoltContext, AsyncBoltRequest
 
+from adapters.pipeline import Arrival, Item, Pipeline
 from adapters.slack.app import SlackApp
 from adapters.slack.commands import add_commands
 from adapters.slack.config import PLATFORM, SlackConfig
-from adapters.slack.dedupe import EventDeduper, RecentEventIds
 from adapters.slack.directory import Directory
 from adapters.slack.files import FileReader
 from adapters.slack.history import ChannelHistory
 from adapters.slack.parse import (
-    Builder,
-    Item,
     Origin,
     SlackParser,
-    gave_up,
     message_kind,
     origin_of_app_mention,
     origin_of_member_joined_channel,
@@ -54,35 +48,24 @@ from adapters.slack.parse import (
     origin_of_team_join,
 )
 from adapters.slack.send import SlackSender
-from bot.durable.debounce import Burst, Debouncer, merge
-from bot.durable.lanes import Lanes
-from bot.events import Redo, Reply, agent_key
+from bot.events import Delivery, Redo, Reply
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
 
 # Plain messages; a file share or a join is never merged with another event.
 DEBOUNCED = frozenset({"message", "app_mention"})
-Work = tuple[Origin, Builder]  # a recorded event and how to build it
-
-APOLOGY = "Sorry, something went wrong on my side and I couldn't answer that. Please try again."
-
-
-class SlackClosingError(Exception):
-    """An event arrived while the adapter closes: not acknowledged, so Slack delivers it again."""
 
 
 class SlackAdapter:
     """One Bolt app serving every event; `start()` runs until `close()`."""
 
-    def __init__(self, bot: BotPort, config: SlackConfig, *, deduper: EventDeduper | None = None) -> None:
+    name = PLATFORM
+    redelivers = True  # Slack retries an event it got no acknowledgement for
+
+    def __init__(self, bot: BotPort, config: SlackConfig) -> None:
         self.bot = bot
         self.config = config
-        self.deduper: EventDeduper = deduper or RecentEventIds()
-        # A bot with a journal (the runtime) records events and replies so a
-        # crash loses nothing (bot/durable/journal.py); simpler bots (tests) are
-        # de-duplicated in memory and not replayed.
-        self._durable = callable(getattr(bot, "receive", None))
         self.app = SlackApp(config)
         self.client = self.app.client
         self.directory = Directory(self.client)
@@ -95,10 +78,7 @@ class SlackAdapter:
         bolt.event("team_join")(self._on_team_join)
         bolt.event("member_joined_channel")(self._on_member_joined_channel)
         add_commands(bolt, bot)
-        self._lanes = Lanes()
-        # Quick messages of one person in one place: one event (bot/durable/debounce.py).
-        self._bursts: Debouncer[Work] = Debouncer(getattr(bot, "debounce_seconds", 0.0) if self._durable else 0.0)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self.pipeline = Pipeline(bot, self, getattr(bot, "debounce_seconds", 0.0))
         self._closed = asyncio.Event()
         self._ready = asyncio.Event()
         self._closing = False
@@ -136,22 +116,31 @@ class SlackAdapter:
         self._closing = True
         try:
             await self.app.stop_receiving()
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(grace):
-                    await self.drain()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.pipeline.close(grace)
         finally:
             await self.app.close()
             self._closed.set()
 
     async def drain(self) -> None:
         """Wait until every event taken so far has been answered."""
-        while self._tasks:
-            await asyncio.wait(set(self._tasks))
+        await self.pipeline.drain()
 
-    # -- listeners: filter, then hand a builder on ---------------------------
+    def hold_new_events(self) -> None:
+        self.pipeline.hold_new_events()
+
+    async def recover(self) -> int:
+        return await self.pipeline.recover()
+
+    async def replay(self, redos: Sequence[Redo]) -> int:
+        return await self.pipeline.replay(redos)
+
+    async def deliver(self, replies: Sequence[Reply]) -> None:
+        """Post each reply, as mrkdwn in ordered chunks, where its `reply_to` says
+        (adapters/slack/send.py), each person's in order (the pipeline's delivery).
+        Also the way in for proactive messages and the outbox's retries."""
+        await self.pipeline.deliver(replies)
+
+    # -- listeners: filter, then hand the event on ---------------------------
     def _own_id(self, context: AsyncBoltContext) -> str | None:
         return context.bot_user_id or self.directory.bot_user_id
 
@@ -169,137 +158,58 @@ class SlackAdapter:
                 body.get("event_id"),
                 request.headers.get("x-slack-retry-reason", ["?"])[0],
             )
-        await self._accept(origin, message_kind(event), event)
+        await self._take(origin, message_kind(event), event)
 
     async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext) -> None:
         origin = origin_of_app_mention(body, event, self._own_id(context), self.config.always_on_channels)
         if origin is not None:
-            await self._accept(origin, "app_mention", event)
+            await self._take(origin, "app_mention", event)
 
     async def _on_team_join(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         origin = origin_of_team_join(body, event)
         if origin is not None:
             self.directory.learn(origin.team, origin.user, event["user"])
-            await self._accept(origin, "team_join", event)
+            await self._take(origin, "team_join", event)
 
     async def _on_member_joined_channel(
         self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:
         origin = origin_of_member_joined_channel(body, event, self._own_id(context))
         if origin is not None:
-            await self._accept(origin, "member_joined_channel", event)
+            await self._take(origin, "member_joined_channel", event)
 
-    # -- taking an event: journal, then work ------------------------------------
-    async def _accept(self, origin: Origin, kind: str, event: Mapping[str, Any]) -> None:
-        """Record the event in the bot's journal (before Bolt acknowledges it)
-        and queue its work; a repeat delivery is dropped here."""
-        if self._closing:
-            log.info("slack: closing; event %s left for Slack to deliver again", origin.event_id)
-            raise SlackClosingError("closing")
-        if self._durable:
-            payload = {"kind": kind, "event": dict(event), "origin": origin.to_json()}
-            if not await self.bot.receive(PLATFORM, origin.event_id, origin.user_id, payload):
-                log.info("slack: event %s was already received; ignoring the repeat", origin.event_id)
-                return
-        elif await self.deduper.seen(origin.event_id):
-            log.info("slack: event %s was already delivered; ignoring the retry", origin.event_id)
-            return
-        self._submit(origin, self.parser.builder(kind, origin, event), debounce=kind in DEBOUNCED)
-
-    def hold_new_events(self) -> None:
-        """New events wait until `recover` has put the last run's unfinished ones in line."""
-        self._lanes.hold_back()
-
-    async def recover(self) -> int:
-        """Replay the events a crash left unfinished, in arrival order, and
-        wait for them; the number replayed. Call once connected, before new work."""
-        try:
-            redos = await self.bot.pending_events(PLATFORM) if self._durable else []
-        except BaseException:
-            self._lanes.release()
-            raise
-        return await self.replay(redos)
-
-    async def replay(self, redos: Sequence[Redo]) -> int:
-        """Handle recorded events again, in order (through the users' lanes), and wait for them
-        (only for them: new events keep arriving meanwhile on a busy bot, and the
-        start-up waits for this before redelivery and check-ins begin)."""
-        replays: list[asyncio.Task[None]] = []
-        for redo in redos:
-            origin = Origin.from_json(redo.payload["origin"])
-            if redo.notice:  # given up: the person is told, instead of a redo
-                task = self._submit(origin, gave_up(origin, redo.notice), early=True)
-            else:
-                build = self.parser.builder(str(redo.payload["kind"]), origin, redo.payload["event"])
-                task = self._submit(origin, build, early=True)
-            if task is not None:
-                replays.append(task)
-        self._lanes.release()  # after the replays' tasks: they join their lanes first
-        if replays:
-            await asyncio.wait(replays)
-        return len(redos)
-
-    # -- running the work ------------------------------------------------------
-    def _submit(
-        self, origin: Origin, build: Builder, *, early: bool = False, debounce: bool = False
-    ) -> asyncio.Task[None] | None:
-        """Start handling an event; its task, or None if it joined an open burst (or we are closing)."""
-        if self._closing:
-            log.info("slack: closing; dropping event %s", origin.event_id)
-            return None
-        # A message joins the person's open burst in this conversation, if any:
-        # the burst's leader handles it (bot/durable/debounce.py). Replays never do.
-        where = f"{origin.user_id} {origin.reply_to.get('channel', '')}"
-        burst = (
-            self._bursts.join(where, (origin, build)) if debounce else Burst([(origin, build)], 0.0, 0.0, closed=True)
+    async def _take(self, origin: Origin, kind: str, event: Mapping[str, Any]) -> None:
+        """Into the pipeline, which records it before Bolt acknowledges it (a repeat is dropped there)."""
+        await self.pipeline.take(
+            self._arrival(origin, {"kind": kind, "event": dict(event), "origin": origin.to_json()})
         )
-        if burst is None:
-            return None
-        # Our own task (not Bolt's untracked future) so close() can wait for it.
-        task = asyncio.create_task(self._process(burst, early), name=f"slack-event-{origin.event_id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
-    async def _process(self, burst: Burst[Work], early: bool) -> None:
-        # The first await: it fixes this event's (or burst's) place in line.
-        async with self._lanes.hold(agent_key(PLATFORM, burst.leader[0].user_id), early=early):
-            members = await self._bursts.gather(burst)
-            built = [(origin, await self._build(origin, build)) for origin, build in members]
-            readable = [items for _, items in built if items is not None]
-            batch = merge(readable) if len(readable) == len(built) else None
-            if batch is not None:
-                await self._run(built[0][0], [batch])
-                for origin, _ in built[1:]:
-                    await self.bot.finished(origin.event_id)
-            else:
-                for origin, items in built:
-                    await self._run(origin, items)
+    # -- the platform contract (adapters/pipeline.py) -----------------------------
+    def arrival_of(self, payload: Mapping[str, Any]) -> Arrival:
+        return self._arrival(Origin.from_json(payload["origin"]), payload)
 
-    async def _build(self, origin: Origin, build: Builder) -> list[Item] | None:
-        """The event's items; None (logged) when they cannot be built."""
-        try:
-            return await build()
-        except Exception:
-            log.exception("slack: reading event %s failed", origin.event_id)
-            return None
+    @staticmethod
+    def _arrival(origin: Origin, payload: Mapping[str, Any]) -> Arrival:
+        return Arrival(
+            event_id=origin.event_id,
+            user_id=origin.user_id,
+            conversation=str(origin.reply_to.get("channel", "")),
+            payload=dict(payload),
+            mergeable=payload["kind"] in DEBOUNCED,
+            awaits_answer=origin.awaits_answer,
+            live=origin,
+        )
 
-    async def _run(self, origin: Origin, items: list[Item] | None) -> None:
-        """Hand the items of one recorded event to the bot, deliver the replies, finish it."""
-        try:
-            if items is None:
-                raise RuntimeError("the event could not be read")
-            for item in items:
-                await self.deliver([item] if isinstance(item, Reply) else await self.bot.handle(item))
-        except Exception:
-            log.exception("slack: handling event %s failed", origin.event_id)
-            if origin.awaits_answer:
-                await self.deliver([origin.notice(APOLOGY)])
-        if self._durable:
-            await self.bot.finished(origin.event_id)
+    async def build(self, arrival: Arrival) -> list[Item]:
+        payload = arrival.payload
+        return await self.parser.parse(str(payload["kind"]), arrival.live, payload["event"])
 
-    async def deliver(self, replies: Sequence[Reply]) -> None:
-        """Post each reply, as mrkdwn in ordered chunks, where its `reply_to` says
-        (adapters/slack/send.py), each person's in order (Lanes.deliver).
-        Also the way in for proactive messages and the outbox's retries."""
-        await self._lanes.deliver(replies, self.sender.send, self.bot.report_delivery if self._durable else None)
+    async def send(self, reply: Reply, answering: Arrival | None) -> tuple[Delivery, str]:
+        return await self.sender.send(reply)
+
+    def notice(self, arrival: Arrival, text: str) -> Reply:
+        origin: Origin = arrival.live
+        return origin.notice(text)
+
+    def working(self, arrival: Arrival) -> AbstractAsyncContextManager[None]:
+        return nullcontext()  # a bot user cannot show Slack's typing indicator

@@ -25,19 +25,18 @@ from datetime import datetime
 from typing import Any
 
 from adapters.channels import always_on
+from adapters.pipeline import Item
 from adapters.slack.config import PLATFORM
 from adapters.slack.directory import Directory
 from adapters.slack.files import DownloadError, FileReader, FileRefused
 from adapters.slack.format import slack_to_plain
 from adapters.slack.history import ChannelHistory, time_of
-from bot.events import Event, FileUploaded, Place, PlaceKind, Reply, UserJoined, UserMessage
+from bot.events import FileUploaded, Place, PlaceKind, Reply, UserJoined, UserMessage
 
 log = logging.getLogger(__name__)
 
-Item = Event | Reply  # an event for the bot, or a notice the adapter sends itself
 # An Events API `channel_type` as a kind of place (app_mention events carry none).
 KINDS: dict[str, PlaceKind] = {"im": "dm", "mpim": "private", "group": "private", "channel": "public"}
-Builder = Callable[[], Awaitable[list[Item]]]
 
 
 def _team_of(body: Mapping[str, Any], event: Mapping[str, Any]) -> str:
@@ -191,18 +190,14 @@ class SlackParser:
         self.directory = directory
         self.files = files
         self.history = history
+        # Like discord.py's ConnectionState: the table is the `parse_<kind>` methods.
         self._parsers: dict[str, Callable[[Origin, Mapping[str, Any]], Awaitable[list[Item]]]] = {
-            "message": self.parse_message,
-            "file_share": self.parse_file_share,
-            "app_mention": self.parse_message,
-            "team_join": self.parse_team_join,
-            "member_joined_channel": self.parse_member_joined_channel,
+            name.removeprefix("parse_"): getattr(self, name) for name in dir(self) if name.startswith("parse_")
         }
 
-    def builder(self, kind: str, origin: Origin, event: Mapping[str, Any]) -> Builder:
-        """The work of one recorded event, by kind (also how a replay rebuilds it)."""
-        parse = self._parsers[kind]
-        return lambda: parse(origin, event)
+    async def parse(self, kind: str, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
+        """The typed events of one recorded payload, by kind (also how a replay rebuilds it)."""
+        return await self._parsers[kind](origin, event)
 
     async def place_of(self, event: Mapping[str, Any]) -> Place:
         """Where the event happened: its kind from the payload's `channel_type`, or
@@ -233,6 +228,8 @@ class SlackParser:
             channel_context=context,
         )
         return [UserMessage(**message)]
+
+    parse_app_mention = parse_message
 
     async def parse_file_share(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
         person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
@@ -276,12 +273,3 @@ class SlackParser:
             return []
         channel = await self.directory.channel_name(str(event["channel"]))
         return [UserJoined(**origin.fields(display_name=person.name, joined=channel))]
-
-
-def gave_up(origin: Origin, notice: str) -> Builder:
-    """A recorded event the bot gave up on: the person is told, instead of a redo."""
-
-    async def build() -> list[Item]:
-        return [origin.notice(notice)] if origin.awaits_answer else []
-
-    return build
