@@ -30,11 +30,11 @@ from bot.reports import describe_user, plural, render_description
 from bot.sanitize import sanitize_event
 from bot.services import AgentServices
 from memory.archival import ArchivalMemory
+from memory.backends import open_store, sqlite_url
 from memory.embeddings import Embedder
 from memory.ingest.loader import load_document
 from memory.places import DM, DM_KEY
 from memory.recall import RecallMemory
-from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
 from memory.types import Message, utc_now
@@ -47,12 +47,10 @@ log = logging.getLogger(__name__)
 
 
 def default_store(settings: Settings) -> Store:
-    """MongoDB when MONGODB_URI is set, else the embedded SQLite file."""
+    """MongoDB when MONGODB_URI is set, else the embedded SQLite file (memory/backends.py)."""
     if settings.mongodb_uri:
-        from memory.mongo.store import MongoStore
-
-        return MongoStore(settings.mongodb_uri, settings.mongodb_db)
-    return SQLiteStore(Path(settings.data_dir) / "memgpt.sqlite3")
+        return open_store(settings.mongodb_uri, database=settings.mongodb_db)
+    return open_store(sqlite_url(Path(settings.data_dir) / "memgpt.sqlite3"))
 
 
 class Runtime:

@@ -30,17 +30,15 @@ from collections.abc import Sequence
 from dataclasses import astuple, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
 
 from tqdm import tqdm
 
+from memory.backends import StoreURL, StoreURLError, open_store, parse_store_url
 from memory.ingest.reading import passage_hash
-from memory.mongo.capabilities import redact_uri
 from memory.schedules import Schedule
 from memory.store import SOURCE_KEY_PREFIX, Store, StoreError
 from memory.types import AgentRecord, ConversationRecord, Message, Passage, utc_now
 
-DEFAULT_MONGODB_DATABASE = "memgpt"
 MESSAGE_BATCH = 500  # messages per append (one transaction each)
 PASSAGE_BATCH = 256
 
@@ -94,38 +92,13 @@ class MigrationReport:
         return "\n".join(lines)
 
 
-# -- store specs -----------------------------------------------------------------
-def parse_spec(spec: str) -> tuple[str, str, str]:
-    """("sqlite", path, "") or ("mongodb", uri, database)."""
-    if spec.startswith("sqlite:"):
-        path = spec.removeprefix("sqlite:").removeprefix("//")
-        if not path:
-            raise MigrationError(f"store spec {spec!r}: no path after 'sqlite:'")
-        return "sqlite", str(Path(path).expanduser()), ""
-    if spec.startswith(("mongodb://", "mongodb+srv://")):
-        database = unquote(urlsplit(spec).path.lstrip("/")) or DEFAULT_MONGODB_DATABASE
-        return "mongodb", spec, database
-    raise MigrationError(
-        f"store spec {describe_spec(spec)!r} is neither sqlite:PATH nor mongodb://HOST[:PORT]/[DATABASE][?OPTIONS]"
-    )
-
-
-def describe_spec(spec: str) -> str:
-    """The spec as it may be shown: a MongoDB password becomes ***."""
-    return redact_uri(spec)
-
-
-def open_store(spec: str) -> Store:
-    """A (not yet opened) store for a spec: `sqlite:PATH` or a MongoDB URI whose
-    path names the database (default "memgpt")."""
-    kind, location, database = parse_spec(spec)
-    if kind == "sqlite":
-        from memory.sqlite.store import SQLiteStore
-
-        return SQLiteStore(location)
-    from memory.mongo.store import MongoStore
-
-    return MongoStore(location, database)
+# -- store specs (memory/backends.py) ---------------------------------------------
+def parse_spec(spec: str) -> StoreURL:
+    """The backend and place a --from/--to spec names."""
+    try:
+        return parse_store_url(spec)
+    except StoreURLError as error:
+        raise MigrationError(str(error)) from None
 
 
 # -- migrate ---------------------------------------------------------------------
@@ -409,20 +382,14 @@ def add_migrate_command(
     return parser
 
 
-def _same_store(a: tuple[str, str, str], b: tuple[str, str, str]) -> bool:
-    if a[0] == b[0] == "sqlite":
-        return Path(a[1]).resolve() == Path(b[1]).resolve()
-    return a == b
-
-
 async def cmd_migrate(args: argparse.Namespace, settings: object = None) -> int:
     """Run the migration; the report goes to standard output. 0 if everything
     was copied and verified, 1 otherwise. StoreError (unreachable server, bad
     spec...) propagates for the CLI to print as one line."""
     from_spec = parse_spec(args.source)
-    if _same_store(from_spec, parse_spec(args.target)):
+    if from_spec.same_store(parse_spec(args.target)):
         raise MigrationError("--from and --to name the same store")
-    if from_spec[0] == "sqlite" and not await asyncio.to_thread(Path(from_spec[1]).is_file):
+    if from_spec.scheme == "sqlite" and not await asyncio.to_thread(Path(from_spec.location).is_file):
         # Opening it would create an empty database and "copy" nothing from it.
         raise MigrationError(f"the source {args.source} does not exist (nothing to copy; check the path)")
     source, target = open_store(args.source), open_store(args.target)

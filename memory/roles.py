@@ -278,6 +278,9 @@ class LeaseStore(Protocol):
     process at a time, in arrival order (bot/durable/leases.py tells the
     protocol). Times are the store's clock, in seconds."""
 
+    # Whether several bot processes may share the store (MongoDB): leases are then on by default.
+    serves_many_processes: bool
+
     async def lease_register(self, owner: str, ttl: float) -> None:
         """Start the heartbeat of a new lease owner (a bot process; the id is
         never used again once it expires): alive for `ttl` seconds."""

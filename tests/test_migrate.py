@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from cli.migrate import MigrationError, add_migrate_command, cmd_migrate, migrate, open_store, parse_spec
+from memory.backends import StoreURL
 from memory.ingest.reading import passage_hash
 from memory.mongo.store import MongoStore
 from memory.schedules import CheckinPrefs, Schedule
@@ -194,13 +195,12 @@ async def test_the_command_copies_between_specs(
 
 
 async def test_specs() -> None:
-    assert parse_spec("sqlite:~/x.db")[0] == "sqlite" and not parse_spec("sqlite:~/x.db")[1].startswith("~")
-    assert parse_spec("mongodb://u:p@h1,h2/bot?replicaSet=rs0") == (
-        "mongodb",
-        "mongodb://u:p@h1,h2/bot?replicaSet=rs0",
-        "bot",
+    home = parse_spec("sqlite:~/x.db")
+    assert home.scheme == "sqlite" and not home.location.startswith("~")
+    assert parse_spec("mongodb://u:p@h1,h2/bot?replicaSet=rs0") == StoreURL(
+        "mongodb", "mongodb://u:p@h1,h2/bot?replicaSet=rs0", "bot"
     )
-    assert parse_spec("mongodb+srv://cluster.example.net/")[2] == "memgpt"
+    assert parse_spec("mongodb+srv://cluster.example.net/").database == "memgpt"
     assert isinstance(open_store("sqlite:/tmp/x.db"), SQLiteStore)
     assert isinstance(open_store("mongodb://localhost/db"), MongoStore)
     with pytest.raises(MigrationError, match="neither") as caught:

@@ -172,12 +172,7 @@ def leases_for(store: Store, settings: LeaseSettings | None = None) -> Leases:
     """AgentLeases when MEMGPT_LEASES says so, or (auto) when the store is
     MongoDB, the backend meant for several processes; else NoLeases."""
     settings = settings or LeaseSettings()
-    if settings.mode == "auto":
-        from memory.mongo.base import MongoBase
-
-        enabled = isinstance(store, MongoBase)
-    else:
-        enabled = settings.mode == "on"
+    enabled = store.serves_many_processes if settings.mode == "auto" else settings.mode == "on"
     return AgentLeases(store, settings) if enabled else NoLeases()
 
 

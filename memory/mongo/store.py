@@ -157,6 +157,8 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
 
 
 class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, Store):
+    serves_many_processes = True  # the backend for several bot processes
+
     @functools.cached_property
     def schedules(self) -> MongoScheduleStore:
         """Check-in schedules, in this store's database."""

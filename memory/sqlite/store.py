@@ -105,6 +105,7 @@ def _passage(row: Sequence[Any]) -> Passage:
 
 
 class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, Store):
+    serves_many_processes = False  # one file, one bot process
     _message_columns = _MESSAGE_COLS
     _message_of = staticmethod(_message)
 
