@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
 
+from adapters.platforms import PLATFORMS, plan_platform
 from bot.durable.redelivery import Redelivery
 from bot.events import Redo, Reply
 from bot.ports import BotPort
@@ -67,45 +68,15 @@ class NoAdapterError(Exception):
     """No platform has credentials configured, or every adapter stopped with an error."""
 
 
-def _discord(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.discord import DiscordAdapter, DiscordConfig
-
-    config = DiscordConfig.from_env(env)
-    if config is None:
-        return AdapterPlan("discord", None, "DISCORD_TOKEN is not set")
-    sharding = f", sharded ({env.get('DISCORD_SHARD_COUNT')})" if env.get("DISCORD_SHARD_COUNT") else ""
-    return AdapterPlan("discord", DiscordAdapter(bot, config), f"gateway connection{sharding}")
-
-
-def _slack(bot: BotPort, env: Mapping[str, str]) -> AdapterPlan:
-    from adapters.slack import SlackAdapter, SlackConfig
-
-    try:
-        config = SlackConfig.from_env(env)
-    except ValueError as error:
-        return AdapterPlan("slack", None, str(error))
-    if config is None:
-        return AdapterPlan("slack", None, "SLACK_BOT_TOKEN is not set")
-    if env.get("SLACK_APP_TOKEN"):
-        mode = "Socket Mode (SLACK_APP_TOKEN)"
-    else:
-        host, port = env.get("SLACK_HTTP_HOST", "0.0.0.0"), env.get("SLACK_HTTP_PORT", "3000")
-        mode = f"HTTP mode on {host}:{port}/slack/events (SLACK_SIGNING_SECRET)"
-    # Retries are recognised across processes (and restarts) by the bot's event journal.
-    return AdapterPlan("slack", SlackAdapter(bot, config), mode)
-
-
-PLANNERS: dict[str, Callable[[BotPort, Mapping[str, str]], AdapterPlan]] = {"discord": _discord, "slack": _slack}
-
-
 def plan_adapters(bot: BotPort, env: Mapping[str, str] | None = None) -> list[AdapterPlan]:
     env = os.environ if env is None else env
     plans = []
-    for name, planner in PLANNERS.items():
+    for name in PLATFORMS:  # adapters/platforms.py
         try:
-            plans.append(planner(bot, env))
+            adapter, reason = plan_platform(name, bot, env)
         except ImportError as error:  # a platform library missing from this install
-            plans.append(AdapterPlan(name, None, f"cannot load its library ({error})"))
+            adapter, reason = None, f"cannot load its library ({error})"
+        plans.append(AdapterPlan(name, adapter, reason))
     return plans
 
 
