@@ -1,7 +1,7 @@
 """Crash harness: the real bot (`memgpt-bot run`, Slack in HTTP mode) as a
 subprocess against the scripted LLM and the fake Slack Web API, killed with
 SIGKILL at random points while a scripted conversation runs, restarted each
-time; then every promise of bot/durable/journal.py is checked.
+time; then every promise of bot/durable/inbox.py is checked.
 
     python -m tests.crash_harness --kills 100 --users 8 --messages 30 [--debounce 0.3]
 

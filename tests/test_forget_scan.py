@@ -81,7 +81,7 @@ class Person:
 
     def event(self, text: str) -> UserMessage:
         # Durable, as adapters that report deliveries make them: the replies go
-        # through the outbox (bot/durable/journal.py).
+        # through the outbox (bot/durable/inbox.py).
         return UserMessage(
             platform=PLATFORM,
             user_id=self.user_id,

@@ -1,4 +1,4 @@
-"""The shape of the house (docs/architecture, DESIGN.md "Layers"): read from
+"""The shape of the house (docs/architecture.md, "The rooms"): read from
 the source with `ast`, nothing imported.
 
 - No import circles between modules of bot, memory, adapters and cli.

@@ -319,7 +319,7 @@ def m006_message_embeddings(conn: sqlite3.Connection) -> None:
 
 @migration
 def m007_event_journal(conn: sqlite3.Connection) -> None:
-    # Crash safety (bot/durable/journal.py): inbound events recorded before they are
+    # Crash safety (bot/durable/inbox.py): inbound events recorded before they are
     # acknowledged, replies recorded before they are sent.
     _run(
         conn,
