@@ -120,15 +120,6 @@ class UserMessage(Event):
 
 
 @dataclass(kw_only=True)
-class SystemAlert(Event):
-    text: str
-    kind = "system_alert"
-
-    def render(self) -> str:
-        return f"[{_stamp(self.created_at)}] [system alert] {self.text}"
-
-
-@dataclass(kw_only=True)
 class UserJoined(Event):
     display_name: str = ""
     # What they joined, in words ("the Gardeners server"); not `place`, the

@@ -1,4 +1,6 @@
-"""What adapters may ask of the bot. Adapters depend on this, never on memory."""
+"""What adapters may ask of the bot. Adapters depend on this, never on memory:
+the one thing they need to know of it (which uploads the document loader can
+read) is answered here, in the bot's words."""
 
 from __future__ import annotations
 

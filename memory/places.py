@@ -74,10 +74,6 @@ class Place:
 DM = Place()
 
 
-def kind_of(key: str) -> PlaceKind:
-    return Place.from_key(key).kind
-
-
 @dataclass(frozen=True, slots=True)
 class Visibility:
     """Which stored items a read made from `place` may return. Stores apply

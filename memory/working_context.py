@@ -96,12 +96,6 @@ class WorkingContext:
         """Adopt an edited block once it is safely stored."""
         self.blocks[block.label] = block
 
-    def last_edited(self) -> str:
-        if not self.blocks:
-            return "never"
-        latest = max(block.updated_at for block in self.blocks.values())
-        return latest.strftime("%Y-%m-%d %H:%M UTC")
-
     def render(self, *, private: bool = True) -> str:
         """The blocks as the model reads them; without the private block unless `private` (a DM)."""
         parts = []

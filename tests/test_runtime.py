@@ -9,7 +9,7 @@ import threading
 from datetime import UTC, datetime
 from typing import Any
 
-from bot.events import FileUploaded, ScheduledTick, SystemAlert, UserJoined, UserMessage
+from bot.events import FileUploaded, ScheduledTick, UserJoined, UserMessage
 from memory.types import Message, Passage
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, tool_call
@@ -66,7 +66,6 @@ async def test_every_event_kind_reaches_the_model_as_text(
     runtime = await make_runtime()
     base = {"platform": "discord", "user_id": "7"}
     await runtime.handle(UserJoined(**base, display_name="Maya", joined="the Gardening server"))
-    await runtime.handle(SystemAlert(**base, text="Maintenance tonight at 22:00 UTC"))
     await runtime.handle(
         ScheduledTick(
             **base, reason="Daily check-in", local_time="Mon 09:00 Europe/Paris", since_last_conversation="2 days"
@@ -79,9 +78,8 @@ async def test_every_event_kind_reaches_the_model_as_text(
     assert replies[0].text == "Saved garden.md to my memory (2 passages)."
     texts = [request["messages"][-1]["content"] for request in llm_server.requests]
     assert "Maya joined the Gardening server" in texts[0]
-    assert "[system alert] Maintenance tonight" in texts[1]
-    assert "[scheduled tick] Daily check-in" in texts[2] and "Europe/Paris" in texts[2]
-    assert "uploaded the file 'garden.md'" in texts[3] and "2 passages" in texts[3]
+    assert "[scheduled tick] Daily check-in" in texts[1] and "Europe/Paris" in texts[1]
+    assert "uploaded the file 'garden.md'" in texts[2] and "2 passages" in texts[2]
     agent = await runtime.agent("discord:7")
     found = await runtime.archival.search(agent.id, "when should I water my tomato plants?", 2)
     assert found.items[0][0].source == "garden.md"

@@ -454,10 +454,6 @@ class _HTMLText(HTMLParser):
         self._end_block()
 
 
-def html_sections(html: str) -> list[Section]:
-    return _joined_parts(_html_stream(io.StringIO(html)))
-
-
 def _html_stream(text: io.TextIOBase) -> Iterator[Section]:
     parser = _HTMLText()
     for block in iter(lambda: text.read(SECTION_PART_CHARS), ""):

@@ -1,12 +1,10 @@
 """The MongoDB storage backend, for production and for several bot processes
 sharing one database, through PyMongo's native asyncio client.
 
-The store is four layers, one class each: MongoBase (memory/mongo/base.py:
-values, state, errors, transactions), MongoArchival (memory/mongo/archival.py:
-passages and vectors), MongoSources (memory/mongo/sources.py: shared
-collections, loaded files) and MongoStore here (life cycle, agents, working
-context, recall storage); memory/mongo/indexes.py creates the indexes of all
-of them. Collections (every document but the counters
+MongoBase (base.py: values, state, errors, transactions), one mixin per role
+on it (archival.py with sources.py on it, conversations.py, coordination.py,
+journal.py, usage.py) and MongoStore here (life cycle, agents, working
+context, recall storage); indexes.py creates the indexes of all of them. Collections (every document but the counters
 carries `agent_id`, and every query filters on it):
 
     agents    {_id: agent id, key, created_at, ready, [deleting]}
