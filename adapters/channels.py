@@ -11,7 +11,8 @@ import logging
 from collections.abc import Callable, Collection, Mapping
 from typing import TypeVar
 
-from adapters.lru import LRU
+from cachetools import LRUCache
+
 from bot.config import setting
 from bot.errors import ConfigError
 from bot.events import ChannelLine
@@ -49,12 +50,12 @@ class ContextFailures:
     def __init__(self, platform: str, advice: str) -> None:
         self.platform = platform
         self.advice = advice  # what the operator can do about it
-        self._warned: LRU[str, bool] = LRU(1_000)
+        self._warned: LRUCache[str, bool] = LRUCache(1_000)
 
     def failed(self, channel: str, reason: str) -> list[ChannelLine]:
         """Log the failure (the first time for this channel); the context to go on with: none."""
         if channel not in self._warned:
-            self._warned.put(channel, True)
+            self._warned[channel] = True
             log.warning(
                 "%s: cannot read the recent messages of channel %s (%s), so the bot answers there "
                 "without channel context; %s",

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import LRUCache, TTLCache
 from slack_sdk.web.async_client import AsyncWebClient
 
-from adapters.lru import LRU
 from adapters.slack.api import CALL_ERRORS, error_code
 from bot.events import PlaceKind
 
@@ -64,13 +64,14 @@ class Directory:
         self.bot_user_id: str | None = None  # known once connected (auth.test)
         self.bot_name = "the bot"  # its user name, once connected
         self.team_names: dict[str, str] = {}
-        self._people: LRU[str, Person] = LRU(5_000, ttl=3_600)
-        self._channels: LRU[str, Channel] = LRU(2_000, ttl=3_600)
-        self._dm_channels: LRU[str, str] = LRU(5_000)
+        # Bounded (least recently used go first); names and channels do get renamed: an hour at most.
+        self._people: TTLCache[str, Person] = TTLCache(5_000, ttl=3_600)
+        self._channels: TTLCache[str, Channel] = TTLCache(2_000, ttl=3_600)
+        self._dm_channels: LRUCache[str, str] = LRUCache(5_000)
 
     def learn(self, team: str, user: str, payload: Mapping[str, Any]) -> None:
         """Keep the name an event already carries (a `team_join`'s user)."""
-        self._people.put(f"{team}:{user}", Person(name_of(payload) or user))
+        self._people[f"{team}:{user}"] = Person(name_of(payload) or user)
 
     def known_names(self, team: str) -> Callable[[str], str | None]:
         """Names already known, without asking Slack (for mentions inside a message)."""
@@ -97,7 +98,7 @@ class Directory:
                 log.warning("slack: users.info for %s failed: %s", user, error_code(error))
                 return Person(user)  # not cached: the next message tries again
             person = Person(name_of(info) or user, bool(info.get("is_bot")))
-        self._people.put(key, person)
+        self._people[key] = person
         return person
 
     async def channel_name(self, channel: str) -> str:
@@ -116,7 +117,7 @@ class Directory:
                 log.info("slack: conversations.info for %s failed: %s", channel, error_code(error))
                 return None
             found = Channel(f"#{info['name']}" if info.get("name") else channel, kind_of_channel(info))
-            self._channels.put(channel, found)
+            self._channels[channel] = found
         return found
 
     async def dm_channel(self, user: str) -> str:
@@ -129,5 +130,5 @@ class Directory:
                 log.error("slack: conversations.open with %s failed: %s", user, error_code(error))
                 raise
             channel = str(opened["channel"]["id"])
-            self._dm_channels.put(user, channel)
+            self._dm_channels[user] = channel
         return channel

@@ -253,7 +253,6 @@ class MongoArchival(MongoBase):
         version = 0 if doc is None else int(doc["value"])
         cached = self._indexes.get(agent_id)
         if cached is not None and cached[1] == version:
-            self._indexes.move_to_end(agent_id)
             return cached[0]
         cursor = self._c("passages").find({"agent_id": agent_id, "embedded": True}, {"embedding": 1})
         rows = [(doc["_id"], doc["embedding"]) async for doc in cursor]
@@ -263,8 +262,6 @@ class MongoArchival(MongoBase):
                 raise StoreError(f"MongoDB store: agent {agent_id} has embeddings of mixed lengths")
             index.add([pid for pid, _ in rows], np.asarray([vector for _, vector in rows], dtype=_F32))
         self._indexes[agent_id] = (index, version)
-        while len(self._indexes) > self._max_indexes:
-            self._indexes.popitem(last=False)
         return index
 
     async def _vector_search(

@@ -10,11 +10,11 @@ import logging
 import random
 import uuid
 import weakref
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
+from cachetools import LRUCache
 from pymongo import AsyncMongoClient, UpdateOne
 from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.asynchronous.collection import AsyncCollection
@@ -106,13 +106,12 @@ class MongoBase:
         self.database = database
         self.redacted_uri = redact_uri(uri)
         self._timeout_ms = max(int(server_selection_timeout * 1000), 1)
-        self._max_indexes = max(max_cached_indexes, 1)
         self._vector_index = vector_search_index
         self._client: AsyncMongoClient[Doc] | None = None
         self._db: AsyncDatabase[Doc] | None = None
         self.capabilities: Capabilities | None = None
         # agent id -> (index, the agent's vector version it reflects)
-        self._indexes: OrderedDict[str, tuple[VectorIndex, int]] = OrderedDict()
+        self._indexes: LRUCache[str, tuple[VectorIndex, int]] = LRUCache(max(max_cached_indexes, 1))
         # One append at a time per agent inside this process: the unique index
         # settles races between processes, the lock spares us losing them here.
         self._append_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()

@@ -13,10 +13,10 @@ on the agent while this one held it cached).
 from __future__ import annotations
 
 import json
-from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cachetools import LRUCache
 from pymongo import ASCENDING
 from pymongo.asynchronous.collection import AsyncCollection
 
@@ -56,8 +56,7 @@ class MessageIndexes:
     """Per-agent ConversationIndexes of one MongoStore."""
 
     def __init__(self, max_cached: int = 256) -> None:
-        self._max_cached = max(max_cached, 1)
-        self._cache: OrderedDict[str, ConversationIndex] = OrderedDict()
+        self._cache: LRUCache[str, ConversationIndex] = LRUCache(max(max_cached, 1))
 
     @property
     def cached_agents(self) -> Mapping[str, ConversationIndex]:
@@ -67,10 +66,6 @@ class MessageIndexes:
         index = self._cache.get(agent_id)
         if index is None:
             index = self._cache[agent_id] = ConversationIndex()
-            while len(self._cache) > self._max_cached:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(agent_id)
         cursor = messages.find({"agent_id": agent_id, "seq": {"$gt": index.last_seq}}, _INDEXED)
         docs = [doc async for doc in cursor.sort("seq", ASCENDING)]
         if docs:

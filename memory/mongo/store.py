@@ -418,7 +418,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
 
     @functools.cached_property
     def _conversations(self) -> MessageIndexes:
-        return MessageIndexes(self._max_indexes)
+        return MessageIndexes(int(self._indexes.maxsize))
 
     async def _hybrid_messages(
         self,

@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import sqlite3
 from abc import abstractmethod
-from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+from cachetools import LRUCache
 
 from memory.places import Visibility
 from memory.search.conversation import ConversationIndex
@@ -125,8 +125,7 @@ class MessageSearch:
     """Per-agent ConversationIndexes (a bounded cache) and the recall ranking."""
 
     def __init__(self, *, max_cached: int = 256) -> None:
-        self._max_cached = max(max_cached, 1)
-        self._cache: OrderedDict[str, ConversationIndex] = OrderedDict()
+        self._cache: LRUCache[str, ConversationIndex] = LRUCache(max(max_cached, 1))
         self.row_count = CachedRowCount("SELECT count(*) FROM messages_fts")
 
     @property
@@ -140,10 +139,6 @@ class MessageSearch:
         index = self._cache.get(agent_id)
         if index is None:
             index = self._cache[agent_id] = ConversationIndex()
-            while len(self._cache) > self._max_cached:
-                self._cache.popitem(last=False)
-        else:
-            self._cache.move_to_end(agent_id)
         rows = conn.execute(
             f"SELECT {_INDEX_COLUMNS} FROM messages WHERE agent_id = ? AND seq > ? ORDER BY seq",
             (agent_id, index.last_seq),
