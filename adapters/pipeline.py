@@ -110,6 +110,30 @@ class Platform(Protocol):
         ...
 
 
+class OnPipeline:
+    """What `memgpt-bot run` asks of an adapter that the pipeline answers (cli/app.py's Adapter)."""
+
+    pipeline: Pipeline
+
+    def hold_new_events(self) -> None:
+        self.pipeline.hold_new_events()
+
+    async def recover(self) -> int:
+        return await self.pipeline.recover()
+
+    async def replay(self, redos: Sequence[Redo]) -> int:
+        return await self.pipeline.replay(redos)
+
+    async def deliver(self, replies: Sequence[Reply]) -> None:
+        """Send replies that answer no platform event (check-ins, the outbox's retries) where
+        each one's `reply_to` says, each person's in order, reporting each to the outbox."""
+        await self.pipeline.deliver(replies)
+
+    async def drain(self) -> None:
+        """Wait until every event taken so far has been answered."""
+        await self.pipeline.drain()
+
+
 class Pipeline:
     """The durable path of one platform's events, from taking one to its last reply."""
 
@@ -245,7 +269,7 @@ class Pipeline:
         """Replay the events a crash left unfinished, in arrival order, and wait for them;
         the number replayed. Call once connected, before new work (cli/app.py does)."""
         try:
-            redos = await self.bot.pending_events(self.platform.name)
+            redos = await self.bot.leftovers(self.platform.name)
         except BaseException:
             self.lanes.release()
             raise

@@ -19,9 +19,9 @@ def readable(filename: str, content_type: str = "") -> bool:
 
 
 class BotPort(Protocol):
-    # A bot with a journal may also say `debounce_seconds` (MEMGPT_DEBOUNCE_SECONDS):
-    # adapters then hand it a person's quick messages in one place as one event,
-    # the first with the others as its `followers` (bot/durable/debounce.py).
+    # A bot may also say `debounce_seconds` (MEMGPT_DEBOUNCE_SECONDS): the event
+    # pipeline (adapters/pipeline.py) then hands it a person's quick messages in one
+    # place as one event, the first with the others as its `followers`.
 
     async def handle(self, event: Event) -> list[Reply]:
         """Run the event through the sender's agent; the replies to deliver."""
@@ -40,7 +40,7 @@ class BotPort(Protocol):
         `reply_to` is where future check-ins are delivered (usually the user's DM)."""
         ...
 
-    # Crash safety (bot/durable/__init__.py tells the protocol).
+    # Crash safety, the inbox and the outbox (bot/durable/__init__.py tells the protocol).
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
         """Record an inbound event before acknowledging it (`payload`: what the
         adapter needs to handle it again, plain JSON). False for a repeat
@@ -51,7 +51,7 @@ class BotPort(Protocol):
         """Every reply to the event was sent or handed to the retrier."""
         ...
 
-    async def pending_events(self, platform: str) -> list[Redo]:
+    async def leftovers(self, platform: str) -> list[Redo]:
         """The events a crash left unfinished, in arrival order: replay them at
         start (one given up carries the notice to send instead)."""
         ...

@@ -113,7 +113,7 @@ class Runtime:
         # The port's crash-safety calls go straight to the pipeline (bot/ports.py).
         self.receive = self.inbox.receive
         self.finished = self.inbox.finished
-        self.pending_events = self.inbox.leftovers
+        self.leftovers = self.inbox.leftovers
         self.report_delivery = self.outbox.report
         # Per-user message rate and daily token budget, counted in the store (bot/limits.py).
         self.limits = UsageLimits(store, settings)

@@ -33,7 +33,6 @@ import os
 import random
 import re
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -50,16 +49,11 @@ from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_
 from tests.fake_llm import start_fake_llm
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.forks import FORKS
+from tests.helpers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "crash-harness-signing-secret"
 TEAM = "T1"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 # --------------------------------------------------------------------------- the bot process

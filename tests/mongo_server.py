@@ -20,13 +20,12 @@ import atexit
 import itertools
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +33,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from memory.mongo.store import MongoStore
+from tests.helpers import free_port
 
 FERRETDB_VERSION = "1.24.2"
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,12 +81,6 @@ def find_or_build_ferretdb() -> Path:
     return built
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def ping(uri: str, timeout: float = 1.0) -> bool:
     client: MongoClient[dict[str, object]] = MongoClient(uri, serverSelectionTimeoutMS=int(timeout * 1000))
     try:
@@ -109,7 +103,7 @@ class FerretDB:
 
     def start(self) -> str:
         for _ in range(3):  # the free port may be taken between the probe and the start
-            port = _free_port()
+            port = free_port()
             data = self.folder / f"data-{port}"
             data.mkdir()
             log = (self.folder / "ferretdb.log").open("ab")
@@ -248,6 +242,17 @@ atexit.register(close_shared)
 def mongo_target() -> Iterator[MongoTarget]:
     yield shared_target()
     close_shared()
+
+
+@pytest.fixture
+async def mongo_store(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
+    """An open store on a database of its own, dropped when the test ends."""
+    store = mongo_target.store()
+    await store.open()
+    try:
+        yield store
+    finally:
+        await store.close()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,7 @@ class RecordingBot:
     async def finished(self, event_id: str) -> None:
         return None
 
-    async def pending_events(self, platform: str) -> list[Redo]:
+    async def leftovers(self, platform: str) -> list[Redo]:
         return []
 
     async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:

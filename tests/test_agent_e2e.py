@@ -6,13 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bot.events import UserMessage
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
-
-
-def say(text: str, user: str = "alice") -> UserMessage:
-    return UserMessage(platform="terminal", user_id=user, text=text, display_name=user)
+from tests.helpers import said
 
 
 async def test_fact_is_saved_and_survives_a_restart(
@@ -29,7 +25,7 @@ async def test_fact_is_saved_and_survives_a_restart(
         reply_tool_calls(tool_call("send_message", {"message": "Miso is a lovely name!"})),
     )
     runtime = await make_runtime(tmp_path / "data")
-    replies = await runtime.handle(say("Hi, I'm Alice and my cat is called Miso."))
+    replies = await runtime.handle(said("Hi, I'm Alice and my cat is called Miso."))
     assert [reply.text for reply in replies] == ["Miso is a lovely name!"]
     assert len(llm_server.requests) == 2
 
@@ -58,7 +54,7 @@ async def test_fact_is_saved_and_survives_a_restart(
     restarted = await make_runtime(tmp_path / "data")
     agent = await restarted.agent("terminal:alice")
     assert "Has a cat called Miso." in agent.working_context.get("human").value
-    await restarted.handle(say("Do you remember me?"))
+    await restarted.handle(said("Do you remember me?"))
     prompt = llm_server.requests[-1]["messages"]
     assert "Has a cat called Miso." in prompt[0]["content"]
     # The queue carried over too: the earlier exchange is still in context.
@@ -74,7 +70,7 @@ async def test_user_sees_only_send_message(make_runtime: RuntimeFactory, llm_ser
         )
     )
     runtime = await make_runtime()
-    replies = await runtime.handle(say("hello"))
+    replies = await runtime.handle(said("hello"))
     assert [reply.text for reply in replies] == ["First part.", "Second part."]
     assert all("Private thought" not in reply.text for reply in replies)
     assert replies[0].event_id and replies[0].platform == "terminal" and replies[0].user_id == "alice"

@@ -8,13 +8,9 @@ from typing import Any
 
 import pytest
 
-from bot.events import UserMessage
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_text, reply_tool_calls, tool_call
-
-
-def say(text: str, user: str = "alice") -> UserMessage:
-    return UserMessage(platform="terminal", user_id=user, text=text, display_name=user)
+from tests.helpers import said
 
 
 def last_tool_result(request: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +42,7 @@ async def test_heartbeat_chain_insert_search_reply(make_runtime: RuntimeFactory,
         reply_tool_calls(tool_call("send_message", {"message": "Your sister is in Lisbon."})),
     )
     runtime = await make_runtime()
-    result = await runtime.handle_with_details(say("Remember: my sister Beatrice lives in Lisbon."))
+    result = await runtime.handle_with_details(said("Remember: my sister Beatrice lives in Lisbon."))
     assert [reply.text for reply in result.replies] == ["Your sister is in Lisbon."]
     assert result.steps == 3 and not result.hit_step_cap
     search_result = last_tool_result(llm_server.requests[2])
@@ -65,14 +61,14 @@ async def test_step_cap_stops_an_endless_chain(
     )
     runtime = await make_runtime(max_steps_per_event=4)
     with caplog.at_level(logging.WARNING):
-        result = await runtime.handle_with_details(say("loop forever"))
+        result = await runtime.handle_with_details(said("loop forever"))
     assert result.hit_step_cap and result.steps == 4
     assert len(llm_server.requests) == 4
     assert any("step cap of 4 reached" in record.getMessage() for record in caplog.records)
     # The agent is not stuck: the next event runs normally.
     llm_server.set_handler(None)
     llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "back to normal"})))
-    assert [r.text for r in await runtime.handle(say("hello?"))] == ["back to normal"]
+    assert [r.text for r in await runtime.handle(said("hello?"))] == ["back to normal"]
 
 
 MALFORMED_CALLS = {
@@ -115,7 +111,7 @@ async def test_malformed_call_returns_error_and_agent_recovers(
         reply_tool_calls(tool_call("send_message", {"message": "Sorry, fixed it."})),
     )
     runtime = await make_runtime()
-    result = await runtime.handle_with_details(say("hello"))
+    result = await runtime.handle_with_details(said("hello"))
     # The failure earned a heartbeat, the model saw the error and recovered.
     assert len(llm_server.requests) == 2
     error = last_tool_result(llm_server.requests[1])
@@ -132,7 +128,7 @@ async def test_reply_without_a_function_call_is_nudged(make_runtime: RuntimeFact
         reply_tool_calls(tool_call("send_message", {"message": "Hello there!"})),
     )
     runtime = await make_runtime()
-    replies = await runtime.handle(say("hi"))
+    replies = await runtime.handle(said("hi"))
     assert [reply.text for reply in replies] == ["Hello there!"]
     assert "called no function" in llm_server.requests[1]["messages"][-1]["content"]
 
@@ -151,7 +147,7 @@ async def test_core_memory_replace_edits_and_persists(make_runtime: RuntimeFacto
         reply_tool_calls(tool_call("send_message", {"message": "Noted: Berlin."})),
     )
     runtime = await make_runtime()
-    await runtime.handle(say("I moved from Paris to Berlin"))
+    await runtime.handle(said("I moved from Paris to Berlin"))
     agent = await runtime.agent("terminal:alice")
     assert agent.working_context.get("human").value == "Lives in Berlin."
     blocks = {b.label: b.value for b in await runtime.store.load_blocks(agent.id)}
@@ -169,8 +165,8 @@ async def test_two_users_never_see_each_others_memory(make_runtime: RuntimeFacto
         reply_tool_calls(tool_call("send_message", {"message": "I know nothing about a vault."})),
     )
     runtime = await make_runtime()
-    await runtime.handle(say(f"Keep this safe: {secret}", user="alice"))
-    await runtime.handle(say("What is the vault code?", user="bob"))
+    await runtime.handle(said(f"Keep this safe: {secret}", user="alice"))
+    await runtime.handle(said("What is the vault code?", user="bob"))
     recall_result = last_tool_result(llm_server.requests[2])["result"]
     archival_result = last_tool_result(llm_server.requests[3])["result"]
     assert "7741" not in recall_result

@@ -4,7 +4,6 @@ runtime and the check-in scheduler delivers through them."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from datetime import timedelta
 
 from cli.app import serve
@@ -13,12 +12,7 @@ from memory.types import utc_now
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
 from tests.fake_slack import FakeSlack
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+from tests.helpers import free_port
 
 
 async def test_a_missed_check_in_fires_once_at_start_through_slack(

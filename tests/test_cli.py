@@ -8,7 +8,6 @@ import io
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from adapters.terminal import TerminalChat
 from bot.events import Event, Reply, UserMessage
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
 from tests.forks import run_cli
+from tests.helpers import free_port
 from tests.recording_bot import RecordingBot
 from tests.secrets_catalog import CLI_OPENAI_API_KEY
 
@@ -79,12 +79,6 @@ def failed(result: subprocess.CompletedProcess[str]) -> str:
 
 def send(text: str) -> Any:
     return reply_tool_calls(tool_call("send_message", {"message": text}))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 # -- one chatted-with user shared by the read-only tests ------------------------

@@ -24,10 +24,10 @@ from memory.working_context import default_blocks
 from tests import test_discord_adapter as discord_tests
 from tests import test_slack_adapter as slack_tests
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer
+from tests.fake_llm import FakeLLMServer, say
 from tests.test_discord_adapter import Harness
 from tests.test_discord_adapter import sent as discord_sent
-from tests.test_slack_adapter import SlackBot, Start, dm, eventually, say
+from tests.test_slack_adapter import SlackBot, Start, dm, eventually
 from tests.test_slack_durability import recorded
 
 # The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.

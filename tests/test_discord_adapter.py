@@ -46,14 +46,10 @@ from bot.events import ScheduledTick
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.dpytest_guild import guild_channel, guild_member, the_guild
-from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, Reply, say
 
 FENCE_LINE = re.compile(r"^[ \t]*```[^\n]*$", re.MULTILINE)
 snowflakes = itertools.count(1_300_000_000_000_000_000)
-
-
-def say(text: str) -> Reply:
-    return reply_tool_calls(tool_call("send_message", {"message": text}))
 
 
 def last_user_text(request: dict[str, Any]) -> str:

@@ -33,9 +33,9 @@ from bot.runtime import Runtime
 from memory.store import StoreError
 from tests import test_discord_adapter as base
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import reply_tool_calls, tool_call
+from tests.fake_llm import reply_tool_calls, say, tool_call
 from tests.recording_bot import RecordingBot
-from tests.test_discord_adapter import Harness, in_dm_with, last_user_text, say, sent
+from tests.test_discord_adapter import Harness, in_dm_with, last_user_text, sent
 
 discord_bot = base.discord_bot  # the shared harness fixture
 

@@ -55,6 +55,7 @@ from tests.fake_llm import (
     reply_tool_calls,
     tool_call,
 )
+from tests.helpers import said
 
 # Tiny timeouts keep 1,000 examples fast; a local reply takes a few milliseconds, and a
 # spurious timeout under load only turns an answer into a trouble note (still a pass).
@@ -568,10 +569,6 @@ def fault_report(request: pytest.FixtureRequest) -> Iterator[None]:
 # --------------------------------------------------------------------------- the bugs it found, pinned
 
 
-def say(text: str, user: str = "alice") -> UserMessage:
-    return UserMessage(platform="terminal", user_id=user, text=text, display_name=user)
-
-
 async def test_endless_heartbeats_end_at_the_cap_with_one_note(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
@@ -580,7 +577,7 @@ async def test_endless_heartbeats_end_at_the_cap_with_one_note(
         lambda request: calls(("core_memory_append", args(name="human", content="x", request_heartbeat=True)))
     )
     runtime = await make_runtime()
-    result = await runtime.handle_with_details(say("hello"))
+    result = await runtime.handle_with_details(said("hello"))
     assert result.hit_step_cap and result.steps == runtime.settings.max_steps_per_event
     assert [reply.text for reply in result.replies] == [result.trouble]
     assert result.trouble is not None and is_clear_trouble(result.trouble)
@@ -596,7 +593,7 @@ async def test_a_function_that_raises_is_a_failed_call_not_a_crash(
         calls(("send_message", args(message="fine"))),
     )
     runtime = await make_runtime()
-    result = await runtime.handle_with_details(say("hello"))
+    result = await runtime.handle_with_details(said("hello"))
     assert [reply.text for reply in result.replies] == ["fine"]
     assert "Failed" in llm_server.requests[1]["messages"][-1]["content"]
     assert "OverflowError" in llm_server.requests[1]["messages"][-1]["content"]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from bot.events import UserMessage
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import (
     RETRY_NOW,
@@ -14,10 +13,7 @@ from tests.fake_llm import (
     reply_tool_calls,
     tool_call,
 )
-
-
-def say(text: str) -> UserMessage:
-    return UserMessage(platform="terminal", user_id="alice", text=text, display_name="alice")
+from tests.helpers import said
 
 
 async def test_429_then_success_is_retried(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
@@ -27,7 +23,7 @@ async def test_429_then_success_is_retried(make_runtime: RuntimeFactory, llm_ser
         reply_tool_calls(tool_call("send_message", {"message": "made it"})),
     )
     runtime = await make_runtime(llm_max_retries=2)
-    result = await runtime.handle_with_details(say("hi"))
+    result = await runtime.handle_with_details(said("hi"))
     assert [r.text for r in result.replies] == ["made it"]
     assert result.trouble is None
     assert len(llm_server.raw_requests) == 3
@@ -38,7 +34,7 @@ async def test_persistent_500_gives_a_clear_message_and_keeps_the_message(
 ) -> None:
     llm_server.set_handler(lambda request: fault_status(500, headers=RETRY_NOW))
     runtime = await make_runtime(llm_max_retries=1)
-    result = await runtime.handle_with_details(say("are you there? marker-5150"))
+    result = await runtime.handle_with_details(said("are you there? marker-5150"))
     assert len(result.replies) == 1
     assert "having trouble" in result.replies[0].text
     assert "saved" in result.replies[0].text
@@ -49,14 +45,14 @@ async def test_persistent_500_gives_a_clear_message_and_keeps_the_message(
     # Once the server recovers, the agent answers and still has the message in context.
     llm_server.set_handler(None)
     llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "I'm back"})))
-    assert [r.text for r in await runtime.handle(say("hello again"))] == ["I'm back"]
+    assert [r.text for r in await runtime.handle(said("hello again"))] == ["I'm back"]
     assert "marker-5150" in str(llm_server.requests[-1]["messages"])
 
 
 async def test_timeout_gives_a_clear_message(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.script(fault_delay(3.0))
     runtime = await make_runtime(llm_timeout=0.5, llm_max_retries=0)
-    result = await runtime.handle_with_details(say("slow?"))
+    result = await runtime.handle_with_details(said("slow?"))
     assert result.trouble is not None and "in time" in result.trouble
     assert [r.text for r in result.replies] == [result.trouble]
 
@@ -64,8 +60,8 @@ async def test_timeout_gives_a_clear_message(make_runtime: RuntimeFactory, llm_s
 async def test_malformed_body_and_disconnect(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.script(fault_malformed_json())
     runtime = await make_runtime(llm_max_retries=0)
-    result = await runtime.handle_with_details(say("one"))
+    result = await runtime.handle_with_details(said("one"))
     assert result.trouble is not None and "error" in result.trouble
     llm_server.script(fault_disconnect(), reply_tool_calls(tool_call("send_message", {"message": "reconnected"})))
     runtime_retrying = await make_runtime(llm_max_retries=1)
-    assert [r.text for r in await runtime_retrying.handle(say("two"))] == ["reconnected"]
+    assert [r.text for r in await runtime_retrying.handle(said("two"))] == ["reconnected"]

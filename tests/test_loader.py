@@ -22,9 +22,9 @@ from memory.ingest.chunking import chunk_text
 from memory.ingest.loader import load_document, load_paths
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store
-from memory.types import AgentRecord, Block
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
+from tests.helpers import new_agent
 from tests.test_documents import COUNTER, make_pdf, prose
 
 
@@ -39,11 +39,6 @@ async def store(tmp_path: Path) -> AsyncIterator[SQLiteStore]:
 @pytest.fixture
 def archival(store: SQLiteStore, embedder: Embedder) -> ArchivalMemory:
     return ArchivalMemory(store, embedder)
-
-
-async def new_agent(store: Store, key: str = "terminal:maya") -> AgentRecord:
-    agent, _ = await store.get_or_create_agent(key, [Block("human", "", 100)])
-    return agent
 
 
 async def stored(store: Store, agent_id: str) -> list[tuple[str | None, str | None, str]]:
@@ -75,7 +70,7 @@ def write_library(root: Path) -> Path:
 async def test_a_folder_of_every_format_loads_with_sources_and_positions(
     store: SQLiteStore, archival: ArchivalMemory, tmp_path: Path
 ) -> None:
-    agent = await new_agent(store)
+    agent = await new_agent(store, "terminal:maya")
     docs = write_library(tmp_path)
     report = await load_paths(archival, agent.id, [docs], counter=COUNTER, progress=False)
 
@@ -104,7 +99,7 @@ async def test_a_folder_of_every_format_loads_with_sources_and_positions(
 async def test_every_passage_carries_source_position_and_load_time(
     store: SQLiteStore, archival: ArchivalMemory, tmp_path: Path
 ) -> None:
-    agent = await new_agent(store)
+    agent = await new_agent(store, "terminal:maya")
     path = tmp_path / "long.md"
     path.write_text("# Planting\n\n" + "\n\n".join(prose(6, n) for n in range(12)) + "\n\n# Harvest\n\n" + prose(30, 5))
     before = time.time()
@@ -124,7 +119,7 @@ async def test_every_passage_carries_source_position_and_load_time(
 async def test_loading_again_adds_nothing_and_a_changed_file_adds_only_its_new_text(
     store: SQLiteStore, archival: ArchivalMemory, tmp_path: Path
 ) -> None:
-    agent = await new_agent(store)
+    agent = await new_agent(store, "terminal:maya")
     docs = write_library(tmp_path)
     first = await load_paths(archival, agent.id, [docs], counter=COUNTER, progress=False)
     count = await store.count_passages(agent.id)
@@ -149,7 +144,7 @@ async def test_loading_again_adds_nothing_and_a_changed_file_adds_only_its_new_t
 async def test_a_corrupt_pdf_is_reported_by_name_and_the_rest_load(
     store: SQLiteStore, archival: ArchivalMemory, tmp_path: Path
 ) -> None:
-    agent = await new_agent(store)
+    agent = await new_agent(store, "terminal:maya")
     (tmp_path / "a.md").write_text("# A\n\nFirst good file.")
     (tmp_path / "broken.pdf").write_bytes(b"%PDF-1.7\n" + bytes(range(256)) * 4)
     (tmp_path / "c.txt").write_text("Third good file.")
@@ -208,7 +203,7 @@ async def test_an_interrupted_load_resumes_to_exact_counts_without_duplicates(
     clean = await load_paths(store, reference.id, [folder], embedder=embedder, **options)
     assert clean.passages_added > 40
 
-    agent = await new_agent(store)
+    agent = await new_agent(store, "terminal:maya")
     with pytest.raises(RuntimeError, match="model crashed"):
         await load_paths(store, agent.id, [folder], embedder=FailingEmbedder(embedder, 3), **options)
     partial = await store.count_passages(agent.id)
@@ -231,7 +226,7 @@ async def test_an_interrupted_load_resumes_to_exact_counts_without_duplicates(
 
 # -- uploads -----------------------------------------------------------------------
 async def test_an_upload_in_memory_loads_once(store: SQLiteStore, archival: ArchivalMemory) -> None:
-    agent = await new_agent(store)
+    agent = await new_agent(store, "terminal:maya")
     data = make_pdf(["Menu: soup.", "Menu: cake."])
     first = await load_document(archival, agent.id, "menu.pdf", data, "application/pdf", counter=COUNTER)
     assert (first.status, first.passages_added) == ("loaded", 2)
@@ -335,7 +330,7 @@ def write_book(path: Path, megabytes: float, markdown: bool) -> None:
 async def test_a_large_file_streams_in_memory_bounded_whatever_its_size(
     store: SQLiteStore, tmp_path: Path, suffix: str
 ) -> None:
-    agent = await new_agent(store)
+    agent = await new_agent(store, "terminal:maya")
     book = tmp_path / f"book{suffix}"
     write_book(book, 4, markdown=suffix == ".md")
     size = book.stat().st_size

@@ -4,7 +4,6 @@ SQLite gives back every agent exactly."""
 from __future__ import annotations
 
 import argparse
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
@@ -19,9 +18,9 @@ from memory.schedules import CheckinPrefs, Schedule
 from memory.sqlite.store import SQLiteStore
 from memory.store import DocumentRecord, Store
 from memory.types import Block, Message, Passage
-from tests.mongo_server import MongoTarget, mongo_target
+from tests.mongo_server import MongoTarget, mongo_store, mongo_target
 
-__all__ = ["mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
 
 T0 = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
 CALL = {"id": "call_1", "type": "function", "function": {"name": "archival_memory_search", "arguments": '{"q": 1}'}}
@@ -107,13 +106,8 @@ async def snapshot(store: Store) -> dict[str, object]:
 
 
 @pytest.fixture
-async def mongo(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
-    store = mongo_target.store()
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
+def mongo(mongo_store: MongoStore) -> MongoStore:
+    return mongo_store
 
 
 async def test_sqlite_to_mongodb_to_sqlite_round_trips_every_agent(tmp_path: Path, mongo: MongoStore) -> None:

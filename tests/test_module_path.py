@@ -25,9 +25,9 @@ import discord.ext.test as dpytest
 
 from tests import test_discord_adapter as discord_tests
 from tests import test_slack_adapter as slack_tests
-from tests.fake_llm import FakeLLMServer
+from tests.fake_llm import FakeLLMServer, say
 from tests.test_discord_adapter import Harness
-from tests.test_slack_adapter import SlackBot, dm, say
+from tests.test_slack_adapter import SlackBot, dm
 
 # The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.
 fake_slack = slack_tests.fake_slack

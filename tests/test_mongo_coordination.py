@@ -5,26 +5,20 @@ twice, the server clock, the TTL index fallback."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from pymongo.asynchronous.collection import AsyncCollection
 
 from memory.mongo.store import MongoStore
-from tests.mongo_server import MongoTarget, mongo_target
+from tests.mongo_server import mongo_store, mongo_target
 
-__all__ = ["mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
 
 
 @pytest.fixture
-async def store(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
-    backend = mongo_target.store()
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
+def store(mongo_store: MongoStore) -> MongoStore:
+    return mongo_store
 
 
 async def test_a_number_cleared_away_meanwhile_is_given_up(store: MongoStore, monkeypatch: pytest.MonkeyPatch) -> None:

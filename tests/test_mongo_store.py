@@ -18,21 +18,17 @@ from memory.mongo.indexes import ALL_INDEXES
 from memory.mongo.store import MongoStore, bm25, words
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
-from tests.mongo_server import MongoTarget, _free_port, mongo_target
+from tests.helpers import free_port
+from tests.mongo_server import MongoTarget, mongo_store, mongo_target
 
-__all__ = ["mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
 
 BLOCKS = [Block("persona", "helpful", 100), Block("human", "unknown", 100)]
 
 
 @pytest.fixture
-async def store(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
-    backend = mongo_target.store()
-    await backend.open()
-    try:
-        yield backend
-    finally:
-        await backend.close()
+def store(mongo_store: MongoStore) -> MongoStore:
+    return mongo_store
 
 
 @pytest.fixture
@@ -109,7 +105,7 @@ async def test_indexes_exist_after_open_and_open_twice_is_harmless(store: MongoS
 
 # -- errors ----------------------------------------------------------------------
 async def test_unreachable_server_is_a_quick_store_error_without_the_password() -> None:
-    uri = f"mongodb://alice:s3cret-Pa55@127.0.0.1:{_free_port()}/?authSource=admin"
+    uri = f"mongodb://alice:s3cret-Pa55@127.0.0.1:{free_port()}/?authSource=admin"
     backend = MongoStore(uri, "memgpt", server_selection_timeout=0.5)
     started = time.monotonic()
     with pytest.raises(StoreError) as caught:

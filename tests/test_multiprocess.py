@@ -22,7 +22,6 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,9 @@ from bot.durable.leases import lease_name
 from memory.mongo.store import MongoStore
 from memory.sqlite.coordination import CLEAR_EVERY
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
-from tests.mongo_server import MongoTarget, mongo_target
+from tests.mongo_server import MongoTarget, mongo_store, mongo_target
 
-__all__ = ["mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
 
 ROOT = Path(__file__).resolve().parents[1]
 NUMBERED = re.compile(r"(\w+) message number (\d+)")
@@ -147,14 +146,8 @@ class Model:
 
 
 @pytest.fixture
-async def database(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
-    """The shared database, read by the test and dropped at the end."""
-    store = mongo_target.store()
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
+def database(mongo_store: MongoStore) -> MongoStore:
+    return mongo_store
 
 
 def worker_env(

@@ -17,10 +17,10 @@ from memory.mongo.store import MongoStore
 from memory.sqlite.migrations import MIGRATIONS, m013_passage_terms, migrate
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store
-from tests.mongo_server import MongoTarget, mongo_target
+from tests.mongo_server import MongoTarget, mongo_store, mongo_target
 from tests.test_places_migration import old_mongo
 
-__all__ = ["mongo_target", "old_mongo"]  # the fixtures, imported to be found here
+__all__ = ["mongo_store", "mongo_target", "old_mongo"]  # the fixtures, imported to be found here
 
 T0 = datetime(2024, 5, 17, 9, 30, tzinfo=UTC)
 # The answer's vector is the farthest from the query: only its keyword bonus

@@ -106,9 +106,9 @@ async def test_closing_keeps_or_refuses_what_arrives_by_whether_the_platform_sen
         await pipeline.close()
     # Never sent again: kept in the inbox for the next start.
     assert await pipelines[0].take(once.arrival("alice", "late", event_id="Late")) is None
-    assert [redo.event_id for redo in await runtime.pending_events("fake")] == ["Late"]
+    assert [redo.event_id for redo in await runtime.leftovers("fake")] == ["Late"]
     # Sent again until acknowledged: refused, not recorded.
     with pytest.raises(PipelineClosing):
         await pipelines[1].take(again.arrival("alice", "late", event_id="Late2"))
-    assert await runtime.pending_events("again") == []
+    assert await runtime.leftovers("again") == []
     assert once.sent == again.sent == []

@@ -37,7 +37,7 @@ from adapters.discord import DiscordAdapter, DiscordConfig
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.dpytest_guild import guild_channel, guild_member
-from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, say, tool_call
 from tests.fake_slack import FakeSlack
 from tests.places_script import search_everything
 from tests.test_slack_adapter import SlackBot, Start, dm, fake_slack, start_bot
@@ -78,10 +78,6 @@ def _results(after: list[dict[str, Any]]) -> list[str]:
         for message in after[last + 1 :]
         if message.get("role") == "tool"
     ]
-
-
-def say(text: str) -> Reply:
-    return reply_tool_calls(tool_call("send_message", {"message": text}))
 
 
 def story_model(request: dict[str, Any]) -> Reply:

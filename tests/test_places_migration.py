@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -20,9 +19,9 @@ from memory.places import Place, Visibility
 from memory.sqlite.migrations import MIGRATIONS, m012_places, migrate
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store
-from tests.mongo_server import MongoTarget, mongo_target
+from tests.mongo_server import MongoTarget, mongo_store, mongo_target
 
-__all__ = ["mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
 
 T0 = datetime(2024, 5, 17, 9, 30, tzinfo=UTC)
 SUMMARIZED_AT = T0 + timedelta(hours=2)
@@ -127,14 +126,9 @@ async def test_an_old_sqlite_file_opens_with_its_data_dm_only(tmp_path: Path, ca
 
 # -- MongoDB -----------------------------------------------------------------
 @pytest.fixture
-async def old_mongo(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
+def old_mongo(mongo_store: MongoStore) -> MongoStore:
     """A fresh database (dropped at the end) to write old-shape documents into."""
-    store = mongo_target.store()
-    await store.open()
-    try:
-        yield store
-    finally:
-        await store.close()
+    return mongo_store
 
 
 async def write_old_mongo(store: MongoStore) -> None:

@@ -22,7 +22,8 @@ from memory.sqlite.store import SQLiteStore
 from memory.types import Message
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
-from tests.test_agent_functions import last_tool_result, say
+from tests.helpers import said
+from tests.test_agent_functions import last_tool_result
 from tests.test_sqlite_store import tables_containing
 
 CHATTER = [
@@ -77,8 +78,8 @@ async def test_paraphrase_is_found_end_to_end(make_runtime: RuntimeFactory, llm_
     )
     runtime = await make_runtime()
     for text in [*CHATTER[:4], WEDDING, *CHATTER[4:]]:
-        await runtime.handle(say(text))
-    replies = await runtime.handle(say("What was that big event coming up?"))
+        await runtime.handle(said(text))
+    replies = await runtime.handle(said("What was that big event coming up?"))
     assert [reply.text for reply in replies] == ["Your sister's wedding in June!"]
     result = last_tool_result(llm_server.requests[-1])
     assert result["status"] == "OK"
@@ -142,8 +143,8 @@ async def test_forget_leaves_no_embedding_behind(
         reply_tool_calls(tool_call("send_message", {"message": "Found it."})),
     )
     runtime = await make_runtime()
-    await runtime.handle(say(f"My locker code is {secret}"))
-    await runtime.handle(say("What was my locker code?"))
+    await runtime.handle(said(f"My locker code is {secret}"))
+    await runtime.handle(said("What was my locker code?"))
     agent = await runtime.agent("terminal:alice")
     store = runtime.store
     assert isinstance(store, SQLiteStore)

@@ -36,7 +36,7 @@ from bot.events import Event
 from bot.events import Reply as BotReply
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, tool_call
+from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, say, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.recording_bot import RecordingBot
 from tests.secrets_catalog import FAKE_SLACK_APP_TOKEN, SLACK_TEST_SIGNING_SECRET
@@ -90,10 +90,6 @@ async def eventually(condition: Callable[[], bool], within: float = 10.0) -> Non
             return
         assert time.monotonic() < deadline, "condition not met in time"
         await asyncio.sleep(0.02)
-
-
-def say(text: str) -> Reply:
-    return reply_tool_calls(tool_call("send_message", {"message": text}))
 
 
 def last_user_line(request: dict[str, Any]) -> str:

@@ -15,8 +15,8 @@ from bot.durable.inbox import GAVE_UP, MAX_RESTARTS
 from bot.durable.outbox import retry_delay
 from bot.durable.redelivery import Redelivery
 from tests import test_slack_adapter as slack_tests
-from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply
-from tests.test_slack_adapter import SlackBot, Start, dm, eventually, say
+from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, say
+from tests.test_slack_adapter import SlackBot, Start, dm, eventually
 
 # The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.
 fake_slack = slack_tests.fake_slack

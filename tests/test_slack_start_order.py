@@ -12,8 +12,8 @@ import pytest
 from bot.durable.debounce import Burst
 from bot.events import Redo
 from tests import test_slack_adapter as slack_tests
-from tests.fake_llm import FakeLLMServer
-from tests.test_slack_adapter import Start, dm, say
+from tests.fake_llm import FakeLLMServer, say
+from tests.test_slack_adapter import Start, dm
 
 fake_slack = slack_tests.fake_slack
 start_bot = slack_tests.start_bot
@@ -33,7 +33,7 @@ async def test_a_new_message_arriving_with_the_journal_read_waits_for_the_replay
     # The last run left "number 1" unfinished.
     await bot.runtime.receive("slack", "EvOld", "T1:U1", payload("EvOld", "number 1"))
     new = payload("EvNew", "number 2")
-    read_the_journal = bot.runtime.pending_events
+    read_the_journal = bot.runtime.leftovers
 
     async def a_new_message_comes_with_the_read(origin: str) -> list[Redo]:
         # "number 2" is journaled just before the read, and its listener goes
@@ -47,7 +47,7 @@ async def test_a_new_message_arriving_with_the_journal_read_waits_for_the_replay
         adapter.pipeline._start(Burst([arrival], 0.0, 0.0, closed=True))
         return redos
 
-    monkeypatch.setattr(bot.runtime, "pending_events", a_new_message_comes_with_the_read)
+    monkeypatch.setattr(bot.runtime, "leftovers", a_new_message_comes_with_the_read)
     llm_server.set_handler(lambda request: say("ok " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
     assert await adapter.recover() == 2  # both are in the journal's leftovers
     assert await bot.texts(2) == ["ok 1", "ok 2"]  # before the fix: ["ok 2", "ok 1"]

@@ -65,9 +65,10 @@ from memory.sqlite.store import SQLiteStore
 from memory.store import OutboxEntry, Store, StoreError
 from memory.types import utc_now
 from tests.conftest import make_settings
-from tests.fake_llm import FakeLLMServer, Reply
-from tests.mongo_server import MongoTarget, ScratchMongoStore, _free_port, mongo_target
-from tests.test_slack_adapter import SlackBot, Start, dm, fake_slack, say, start_bot
+from tests.fake_llm import FakeLLMServer, Reply, say
+from tests.helpers import free_port
+from tests.mongo_server import MongoTarget, ScratchMongoStore, mongo_target
+from tests.test_slack_adapter import SlackBot, Start, dm, fake_slack, start_bot
 
 __all__ = ["fake_slack", "mongo_target", "start_bot"]  # fixtures, imported to be found here
 
@@ -162,7 +163,7 @@ class MongoProxy:
     def __init__(self, upstream: tuple[str, int], loop: asyncio.AbstractEventLoop) -> None:
         self.upstream = upstream
         self.loop = loop
-        self.port = _free_port()
+        self.port = free_port()
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self._switching: set[asyncio.Future[None]] = set()
@@ -653,7 +654,7 @@ async def test_the_notice_and_message_are_once_per_outage(
     llm_server.set_handler(lambda request: say("hi"))
     lock = BusyLock(path)
     try:
-        assert await runtime.pending_events("slack") == []  # the start-up replay: nothing left over
+        assert await runtime.leftovers("slack") == []  # the start-up replay: nothing left over
         for event_id in ("E1", "E2"):
             await runtime.receive("slack", event_id, "T1:U1", {"kind": "message"})
         lock.inject()

@@ -23,7 +23,7 @@ start), a join by the few fields its event needs (no fetch).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -48,8 +48,8 @@ from adapters.discord.parse import (
     reply_to,
 )
 from adapters.discord.send import CALL_ERRORS, send_reply, typing
-from adapters.pipeline import Arrival, Item, Pipeline, Unfinished
-from bot.events import ChannelLine, Delivery, Place, Redo, Reply
+from adapters.pipeline import Arrival, Item, OnPipeline, Pipeline, Unfinished
+from bot.events import ChannelLine, Delivery, Place, Reply
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 CONTEXT_ADVICE = "give the bot the Read Message History permission there (docs/discord.md)"
 
 
-class DiscordAdapter:
+class DiscordAdapter(OnPipeline):
     """Runs the bot on Discord: `await adapter.start()` until `await adapter.close()`."""
 
     name = PLATFORM
@@ -102,21 +102,6 @@ class DiscordAdapter:
     async def wait_ready(self) -> None:
         """Return once the gateway session is ready, so deliveries can go out."""
         await self.client.wait_until_ready()
-
-    def hold_new_events(self) -> None:
-        self.pipeline.hold_new_events()
-
-    async def recover(self) -> int:
-        return await self.pipeline.recover()
-
-    async def replay(self, redos: Sequence[Redo]) -> int:
-        return await self.pipeline.replay(redos)
-
-    async def deliver(self, replies: Sequence[Reply]) -> None:
-        """Send replies in order where each reply's `reply_to` says (a channel id, else the
-        user's DMs, else `fallback_channel_id` when their DMs are closed), each person's in
-        order, reporting each one with an outbox entry (the pipeline's delivery)."""
-        await self.pipeline.deliver(replies)
 
     # -- handlers: into the pipeline ---------------------------------------------
     async def on_message(self, message: discord.Message) -> None:

@@ -6,7 +6,7 @@ a `discord.Message` or `discord.Member` (its `parse_message_create`,
 small function each: `parse_message` (a DM, a mention, a message in an
 always-on channel), `parse_attachment` (a file shared with the bot) and
 `parse_member_join`. `addressed_text` says whether a message is for the bot at
-all, and `message_payload` / `join_payload` are what the journal keeps to
+all, and `message_payload` / `join_payload` are what the inbox keeps to
 build the event again after a crash.
 
 Who is answered: direct messages always; in servers, messages that mention the
@@ -169,7 +169,7 @@ def parse_attachment(
 
 
 def parse_member_join(payload: Mapping[str, Any]) -> UserJoined:
-    """A join, from its `join_payload` (fresh or read back from the journal)."""
+    """A join, from its `join_payload` (fresh or read back from the inbox)."""
     system = payload.get("system_channel_id")
     return UserJoined(
         platform=PLATFORM,

@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import AbstractAsyncContextManager, nullcontext
 from typing import Any
 
 from slack_bolt.async_app import AsyncBoltContext, AsyncBoltRequest
 
-from adapters.pipeline import Arrival, Item, Pipeline
+from adapters.pipeline import Arrival, Item, OnPipeline, Pipeline
 from adapters.slack.app import SlackApp
 from adapters.slack.commands import add_commands
 from adapters.slack.config import PLATFORM, SlackConfig
@@ -48,7 +48,7 @@ from adapters.slack.parse import (
     origin_of_team_join,
 )
 from adapters.slack.send import SlackSender
-from bot.events import Delivery, Redo, Reply
+from bot.events import Delivery, Reply
 from bot.ports import BotPort
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 DEBOUNCED = frozenset({"message", "app_mention"})
 
 
-class SlackAdapter:
+class SlackAdapter(OnPipeline):
     """One Bolt app serving every event; `start()` runs until `close()`."""
 
     name = PLATFORM
@@ -120,25 +120,6 @@ class SlackAdapter:
         finally:
             await self.app.close()
             self._closed.set()
-
-    async def drain(self) -> None:
-        """Wait until every event taken so far has been answered."""
-        await self.pipeline.drain()
-
-    def hold_new_events(self) -> None:
-        self.pipeline.hold_new_events()
-
-    async def recover(self) -> int:
-        return await self.pipeline.recover()
-
-    async def replay(self, redos: Sequence[Redo]) -> int:
-        return await self.pipeline.replay(redos)
-
-    async def deliver(self, replies: Sequence[Reply]) -> None:
-        """Post each reply, as mrkdwn in ordered chunks, where its `reply_to` says
-        (adapters/slack/send.py), each person's in order (the pipeline's delivery).
-        Also the way in for proactive messages and the outbox's retries."""
-        await self.pipeline.deliver(replies)
 
     # -- listeners: filter, then hand the event on ---------------------------
     def _own_id(self, context: AsyncBoltContext) -> str | None:

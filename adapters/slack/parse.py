@@ -3,7 +3,7 @@
 First, before Slack gets its acknowledgement, `origin_of_<event>` reads a raw
 Events API payload without any I/O: is it for the bot at all (never another
 bot's message, an edit or the bot's own), who is it from, and where do answers
-go. Its `Origin` is what the journal keeps with the payload.
+go. Its `Origin` is what the inbox keeps with the payload.
 
 Then, in the person's lane, `SlackParser.parse_<kind>` turns a recorded payload
 into typed events (`UserMessage`, `UserJoined`, `FileUploaded`), reading the
@@ -99,7 +99,7 @@ class Origin:
             "event_id": self.event_id,
             "created_at": self.created_at,
             "durable": True,
-            "journal_id": self.event_id,  # a file's event has its own id, the journal entry is the payload's
+            "journal_id": self.event_id,  # a file's event has its own id, the inbox entry is the payload's
             **extra,
         }
 

@@ -93,21 +93,22 @@ _LAST_SEASON = re.compile(rf"\b(?:last|this)\s+{_SEASON}\b")
 @dataclass(frozen=True, slots=True)
 class TimeWindow:
     """[start, end) in UTC; `any_year` windows repeat every year (a month or a
-    day named without its year). `span` is what the phrase named (the slack
+    day named without its year). `span` is what the phrase named (the grace
     for things mentioned after they happened scales with it)."""
 
     start: datetime
     end: datetime
     any_year: bool = False
 
-    def contains(self, moment: datetime, slack: timedelta = timedelta(0)) -> bool:
+    def contains(self, moment: datetime, grace: timedelta = timedelta(0)) -> bool:
+        """Whether `moment` falls in the window, or up to `grace` after its end."""
         if not self.any_year:
-            return self.start <= moment < self.end + slack
+            return self.start <= moment < self.end + grace
         # The window moved into the moment's year (and the year before, for
-        # windows that cross New Year or whose slack does).
+        # windows that cross New Year or whose grace does).
         for year in (moment.year, moment.year - 1):
             shift = year_shift(self.start, year)
-            if shift is not None and self.start + shift <= moment < self.end + shift + slack:
+            if shift is not None and self.start + shift <= moment < self.end + shift + grace:
                 return True
         return False
 

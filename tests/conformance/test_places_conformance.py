@@ -15,7 +15,8 @@ from memory.embeddings import Embedder
 from memory.places import EVERYWHERE, Place, Visibility
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
-from memory.types import Block, Message, Passage
+from memory.types import Message, Passage
+from tests.helpers import new_agent
 
 T0 = datetime(2024, 5, 17, 9, 30, tzinfo=UTC)
 
@@ -27,11 +28,6 @@ VIEWS: dict[str, tuple[Visibility, set[str]]] = {
     "public:X": (Visibility.of(Place("public", "X")), {"public:X", "public:Y"}),
 }
 VIEW_NAMES = sorted(VIEWS)
-
-
-async def new_agent(store: Store, key: str = "discord:alice") -> str:
-    agent, _ = await store.get_or_create_agent(key, [Block("human", "", 100)])
-    return agent.id
 
 
 async def fill_messages(store: Store, agent_id: str) -> list[Message]:
@@ -67,7 +63,7 @@ def places_of(items: list[Message] | list[Passage]) -> set[str]:
 
 # -- what is stored --------------------------------------------------------
 async def test_places_round_trip_and_default_to_dm(store: Store) -> None:
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     stored = await fill_messages(store, agent_id)
     await store.append_messages(agent_id, [Message("user", "no place given")])
     back = await store.messages_since(agent_id, 0)
@@ -79,7 +75,7 @@ async def test_places_round_trip_and_default_to_dm(store: Store) -> None:
 
 
 async def test_each_place_has_its_own_queue(store: Store) -> None:
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     stored = await fill_messages(store, agent_id)
     for place in PLACES:
         mine = [m.seq for m in stored if m.place == place]
@@ -92,7 +88,7 @@ async def test_each_place_has_its_own_queue(store: Store) -> None:
 
 # -- conversations ---------------------------------------------------------
 async def test_conversations_are_created_on_first_use_and_kept_apart(store: Store) -> None:
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     dm = await store.get_conversation(agent_id, "dm")
     assert (dm.agent_id, dm.place, dm.name, dm.summary, dm.queue_start_seq, dm.summary_updated_at) == (
         agent_id,
@@ -128,12 +124,12 @@ async def test_conversations_are_created_on_first_use_and_kept_apart(store: Stor
         ("private:A", "a side room"),
         ("public:X", "talked about trains in #general"),
     ]
-    other = await new_agent(store, "discord:bob")
+    other = (await new_agent(store, "discord:bob")).id
     assert await store.list_conversations(other) == []
 
 
 async def test_concurrent_first_uses_make_one_conversation(store: Store) -> None:
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     found = await asyncio.gather(*(store.get_conversation(agent_id, "private:A", "#team") for _ in range(8)))
     assert {(c.place, c.name, c.queue_start_seq) for c in found} == {("private:A", "#team", 1)}
     assert [c.place for c in await store.list_conversations(agent_id)] == ["private:A"]
@@ -144,11 +140,11 @@ async def test_conversations_of_unknown_or_deleted_agents(store: Store) -> None:
         await store.get_conversation("ghost", "dm")
     with pytest.raises(StoreError, match="no agent"):
         await store.update_queue("ghost", "", 1, T0, place="public:X")
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     await store.update_queue(agent_id, "secret summary", 2, T0, place="private:A")
     await store.delete_agent(agent_id)
     assert await store.list_conversations(agent_id) == []
-    again = await new_agent(store)
+    again = (await new_agent(store)).id
     assert await store.list_conversations(again) == []
 
 
@@ -156,7 +152,7 @@ async def test_conversations_of_unknown_or_deleted_agents(store: Store) -> None:
 @pytest.mark.parametrize("view", VIEW_NAMES)
 async def test_message_reads_are_filtered(store: Store, view: str) -> None:
     visible, expected = VIEWS[view]
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     stored = await fill_messages(store, agent_id)
     wanted = sum(1 for m in stored if m.place in expected)
 
@@ -182,7 +178,7 @@ async def test_message_reads_are_filtered(store: Store, view: str) -> None:
 @pytest.mark.parametrize("view", VIEW_NAMES)
 async def test_passage_reads_are_filtered(store: Store, view: str) -> None:
     visible, expected = VIEWS[view]
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     ids = await fill_passages(store, agent_id)
     wanted = sum(1 for place in PLACES * 2 if place in expected)
 
@@ -202,7 +198,7 @@ async def test_passage_reads_are_filtered(store: Store, view: str) -> None:
 async def test_paging_through_filtered_searches_never_leaks(store: Store) -> None:
     """The invisible items are the best matches; the visible ones are weak.
     Every page holds visible items only, and the pages together hold them all."""
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     strong = [Message("user", "zeppelin zeppelin zeppelin", place="private:B") for _ in range(12)]
     weak = [
         Message("user", f"a long note that mentions a zeppelin once among many other words {n}", place=place)
@@ -238,7 +234,7 @@ async def test_paging_through_filtered_searches_never_leaks(store: Store) -> Non
 
 
 async def test_archival_memory_filters_the_agent_but_not_shared_collections(store: Store, embedder: Embedder) -> None:
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     archival = ArchivalMemory(store, embedder)
     await archival.insert(
         agent_id,
@@ -273,7 +269,7 @@ async def test_ann_searches_are_filtered_too(tmp_path: Path, hidden: int, shown:
     store = SQLiteStore(tmp_path / "memory.db", ann_threshold=ANN_THRESHOLD)
     await store.open()
     try:
-        agent_id = await new_agent(store)
+        agent_id = (await new_agent(store)).id
         passages = [Passage(f"hidden {n}", embedding=[1.0, 0.0, 0.0001 * n], place="private:B") for n in range(hidden)]
         passages += [Passage(f"shown {n}", embedding=[0.6, 0.8, 0.001 * n], place="public:X") for n in range(shown)]
         ids = await store.insert_passages(agent_id, passages)
@@ -300,7 +296,7 @@ async def test_ann_searches_are_filtered_too(tmp_path: Path, hidden: int, shown:
 async def test_unseen_neighbours_lend_nothing_to_a_seen_message(store: Store) -> None:
     """Conversation search lifts a turn by its neighbours' words (context); an
     invisible neighbour must not make a visible turn a hit for its secret."""
-    agent_id = await new_agent(store)
+    agent_id = (await new_agent(store)).id
     await store.append_messages(
         agent_id,
         [

@@ -7,14 +7,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from memory.store import DocumentRecord, SourceRecord, Store, source_key
-from memory.types import AgentRecord, Block, Passage
+from memory.types import Passage
+from tests.helpers import new_agent
 
 T0 = datetime(2024, 5, 17, 9, 30, 15, tzinfo=UTC)
-
-
-async def new_agent(store: Store, key: str) -> AgentRecord:
-    agent, _ = await store.get_or_create_agent(key, [Block("human", "", 100)])
-    return agent
 
 
 def names(sources: list[SourceRecord]) -> list[str]:

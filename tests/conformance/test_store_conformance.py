@@ -11,6 +11,12 @@ import pytest
 
 from memory.store import Store
 from memory.types import AgentRecord, Block, Message, Passage
+from tests.helpers import new_agent as _new_agent
+
+
+async def new_agent(store: Store, key: str = "discord:alice") -> AgentRecord:
+    return await _new_agent(store, key, default_blocks())  # every block: these tests edit persona too
+
 
 T0 = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
 
@@ -20,11 +26,6 @@ def default_blocks() -> list[Block]:
         Block(label="persona", value="I am a patient helper.", limit=2000),
         Block(label="human", value="Nothing known yet.", limit=2000),
     ]
-
-
-async def new_agent(store: Store, key: str = "discord:alice") -> AgentRecord:
-    agent, _ = await store.get_or_create_agent(key, default_blocks())
-    return agent
 
 
 def contents(messages: list[Message]) -> list[str | None]:

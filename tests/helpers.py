@@ -1,0 +1,28 @@
+"""Small helpers several test modules share (one of each)."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+from bot.events import UserMessage
+from memory.store import Store
+from memory.types import AgentRecord, Block
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def new_agent(store: Store, key: str = "discord:alice", blocks: Sequence[Block] | None = None) -> AgentRecord:
+    """An agent in `store` (one small `human` block unless `blocks` are given)."""
+    agent, _ = await store.get_or_create_agent(key, list(blocks) if blocks is not None else [Block("human", "", 100)])
+    return agent
+
+
+def said(text: str, user: str = "alice") -> UserMessage:
+    """A terminal user's message, as the terminal chat builds it (for tests that call the runtime directly)."""
+    return UserMessage(platform="terminal", user_id=user, text=text, display_name=user)
