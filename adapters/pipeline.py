@@ -24,7 +24,13 @@ is here, once, in the order an event meets it:
 6. recover / replay: at start, what the last run left unfinished is redone
    in arrival order ahead of new events (`hold_new_events`, `recover`); the
    storage wait's leftovers are redone the same way (`replay`);
-7. drain / close: new events are refused, work in flight gets a grace period.
+7. drain / close: work in flight gets a grace period; an event arriving
+   meanwhile is refused (a platform that delivers it again) or kept in the
+   inbox for the next start (one that never does).
+
+Connecting and closing are the adapter's own (`start`, `wait_ready`, `close`:
+cli/app.py's Adapter); `OnPipeline` gives it the rest of what `memgpt-bot
+run` calls (`hold_new_events`, `recover`, `replay`, `deliver`).
 
 Bot-side rules (leases, quarantine, the storage wait, follower linking) are
 the bot's (bot/durable/); this module only calls the port.
