@@ -57,7 +57,8 @@ class Strict:
     slots: int = 0
     seconds: float = 0.0
     refusals: list[tuple[int, str]] = field(default_factory=list)
-    worked: list[int] = field(default_factory=list)  # the prompt tokens of each request taken
+    # Each request taken: the server's count of its prompt, and its max_tokens.
+    worked: list[tuple[int, int]] = field(default_factory=list)
     most_in_flight: int = 0
     _in_flight: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -84,7 +85,8 @@ class Strict:
             with self._lock:
                 self._in_flight += 1
                 self.most_in_flight = max(self.most_in_flight, self._in_flight)
-                self.worked.append(self.prompt_tokens(body))
+                answer = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
+                self.worked.append((self.prompt_tokens(body), answer))
             if self.seconds:
                 time.sleep(self.seconds)  # busy: even when the client has gone
             reply = h.next_reply(body)
