@@ -80,7 +80,7 @@ class Agent:
         self.conversations: dict[str, Conversation] = {dm.key: dm}
         # The conversation of the event being handled (the DM's between events).
         self.conversation = dm
-        # Tokens of every LLM call this agent made, counted locally (_complete):
+        # Tokens of every LLM call this agent made, counted locally (bot/llm_calls.py):
         # what the daily budget charges (cached tokens at their weight), and the
         # parts (prompt, the share the server said it cached, completion).
         self.tokens_used = 0
