@@ -286,7 +286,7 @@ class Agent:
     async def _execute(self, completion: Completion, *, first_step: bool = False) -> bool:
         """Run one step's function calls in order; returns whether to go on."""
         calls = completion.tool_calls
-        text = (completion.content or "").strip()
+        text = (completion.content or "").strip() if completion.content_is_text else ""
         if not calls and text and self._awaits_answer() and not self._outbox:
             if first_step and self.services.plain_text_replies:
                 # Answered in plain text, not in a heartbeat chain: that text is the

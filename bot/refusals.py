@@ -11,6 +11,8 @@ Each server words a refusal its own way; these are the ones seen in the wild:
     size (4096 tokens)" with `n_prompt_tokens` and `n_ctx` in the error object
     (type `exceed_context_size_error`); older ones: "the request exceeds the
     available context size";
+  - llama-cpp-python's own words under its OpenAI-style ones: "Requested tokens
+    (2723) exceed context window of 2560";
   - others: "context_length_exceeded", "prompt is too long", "input is too long";
 - a parameter the server does not take: "Unsupported parameter: 'max_tokens' ...
   Use 'max_completion_tokens' instead" (OpenAI's reasoning models), "Unrecognized
@@ -43,6 +45,7 @@ _LIMIT = [
     re.compile(r"available context size \((\d+)", re.IGNORECASE),
     re.compile(r"context (?:length|size|window) (?:of|is) (\d+)", re.IGNORECASE),
     re.compile(r"exceeds limit of (\d+)", re.IGNORECASE),
+    re.compile(r"exceed context window of (\d+)", re.IGNORECASE),
 ]
 _PROMPT = [
     re.compile(r"\((\d+) in the messages", re.IGNORECASE),
@@ -50,6 +53,7 @@ _PROMPT = [
     re.compile(r"request has (\d+) input tokens", re.IGNORECASE),
     re.compile(r"request \((\d+) tokens\)", re.IGNORECASE),
     re.compile(r"prompt \((\d+) tokens\)", re.IGNORECASE),
+    re.compile(r"requested tokens \((\d+)\)", re.IGNORECASE),
 ]
 _VALIDATION_WORDS = re.compile(
     r"validation error|input should be|field required|extra inputs|not permitted|invalid|must be|"

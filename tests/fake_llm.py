@@ -162,8 +162,10 @@ class CompletionReply(Reply):
         }
 
     def _rough_usage(self, request: JSONDict) -> JSONDict:
-        # Deliberately rough (~4 chars per token); the product must never trust it.
-        prompt = len(json.dumps(request.get("messages", []))) // 4
+        # Deliberately rough and low (~8 chars per token, the tools not counted): the
+        # bot learns a server/our token ratio from it only above 1, so this count
+        # never teaches one. tests/strict_llm.py reports a server's real count.
+        prompt = len(json.dumps(request.get("messages", []))) // 8
         out = len(self.content or "") + sum(len(t.name) + len(t.arguments) for t in self.tool_calls)
         completion = out // 4 + 1
         return {
