@@ -200,6 +200,7 @@ class Agent:
         try:
             return await self._run(event, result)
         finally:
+            self.queue.protected_seq = None
             self.current_event, self.conversation, self._channel_context = None, self.conversations[DM.key], ""
 
     async def _run(self, event: Event, result: EventResult) -> EventResult:
@@ -211,6 +212,9 @@ class Agent:
             )
         self.calls.start_event()
         self._best_text = ""
+        # A flush keeps this event's message if it can (memory/queue_manager.py).
+        ours = [e.message.seq for e in self.queue.entries if e.message.event_id == event.event_id]
+        self.queue.protected_seq = ours[0] if ours else None
         while True:
             result.steps += 1
             try:
