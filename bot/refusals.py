@@ -18,7 +18,9 @@ Each server words a refusal its own way; these are the ones seen in the wild:
   Use 'max_completion_tokens' instead" (OpenAI's reasoning models), "Unrecognized
   request argument supplied: tool_choice", pydantic's "Extra inputs are not
   permitted" at `('body', 'parallel_tool_calls')`, vLLM's "\"auto\" tool choice
-  requires --enable-auto-tool-choice";
+  requires --enable-auto-tool-choice"; tools themselves: llama-server's "tools param
+  requires --jinja flag", Ollama's "model does not support tools" (then the model
+  answers in plain text, which is sent as its answer);
 - the request's shape: any other 400 or 422, and a 500 whose words are a
   validation's (llama-cpp-python answers its schema's "7 validation errors" with
   500; llama.cpp's chat templates raise "Conversation roles must alternate").
@@ -34,6 +36,7 @@ import openai
 
 # Parameters the bot sends that a request can do without.
 OPTIONAL_PARAMETERS = ("max_tokens", "max_completion_tokens", "tool_choice", "parallel_tool_calls")
+# (`tools` too, by its own words below: "tools" alone is in too many refusals.)
 
 _CONTEXT_WORDS = re.compile(
     r"maximum context length|context length|context size|context window|context_length_exceeded|"
@@ -112,6 +115,9 @@ def classify(error: openai.APIStatusError, sent: dict[str, Any]) -> Refusal | No
                 return refusal
     if "auto" in lowered and "tool choice" in lowered and "tool_choice" in sent:
         refusal.parameter = "tool_choice"
+        return refusal
+    if "tools" in sent and ("--jinja" in lowered or "tools param" in lowered or "does not support tools" in lowered):
+        refusal.parameter = "tools"  # llama-server without --jinja; Ollama models without tool support
         return refusal
     if status >= 500 and not _VALIDATION_WORDS.search(text):
         return None

@@ -154,7 +154,8 @@ class RequestRun:
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         tool_choice_ok = "tool_choice" not in endpoint.dropped_parameters
         # A summary (no function calls wanted) goes without tools where tool_choice "none" is refused.
-        if self.tools and (self.call_functions or tool_choice_ok):
+        tools_ok = "tools" not in endpoint.dropped_parameters
+        if self.tools and tools_ok and (self.call_functions or tool_choice_ok):
             body["tools"] = self.tools
             if tool_choice_ok:
                 body["tool_choice"] = "auto" if self.call_functions else "none"
