@@ -140,12 +140,12 @@ async def test_a_plain_text_answer_is_sent_as_the_reply(
 ) -> None:
     llm_server.script(reply_text("  Hello there, in plain text.  "))
     runtime = await make_runtime()
-    replies = await runtime.handle(say("hi"))
+    replies = await runtime.handle(said("hi"))
     assert [reply.text for reply in replies] == ["Hello there, in plain text."]
     assert len(llm_server.requests) == 1  # no nudge, no second step
     # The model sees its own answer in the next prompt, as an assistant message.
     llm_server.script(reply_text("again"))
-    await runtime.handle(say("and now?"))
+    await runtime.handle(said("and now?"))
     sent = llm_server.requests[-1]["messages"]
     assert {"role": "assistant", "content": "  Hello there, in plain text.  "} in sent
 

@@ -14,17 +14,13 @@ from typing import Any
 import pytest
 
 from bot.agent import NO_ANSWER
-from bot.events import UserMessage
 from bot.request_shape import LEVEL_NAMES, TOOLS_AS_TEXT
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
+from tests.helpers import said
 from tests.strict_llm import Strict, received
 
 BEAT = {"request_heartbeat": True}
-
-
-def say(text: str, user: str = "alice") -> UserMessage:
-    return UserMessage(platform="terminal", user_id=user, text=text, display_name=user)
 
 
 def noting_model(request: dict[str, Any]) -> Reply:
@@ -64,7 +60,7 @@ async def test_no_null_content_and_a_strict_schema_answers_every_message(
     llm_server.set_handler(noting_model)
     runtime = await make_runtime()
     for n in range(5):
-        assert [r.text for r in await runtime.handle(say(f"number {n} please"))] == [f"noted {n}"]
+        assert [r.text for r in await runtime.handle(said(f"number {n} please"))] == [f"noted {n}"]
     assert strict.refusals == []
     bodies = sent_bodies(llm_server)
     assert len(bodies) == 10 and all(b'"content": null' not in raw for raw in received(llm_server))
@@ -84,7 +80,7 @@ async def test_a_template_refusing_tool_messages_is_repaired_once_and_remembered
     runtime = await make_runtime()
     with caplog.at_level(logging.WARNING):
         for n in range(4):
-            assert [r.text for r in await runtime.handle(say(f"number {n}"))] == [f"noted {n}"]
+            assert [r.text for r in await runtime.handle(said(f"number {n}"))] == [f"noted {n}"]
     # One request refused (sent 1 + llm_max_retries times: a 500 is retried), then
     # every request goes with the calls as text: no refusal after the first repair.
     assert len(strict.refusals) == 1 + runtime.settings.llm_max_retries
@@ -106,14 +102,14 @@ async def test_a_message_the_server_refuses_is_left_out_and_the_next_message_suc
     llm_server.strict = strict = Strict(refuse_message=lambda m: "BADBYTES" in (m.get("content") or ""))
     llm_server.set_handler(sender)
     runtime = await make_runtime(llm_max_retries=0)
-    first = await runtime.handle_with_details(say("look: BADBYTES"))
+    first = await runtime.handle_with_details(said("look: BADBYTES"))
     # Refused whatever was left out (it is the newest message): one clear note.
     assert [r.text for r in first.replies] == [first.trouble]
     assert first.trouble is not None and "refused my request" in first.trouble and "saved" in first.trouble
     refused = len(strict.refusals)
-    assert [r.text for r in await runtime.handle(say("hello again"))] == ["ok"]
+    assert [r.text for r in await runtime.handle(said("hello again"))] == ["ok"]
     assert len(strict.refusals) == refused + 1  # named by index, dropped, sent again
-    assert [r.text for r in await runtime.handle(say("and again"))] == ["ok"]
+    assert [r.text for r in await runtime.handle(said("and again"))] == ["ok"]
     assert len(strict.refusals) == refused + 1  # remembered: left out up front
     last = sent_bodies(llm_server)[-1]
     assert "BADBYTES" not in json.dumps(last) and "hello again" in json.dumps(last)
@@ -128,7 +124,7 @@ async def test_a_refused_parameter_is_replaced_once_per_endpoint(
     llm_server.set_handler(sender)
     runtime = await make_runtime()
     for text in ("one", "two", "three"):
-        assert [r.text for r in await runtime.handle(say(text))] == ["ok"]
+        assert [r.text for r in await runtime.handle(said(text))] == ["ok"]
     assert len(strict.refusals) == 1
     bodies = sent_bodies(llm_server)
     assert "max_tokens" in bodies[0] and all("max_tokens" not in body for body in bodies[1:])
@@ -147,7 +143,7 @@ async def test_the_servers_context_limit_is_the_limit(
     runtime = await make_runtime(context_window=8_192, response_reserve=256)
     weather = "The weather today was grey, then sunny, then it rained again for hours. " * 12
     for n in range(14):
-        result = await runtime.handle_with_details(say(f"{n}: {weather}"))
+        result = await runtime.handle_with_details(said(f"{n}: {weather}"))
         assert [r.text for r in result.replies] == ["ok"], result.trouble
     learned = runtime.llm.limits()
     assert learned.context_limit == limit and 1.15 <= learned.ratio <= 1.25
@@ -167,7 +163,7 @@ async def test_the_servers_token_count_sets_the_margin(make_runtime: RuntimeFact
     llm_server.set_handler(sender)
     runtime = await make_runtime(context_window=8_192, response_reserve=256)
     for text in ("one", "two", "three"):
-        await runtime.handle(say(text))
+        await runtime.handle(said(text))
     ratio = runtime.llm.limits().ratio
     assert 1.2 <= ratio <= 1.3  # our count is an upper bound: the ratio seen is a little under
     agent = await runtime.agent("terminal:alice")
@@ -184,10 +180,10 @@ async def test_a_slow_single_slot_server_gets_each_request_once(
     llm_server.set_handler(sender)
     runtime = await make_runtime(llm_timeout=0.4, llm_max_retries=2)
     runtime.llm.endpoint.concurrency = 1
-    assert [r.text for r in await runtime.handle(say("slow?"))] == ["ok"]
+    assert [r.text for r in await runtime.handle(said("slow?"))] == ["ok"]
     assert len(received(llm_server)) == 1
     # Two people at once: one request at a time reaches the server, both answered.
-    results = await asyncio.gather(runtime.handle(say("a", "bob")), runtime.handle(say("b", "carol")))
+    results = await asyncio.gather(runtime.handle(said("a", "bob")), runtime.handle(said("b", "carol")))
     assert [[r.text for r in replies] for replies in results] == [["ok"], ["ok"]]
     assert len(received(llm_server)) == 3 and strict.most_in_flight == 1
 
@@ -204,7 +200,7 @@ async def test_one_message_has_a_time_budget(make_runtime: RuntimeFactory, llm_s
     )
     runtime = await make_runtime(message_time_budget=2.0, max_steps_per_event=100)
     started = time.monotonic()
-    result = await runtime.handle_with_details(say("think forever"))
+    result = await runtime.handle_with_details(said("think forever"))
     assert time.monotonic() - started < 2.0 + 5.0  # the budget, and the last request's wait at most
     assert result.steps < 100 and not result.hit_step_cap
     assert [r.text for r in result.replies] == [result.trouble]
@@ -214,7 +210,7 @@ async def test_one_message_has_a_time_budget(make_runtime: RuntimeFactory, llm_s
 async def test_usage_is_recorded_with_the_budget_off(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.set_handler(sender)
     runtime = await make_runtime(daily_token_budget=0)
-    await runtime.handle(say("count me"))
+    await runtime.handle(said("count me"))
     usage = await runtime.limits.usage("terminal:alice")
     assert usage.daily_budget == 0 and usage.tokens_today > 1_000
     assert usage.days[0].prompt > 1_000 and usage.days[0].completion > 0
@@ -256,7 +252,7 @@ async def test_thirty_messages_to_a_small_strict_server(
     day = "Today I walked to the market, bought 12 apples, 3 pears and talked to my neighbour for 45 minutes. "
     for n in range(30):
         sent_before = len(llm_server.requests)
-        result = await runtime.handle_with_details(say(f"{n}: {day * (1 + n % 3)}"))
+        result = await runtime.handle_with_details(said(f"{n}: {day * (1 + n % 3)}"))
         steps = [r for r in llm_server.requests[sent_before:] if not is_summary_request(r)]
         # The model saw the message it answers (a flush the pressure alert set off took it).
         assert all(f"alice: {n}:" in json.dumps(step["messages"]) for step in steps), n

@@ -11,15 +11,10 @@ from pathlib import Path
 import openai
 
 from bot.agent import NO_ANSWER
-from bot.events import UserMessage
 from cli import logs
 from tests.conftest import RuntimeFactory, make_settings
 from tests.fake_llm import FakeLLMServer, reply_text, reply_tool_calls, tool_call
-
-
-def say(text: str) -> UserMessage:
-    return UserMessage(platform="terminal", user_id="alice", text=text, display_name="alice")
-
+from tests.helpers import said
 
 HEARTBEAT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": True})
 
@@ -31,7 +26,7 @@ async def test_the_step_cap_sends_the_models_own_text(make_runtime: RuntimeFacto
     )
     llm_server.set_handler(lambda request: reply_tool_calls(HEARTBEAT_CALL))
     runtime = await make_runtime(max_steps_per_event=4)
-    result = await runtime.handle_with_details(say("I like tea"))
+    result = await runtime.handle_with_details(said("I like tea"))
     assert result.hit_step_cap and result.trouble is None
     assert [r.text for r in result.replies] == ["You like tea, I will remember that."]
     assert all("stuck" not in r.text for r in result.replies)
@@ -47,7 +42,7 @@ async def test_a_chain_ending_without_a_reply_gets_an_honest_note(
         )
     )
     runtime = await make_runtime()
-    result = await runtime.handle_with_details(say("I like tea"))
+    result = await runtime.handle_with_details(said("I like tea"))
     assert [r.text for r in result.replies] == [NO_ANSWER]
     assert "saved" in NO_ANSWER and "try again" in NO_ANSWER and "stuck" not in NO_ANSWER
 
@@ -64,7 +59,7 @@ async def test_calls_with_one_obvious_meaning_are_repaired(
         reply_tool_calls(tool_call("functions.send_message", {"message": "Rex!"})),
     )
     runtime = await make_runtime()
-    replies = await runtime.handle(say("my dog is Rex"))
+    replies = await runtime.handle(said("my dog is Rex"))
     assert [r.text for r in replies] == ["Rex!"]
     results = [json.loads(m["content"]) for m in llm_server.requests[1]["messages"] if m["role"] == "tool"]
     assert [r["status"] for r in results[-2:]] == ["OK", "OK"], results
