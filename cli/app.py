@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
@@ -114,8 +114,10 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     delivering through them, until a signal or until every adapter stops."""
     from bot.checkins.scheduler import CheckinScheduler
     from cli.health import MeteredBot
+    from cli.inflight import InFlight
 
-    plans = plan_adapters(MeteredBot(runtime), runtime.settings.environment if env is None else env)
+    in_flight = InFlight(MeteredBot(runtime))
+    plans = plan_adapters(in_flight, runtime.settings.environment if env is None else env)
     adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
     for adapter in adapters.values():
         adapter.hold_new_events()  # until its recover() below
@@ -167,7 +169,7 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         log.info("check-ins: %d schedules armed", len(scheduler.armed()))
 
     try:
-        await run_adapters(plans, announce, on_started=start_scheduler)
+        await run_adapters(plans, announce, on_started=start_scheduler, settle=lambda: in_flight.settle(say=announce))
     finally:
         runtime.scheduler = None
         runtime.store_wait.notify = None
@@ -202,8 +204,11 @@ async def run_adapters(
     plans: list[AdapterPlan],
     announce: Callable[[str], Any],
     on_started: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    settle: Callable[[], Awaitable[Any]] | None = None,
 ) -> None:
-    """Start every planned adapter and run until a signal or until all stop."""
+    """Start every planned adapter and run until a signal or until all stop.
+    `settle`: awaited before the adapters close, to let the events in flight
+    finish (their replies still need the connections)."""
     for plan in plans:
         announce(f"{plan.name}: {'starting, ' if plan.adapter else 'skipped: '}{plan.reason}")
     active = [plan for plan in plans if plan.adapter is not None]
@@ -243,6 +248,8 @@ async def run_adapters(
         stopper.cancel()
         if started is not None:
             started.cancel()
+        if settle is not None:
+            await settle()
         for plan in active:
             try:
                 await plan.adapter.close()  # type: ignore[union-attr]
