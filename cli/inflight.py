@@ -49,7 +49,7 @@ class InFlight:
         return counted
 
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
-        fresh = await self._while(self._bot.receive(platform, event_id, user_id, payload))
+        fresh = bool(await self._while(self._bot.receive(platform, event_id, user_id, payload)))
         if fresh:
             self._open.setdefault(("event", event_id), asyncio.Event())
         return fresh
@@ -81,13 +81,13 @@ class InFlight:
         waiting = [done for done in self._open.values() if not done.is_set()]
         if not waiting:
             return 0
-        log.info("waiting up to %.0f s for %d events and calls in flight", within, len(waiting))
+        if say is not None:
+            say(f"stopping: waiting up to {within:.0f} s for {len(waiting)} events and calls in flight")
         _, pending = await asyncio.wait([asyncio.create_task(done.wait()) for done in waiting], timeout=within)
         for task in pending:
             task.cancel()
         if pending:
-            line = f"{len(pending)} events still in flight after {within:.0f} s; the journal redoes them at the next start"
-            log.warning(line)
-            if say is not None:
-                say(line)
+            log.warning(
+                "%d still in flight after %.0f s; the journal redoes them at the next start", len(pending), within
+            )
         return len(pending)

@@ -16,7 +16,8 @@ and state.py):
   heartbeats (op 1) are ACKed (op 11); RESUME (op 6) replays what the session missed
   and sends RESUMED, or invalid session (op 9) when the session is unknown. The test
   can ask a client to reconnect (op 7), invalidate its session, or cut the socket.
-- REST: ``GET /users/@me``, ``GET /oauth2/applications/@me``, ``GET /gateway``, ``GET /gateway/bot``, ``GET /users/{id}``,
+- REST: ``GET /users/@me``, ``GET /oauth2/applications/@me``, ``GET /gateway``,
+  ``GET /gateway/bot``, ``GET /users/{id}``,
   ``POST /users/@me/channels`` (a DM channel), ``GET /guilds/{id}``,
   ``GET/POST /channels/{id}/messages`` (history with ``limit``/``before``/``after``;
   a send honours ``nonce`` with ``enforce_nonce``), ``GET /channels/{id}/messages/{id}``,
@@ -28,7 +29,9 @@ and state.py):
 A message the bot posts is also dispatched to the gateway (MESSAGE_CREATE), as
 Discord does, so the bot sees its own messages and must ignore them.
 
-Faults: ``down(api=True, gateway=True)`` answers 502 until ``up()``.
+Faults: ``down(api=True, gateway=True)`` until ``up()``: every connection is cut
+before an answer (a network outage; ``answer=502`` answers Cloudflare's 502 instead,
+which discord.py retries five times, about 25 s, before giving up).
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ __all__ = ["DiscordCall", "FakeDiscord"]
 JSONDict = dict[str, Any]
 DISCORD_EPOCH_MS = 1_420_070_400_000
 VIEW_CHANNEL = 1 << 10
-EVERYONE_PERMISSIONS = (1 << 10) | (1 << 11) | (1 << 16) | (1 << 31) | (1 << 38)  # view, send, history, commands, threads
+# View, send, read history, use commands, send in threads.
+EVERYONE_PERMISSIONS = (1 << 10) | (1 << 11) | (1 << 16) | (1 << 31) | (1 << 38)
 BOT_TOKEN = "fake-discord-bot-token.Gx1.stand-in-value-0123456789"
 
 
@@ -103,6 +107,8 @@ class FakeDiscord:
         self.resumes = 0
         self.api_down = False
         self.gateway_down = False
+        self.down_answer: int | None = None  # None: cut the connection
+        self.gateway_bot_url: str | None = None  # what GET /gateway/bot names (None: this gateway)
         self.interaction_callbacks: list[JSONDict] = []
         self._sessions: dict[str, _Session] = {}
         self._connections: list[_Connection] = []
@@ -366,9 +372,9 @@ class FakeDiscord:
             return sum(1 for connection in self._connections if connection.session is not None)
 
     # -- gateway faults --------------------------------------------------------
-    def down(self, *, api: bool = True, gateway: bool = True) -> None:
+    def down(self, *, api: bool = True, gateway: bool = True, answer: int | None = None) -> None:
         with self._changed:
-            self.api_down, self.gateway_down = api, gateway
+            self.api_down, self.gateway_down, self.down_answer = api, gateway, answer
         if gateway:
             self._call_soon(self._cut_all())
 
@@ -494,7 +500,7 @@ class FakeDiscord:
     # -- gateway -----------------------------------------------------------------
     async def _gateway(self, request: web.Request) -> web.StreamResponse:
         if self.gateway_down:
-            return web.Response(status=502, text="502 Bad Gateway")
+            return self._outage(request)
         if request.query.get("v") != "10" or request.query.get("compress") != "zlib-stream":
             return web.Response(status=400, text="the stand-in speaks v=10 with compress=zlib-stream")
         socket = web.WebSocketResponse(max_msg_size=4096 * 1024)
@@ -570,7 +576,7 @@ class FakeDiscord:
             self.calls.append(call)
             self._changed.notify_all()
         if self.api_down:
-            return web.Response(status=502, text="<html>502 Bad Gateway</html>", content_type="text/html")
+            return self._outage(request)
         if not path.startswith(("/interactions/", "/webhooks/")) and request.headers.get("Authorization") != (
             f"Bot {self.token}"
         ):
@@ -585,6 +591,13 @@ class FakeDiscord:
             if all(w.startswith("{") or w == p for w, p in zip(wanted, parts, strict=True)):
                 return handler(call, **names)
         return _error(404, 0, "404: Not Found")
+
+    def _outage(self, request: web.Request) -> web.Response:
+        if self.down_answer is None and request.transport is not None:
+            request.transport.abort()  # the client sees the connection drop, no answer
+        return web.Response(
+            status=self.down_answer or 502, text="<html>502 Bad Gateway</html>", content_type="text/html"
+        )
 
     def _routes(self) -> list[tuple[str, str, Callable[..., web.Response]]]:
         return [
@@ -625,7 +638,7 @@ class FakeDiscord:
 
     def _r_gateway_bot(self, call: DiscordCall) -> web.Response:
         limit = {"total": 1000, "remaining": 999, "reset_after": 14_400_000, "max_concurrency": 1}
-        return _json({"url": self.gateway_url, "shards": 1, "session_start_limit": limit})
+        return _json({"url": self.gateway_bot_url or self.gateway_url, "shards": 1, "session_start_limit": limit})
 
     def _r_user(self, call: DiscordCall, user: str) -> web.Response:
         found = self.users.get(user)

@@ -27,7 +27,15 @@ from typing import Any
 
 FORKS = multiprocessing.get_context("forkserver")
 FORKS.set_forkserver_preload(
-    ["cli.main", "cli.app", "bot.runtime", "adapters.slack", "adapters.discord", "memory.embeddings", "sentence_transformers"]
+    [
+        "cli.main",
+        "cli.app",
+        "bot.runtime",
+        "adapters.slack",
+        "adapters.discord",
+        "memory.embeddings",
+        "sentence_transformers",
+    ]
 )
 
 

@@ -59,9 +59,7 @@ class DiscordConfig:
             command_guild_id=_positive(guild, "DISCORD_COMMAND_GUILD_ID") if guild else None,
             max_upload_bytes=_positive(upload, "DISCORD_MAX_UPLOAD_BYTES") if upload else DEFAULT_MAX_UPLOAD_BYTES,
             api_url=_url(env.get("DISCORD_API_URL", ""), "DISCORD_API_URL", ("http", "https"), API_EXAMPLE),
-            gateway_url=_url(
-                env.get("DISCORD_GATEWAY_URL", ""), "DISCORD_GATEWAY_URL", ("ws", "wss"), GATEWAY_EXAMPLE
-            ),
+            gateway_url=_url(env.get("DISCORD_GATEWAY_URL", ""), "DISCORD_GATEWAY_URL", ("ws", "wss"), GATEWAY_EXAMPLE),
             channel_context_messages=context_messages(env),
         )
 

@@ -13,6 +13,7 @@ sends, what the platform received, what the model was sent, and the process.
 from __future__ import annotations
 
 import os
+import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -169,8 +170,8 @@ def test_shutdown_waits_for_the_event_in_flight(
     platform.dm("alice", "hello there")
     assert asked.wait(WITHIN)
     assert bot.cli is not None
-    bot.cli.signal(15)  # SIGTERM while the model is thinking
-    bot.wait_for_line("waiting up to")
+    bot.cli.signal(signal.SIGTERM)  # SIGTERM while the model is thinking
+    bot.wait_for_line("stopping: waiting up to")
     answer.set()
     assert bot.cli.wait(WITHIN) == 0
     assert replied(platform, "dm:alice", 1) == ["Heard you."]
