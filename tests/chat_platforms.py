@@ -43,6 +43,14 @@ class ChatPlatform(Protocol):
         ...
 
     def redeliver(self, sent: Any) -> None: ...
+    def command(self, person: str, name: str) -> None:
+        """`person` runs the slash command `/name` in their DMs."""
+        ...
+
+    def private_answers(self, person: str) -> list[str]:
+        """What the bot answered `person`'s commands, seen by them alone."""
+        ...
+
     def reconnect(self) -> None:
         """The platform asks the bot's connection to reconnect."""
         ...
@@ -125,6 +133,26 @@ class SlackPlatform:
         self.wait_until(lambda: self.slack.socket_connected, 60)
         self.slack.send_socket_event(sent, retry_attempt=1, retry_reason="timeout")
 
+    def command(self, person: str, name: str) -> None:
+        user = self.ids[person]
+        payload = {
+            "token": "legacy-verification-token",
+            "team_id": self.slack.team_id,
+            "channel_id": f"D{user}",
+            "user_id": user,
+            "command": f"/{name}",
+            "text": "",
+            "api_app_id": "A1",
+            "response_url": self.slack.response_url(person),
+            "trigger_id": uuid.uuid4().hex,
+        }
+        self.wait_until(lambda: self.slack.socket_connected, 60)
+        self.slack.send_socket_event(payload, envelope_type="slash_commands")
+
+    def private_answers(self, person: str) -> list[str]:
+        calls = self.slack.calls_to("response_url")
+        return [str(call.args.get("text", "")) for call in calls if call.args.get("tag") == person]
+
     def reconnect(self) -> None:
         self.slack.ask_to_reconnect()
 
@@ -193,6 +221,19 @@ class DiscordPlatform:
     def redeliver(self, sent: Any) -> None:
         self._connected()
         self.discord.redeliver(sent)
+
+    def command(self, person: str, name: str) -> None:
+        self._connected()
+        self.discord.slash_command(self.people[person], name)
+
+    def private_answers(self, person: str) -> list[str]:
+        # The bot defers (thinking, ephemeral), then sends the answer as a follow-up.
+        answers = []
+        for callback in self.discord.interaction_callbacks:
+            data = callback.get("data") or {}
+            if callback.get("type") == "followup" and int(data.get("flags") or 0) & 64:
+                answers.append(str(data.get("content", "")))
+        return answers
 
     def reconnect(self) -> None:
         self.discord.ask_to_reconnect()

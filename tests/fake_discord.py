@@ -293,6 +293,7 @@ class FakeDiscord:
             "version": 1,
             "app_permissions": str(EVERYONE_PERMISSIONS),
             "locale": "en-US",
+            "attachment_size_limit": 10 * 1024 * 1024,
             "entitlements": [],
             "authorizing_integration_owners": {"0": self.guild_id} if channel.get("guild_id") else {"1": user["id"]},
             "context": 0 if channel.get("guild_id") else 1,

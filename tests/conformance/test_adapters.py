@@ -109,6 +109,17 @@ def test_a_dm_fact_never_reaches_a_public_channels_request(
     assert any(CODEWORD in body for body in bodies_since(llm_server, asked))
 
 
+def test_the_memory_command_answers_the_person_alone(platform: ChatPlatform, bot: BotProcess) -> None:
+    bot.start()
+    platform.dm("alice", f"remember: my codeword is {CODEWORD}")
+    replied(platform, "dm:alice", 1)
+    platform.command("alice", "memory")
+    platform.wait_until(lambda: bool(platform.private_answers("alice")), WITHIN)
+    [report] = platform.private_answers("alice")
+    assert CODEWORD in report  # the DM's private block, shown to its owner
+    assert platform.replies("dm:alice") == ["Noted."] and platform.replies("public") == []
+
+
 def test_a_restart_keeps_memory(platform: ChatPlatform, bot: BotProcess) -> None:
     bot.start()
     platform.dm("alice", f"remember: my codeword is {CODEWORD}")
