@@ -139,3 +139,26 @@ async def test_an_unreachable_discord_is_retried_with_backoff_until_closed(
     assert len(said) >= 3 and all("cannot reach Discord" in line for line in said)
     delays = [float(line.rsplit("retrying in ", 1)[1].split()[0]) for line in said]
     assert delays == sorted(delays)  # backing off, never faster
+
+
+async def test_the_gateway_session_resumes_after_a_cut_and_identifies_after_an_invalid_session(
+    fake_discord: FakeDiscord,
+) -> None:
+    env = {"DISCORD_TOKEN": DISCORD_TOKEN, "DISCORD_API_URL": fake_discord.api_url}
+    config = DiscordConfig.from_env(env | {"DISCORD_GATEWAY_URL": fake_discord.gateway_url})
+    assert config is not None
+    client = build_client(config)
+    resumed, loop = asyncio.Event(), asyncio.get_running_loop()
+
+    async def on_resumed() -> None:
+        resumed.set()
+
+    client.event(on_resumed)
+    async for _ in connected(client):
+        await asyncio.wait_for(client.wait_until_ready(), timeout=60)
+        await loop.run_in_executor(None, fake_discord.cut_connections)
+        await asyncio.wait_for(resumed.wait(), timeout=60)  # RESUME (op 6) answered with RESUMED
+        assert (fake_discord.identifies, fake_discord.resumes) == (1, 1)
+        await loop.run_in_executor(None, fake_discord.invalidate_sessions)
+        await loop.run_in_executor(None, lambda: fake_discord.wait_until(lambda: fake_discord.identifies == 2, 60))
+        break
