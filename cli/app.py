@@ -143,25 +143,27 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     # While an event waits for storage, the person gets one notice through here.
     runtime.store_wait.notify = deliver
 
-    async def start_scheduler() -> None:
-        # Missed ticks fire at start: wait until the adapters can send.
-        for name, adapter in adapters.items():
-            try:
-                await asyncio.wait_for(adapter.wait_ready(), timeout=READY_TIMEOUT)
-            except TimeoutError:
-                log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
+    async def bring_up(name: str, adapter: Adapter) -> None:
+        # Missed ticks and replays send at once: wait until this adapter can send. Each
+        # adapter on its own: one platform that cannot connect does not hold another's events.
+        try:
+            await asyncio.wait_for(adapter.wait_ready(), timeout=READY_TIMEOUT)
+        except TimeoutError:
+            log.warning("%s adapter not ready after %.0f s; replaying its events anyway", name, READY_TIMEOUT)
         # Crash recovery first: the events the last run left unfinished, in
         # order, then the replies it left unconfirmed (redelivery's first round).
-        for name, adapter in adapters.items():
-            try:
-                replayed = await adapter.recover()
-            except StoreError as error:
-                # Storage is down at start: redelivery replays them once it can read the journal.
-                announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
-                redelivery.recover_later(name)
-                continue
-            if replayed:
-                announce(f"{name}: replayed {replayed} events left unfinished by the last run")
+        try:
+            replayed = await adapter.recover()
+        except StoreError as error:
+            # Storage is down at start: redelivery replays them once it can read the journal.
+            announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
+            redelivery.recover_later(name)
+            return
+        if replayed:
+            announce(f"{name}: replayed {replayed} events left unfinished by the last run")
+
+    async def start_scheduler() -> None:
+        await asyncio.gather(*(bring_up(name, adapter) for name, adapter in adapters.items()))
         redelivery.start()
         runtime.scheduler = scheduler
         announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")

@@ -12,6 +12,7 @@ sends, what the platform received, what the model was sent, and the process.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -149,6 +150,29 @@ def test_the_platform_down_at_start_is_waited_for(platform: ChatPlatform, bot: B
     bot.wait_for_line("check-ins: scheduler started")
     platform.dm("alice", "are you there?")
     assert replied(platform, "dm:alice", 1) == ["Heard you."]
+
+
+def test_one_platform_down_at_start_does_not_hold_the_other(llm_server: FakeLLMServer, tmp_path: Path) -> None:
+    llm_server.set_handler(story_model)
+    with (
+        contextlib.contextmanager(open_platform)("slack") as slack,
+        contextlib.contextmanager(open_platform)("discord") as discord,
+    ):
+        discord.down()
+        bot = BotProcess(slack, llm_server.base_url, tmp_path, extra=discord.env())
+        try:
+            bot.start(wait_ready=False)
+            bot.wait_for_line("discord: cannot reach Discord")
+            slack.dm("alice", "hello there")  # answered while Discord is still retrying
+            assert replied(slack, "dm:alice", 1) == ["Heard you."]
+            assert "check-ins: scheduler started" not in bot.stderr and discord.connections() == 0
+            discord.up()
+            bot.wait_for_line("check-ins: scheduler started")
+            discord.dm("alice", "hello there")
+            assert replied(discord, "dm:alice", 1) == ["Heard you."]
+        finally:
+            if bot.cli is not None:
+                bot.cli.kill()
 
 
 def test_sigterm_stops_promptly_while_the_embedding_model_loads(
