@@ -28,7 +28,6 @@ from tests.secrets_catalog import DISCORD_TOKEN
 from tests.test_cli import base_env
 
 READY_LINE = "check-ins: scheduler started"  # `memgpt-bot run` says it once every adapter is ready
-PEOPLE = ("alice", "bob")
 
 
 class ChatPlatform(Protocol):
@@ -81,7 +80,6 @@ class SlackPlatform:
         slack.add_channel("C1", "general")
         slack.add_channel("G1", "team", private=True)
         self.channels = {"public": "C1", "private": "G1"}
-        self._down = False
 
     def env(self) -> dict[str, str]:
         return {

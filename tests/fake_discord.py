@@ -40,6 +40,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import re
 import threading
 import time
 import uuid
@@ -560,10 +561,10 @@ class FakeDiscord:
             missed = [sent for seq, sent in session.sent if seq > int(data.get("seq") or 0)]
             for sent in missed:
                 await self._send(connection, sent)
-            await self._send_dispatch(connection, session, "RESUMED", {})
-            with self._changed:
+            with self._changed:  # counted before the client can see RESUMED
                 self.resumes += 1
                 self._changed.notify_all()
+            await self._send_dispatch(connection, session, "RESUMED", {})
 
     # -- REST ----------------------------------------------------------------------
     async def _api(self, request: web.Request) -> web.Response:
@@ -733,8 +734,6 @@ class FakeDiscord:
 
 
 def _mention_tokens(text: str) -> list[str]:
-    import re
-
     return re.findall(r"<@!?\d+>", text)
 
 

@@ -5,6 +5,7 @@ DISCORD_GATEWAY_URL at another gateway (tests/fake_discord.py serves both)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
@@ -59,7 +60,9 @@ def test_discord_gateway_url_is_read_and_checked() -> None:
         DiscordConfig.from_env({"DISCORD_TOKEN": "t", "DISCORD_GATEWAY_URL": "https://gateway.example"})
 
 
+@contextlib.asynccontextmanager
 async def connected(client: discord.Client) -> AsyncIterator[asyncio.Task[None]]:
+    """`client` running (run_client) inside the block, closed after it."""
     closing = False
     task = asyncio.create_task(run_client(client, DISCORD_TOKEN, lambda: closing, first=0.05))
     try:
@@ -86,14 +89,13 @@ async def test_both_clients_dial_the_configured_gateway(
     assert config is not None
     client = build_client(config)
     assert isinstance(client, discord.AutoShardedClient) == bool(shards)
-    async for _ in connected(client):
+    async with connected(client):
         await asyncio.wait_for(client.wait_until_ready(), timeout=60)
         assert fake_discord.identifies == 1
         assert client.user is not None and str(client.user.id) == fake_discord.bot_user["id"]
         assert [guild.name for guild in client.guilds] == ["Test Server"]
         # The heartbeat discord.py sends on HELLO was acknowledged; frames were zlib-stream.
         assert any(frame.get("op") == 1 for frame in fake_discord.frames_received)
-        break
 
 
 async def test_a_gateway_unreachable_at_start_is_retried_until_it_answers(
@@ -106,14 +108,13 @@ async def test_a_gateway_unreachable_at_start_is_retried_until_it_answers(
     assert config is not None
     client = build_client(config)
     with caplog.at_level(logging.WARNING, logger="adapters.discord"):
-        async for task in connected(client):
+        async with connected(client) as task:
             while sum("cannot reach Discord's gateway" in r.getMessage() for r in caplog.records) < 2:
                 assert not task.done(), f"the adapter stopped: {task.exception() if not task.cancelled() else ''}"
                 await asyncio.sleep(0.05)
             fake_discord.up()
             await asyncio.wait_for(client.wait_until_ready(), timeout=60)
             assert fake_discord.identifies == 1
-            break
     said = [record.getMessage() for record in caplog.records if "gateway" in record.getMessage()]
     delays = [float(line.rsplit("retrying in ", 1)[1].split()[0]) for line in said]
     assert delays == sorted(delays) and len(delays) >= 2
@@ -154,11 +155,10 @@ async def test_the_gateway_session_resumes_after_a_cut_and_identifies_after_an_i
         resumed.set()
 
     client.event(on_resumed)
-    async for _ in connected(client):
+    async with connected(client):
         await asyncio.wait_for(client.wait_until_ready(), timeout=60)
         await loop.run_in_executor(None, fake_discord.cut_connections)
         await asyncio.wait_for(resumed.wait(), timeout=60)  # RESUME (op 6) answered with RESUMED
         assert (fake_discord.identifies, fake_discord.resumes) == (1, 1)
         await loop.run_in_executor(None, fake_discord.invalidate_sessions)
         await loop.run_in_executor(None, lambda: fake_discord.wait_until(lambda: fake_discord.identifies == 2, 60))
-        break
