@@ -7,7 +7,7 @@ import asyncio
 import logging
 import os
 import signal
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any, Protocol
@@ -85,8 +85,10 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     delivering through them, until a signal or until every adapter stops."""
     from bot.checkins.scheduler import CheckinScheduler
     from cli.health import MeteredBot
+    from cli.inflight import InFlight
 
-    plans = plan_adapters(MeteredBot(runtime), runtime.settings.environment if env is None else env)
+    in_flight = InFlight(MeteredBot(runtime))
+    plans = plan_adapters(in_flight, runtime.settings.environment if env is None else env)
     adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
     for adapter in adapters.values():
         adapter.hold_new_events()  # until its recover() below
@@ -112,25 +114,27 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     # While an event waits for storage, the person gets one notice through here.
     runtime.store_wait.notify = deliver
 
-    async def start_scheduler() -> None:
-        # Missed ticks fire at start: wait until the adapters can send.
-        for name, adapter in adapters.items():
-            try:
-                await asyncio.wait_for(adapter.wait_ready(), timeout=READY_TIMEOUT)
-            except TimeoutError:
-                log.warning("%s adapter not ready after %.0f s; starting check-ins anyway", name, READY_TIMEOUT)
+    async def bring_up(name: str, adapter: Adapter) -> None:
+        # Missed ticks and replays send at once: wait until this adapter can send. Each
+        # adapter on its own: one platform that cannot connect does not hold another's events.
+        try:
+            await asyncio.wait_for(adapter.wait_ready(), timeout=READY_TIMEOUT)
+        except TimeoutError:
+            log.warning("%s adapter not ready after %.0f s; replaying its events anyway", name, READY_TIMEOUT)
         # Crash recovery first: the events the last run left unfinished, in
         # order, then the replies it left unconfirmed (redelivery's first round).
-        for name, adapter in adapters.items():
-            try:
-                replayed = await adapter.recover()
-            except StoreError as error:
-                # Storage is down at start: redelivery replays them once it can read the journal.
-                announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
-                redelivery.recover_later(name)
-                continue
-            if replayed:
-                announce(f"{name}: replayed {replayed} events left unfinished by the last run")
+        try:
+            replayed = await adapter.recover()
+        except StoreError as error:
+            # Storage is down at start: redelivery replays them once it can read the journal.
+            announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
+            redelivery.recover_later(name)
+            return
+        if replayed:
+            announce(f"{name}: replayed {replayed} events left unfinished by the last run")
+
+    async def start_scheduler() -> None:
+        await asyncio.gather(*(bring_up(name, adapter) for name, adapter in adapters.items()))
         redelivery.start()
         runtime.scheduler = scheduler
         announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
@@ -138,7 +142,7 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         log.info("check-ins: %d schedules armed", len(scheduler.armed()))
 
     try:
-        await run_adapters(plans, announce, on_started=start_scheduler)
+        await run_adapters(plans, announce, on_started=start_scheduler, settle=lambda: in_flight.settle(say=announce))
     finally:
         runtime.scheduler = None
         runtime.store_wait.notify = None
@@ -173,8 +177,11 @@ async def run_adapters(
     plans: list[AdapterPlan],
     announce: Callable[[str], Any],
     on_started: Callable[[], Coroutine[Any, Any, None]] | None = None,
+    settle: Callable[[], Awaitable[Any]] | None = None,
 ) -> None:
-    """Start every planned adapter and run until a signal or until all stop."""
+    """Start every planned adapter and run until a signal or until all stop.
+    `settle`: awaited before the adapters close, to let the events in flight
+    finish (their replies still need the connections)."""
     for plan in plans:
         announce(f"{plan.name}: {'starting, ' if plan.adapter else 'skipped: '}{plan.reason}")
     active = [plan for plan in plans if plan.adapter is not None]
@@ -214,6 +221,8 @@ async def run_adapters(
         stopper.cancel()
         if started is not None:
             started.cancel()
+        if settle is not None:
+            await settle()
         for plan in active:
             try:
                 await plan.adapter.close()  # type: ignore[union-attr]

@@ -8,6 +8,7 @@ next batch, so many agents embedding at once cost one model call, not many.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -78,8 +79,31 @@ class Embedder:
         return self._model
 
     async def warm_up(self) -> None:
-        """Load the model in the background thread (it takes seconds)."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._load)
+        """Load the model in a daemon thread (it takes seconds). Not in the executor: its
+        worker is joined when the interpreter exits, so a process told to stop while the
+        model loads would live on until the load ends (15 s seen after a SIGTERM)."""
+        loop = asyncio.get_running_loop()
+        loaded: asyncio.Future[None] = loop.create_future()
+
+        def report(error: BaseException | None) -> None:
+            if loaded.done():
+                return
+            if error is not None:
+                loaded.set_exception(error)
+            else:
+                loaded.set_result(None)
+
+        def load() -> None:
+            error: BaseException | None = None
+            try:
+                self._load()
+            except BaseException as failure:  # handed to the awaiting task
+                error = failure
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                loop.call_soon_threadsafe(report, error)
+
+        threading.Thread(target=load, name="embed-warm-up", daemon=True).start()
+        await loaded
 
     def encode_now(self, texts: Sequence[str]) -> np.ndarray:
         """Synchronous encoding, for threads that are not the event loop (loaders, benches)."""

@@ -386,6 +386,34 @@ class FakeSlack:
         asyncio.run_coroutine_threadsafe(send(), loop).result(5)
         return envelope_id
 
+    def ask_to_reconnect(self) -> None:
+        """Slack's `disconnect` message (refresh_requested) to every Socket Mode client: it
+        opens a new connection (apps.connections.open) and drops the old one."""
+        self._to_sockets({"type": "disconnect", "reason": "refresh_requested", "debug_info": {"host": "fake-slack"}})
+
+    def cut_sockets(self) -> None:
+        """Close every Socket Mode connection without a goodbye: clients reconnect."""
+        loop = self._loop
+        if loop is None:
+            raise RuntimeError("the fake is not running")
+
+        async def cut() -> None:
+            for socket in list(self._sockets):
+                await socket.close(code=1011, message=b"fake-slack: connection cut")
+
+        asyncio.run_coroutine_threadsafe(cut(), loop).result(5)
+
+    def _to_sockets(self, message: JSONDict) -> None:
+        loop = self._loop
+        if loop is None or not self.socket_connected:
+            raise RuntimeError("no Socket Mode client is connected")
+
+        async def send() -> None:
+            for socket in list(self._sockets):
+                await socket.send_str(json.dumps(message))
+
+        asyncio.run_coroutine_threadsafe(send(), loop).result(5)
+
     # -- request handlers ---------------------------------------------------------------------
     def _record(self, method: str, request: web.Request, args: JSONDict, raw: bytes) -> Failure | None:
         call = SlackCall(method=method, path=request.path_qs, args=args, headers=dict(request.headers), raw_body=raw)

@@ -27,7 +27,15 @@ from typing import Any
 
 FORKS = multiprocessing.get_context("forkserver")
 FORKS.set_forkserver_preload(
-    ["cli.main", "cli.app", "bot.runtime", "adapters.slack", "memory.embeddings", "sentence_transformers"]
+    [
+        "cli.main",
+        "cli.app",
+        "bot.runtime",
+        "adapters.slack",
+        "adapters.discord",
+        "memory.embeddings",
+        "sentence_transformers",
+    ]
 )
 
 
@@ -76,6 +84,38 @@ def run_cli(
             paths["stdout"].read_text(encoding="utf-8"),
             paths["stderr"].read_text(encoding="utf-8"),
         )
+
+
+class RunningCLI:
+    """`memgpt-bot ARGV` running in a process forked from the server, its
+    standard streams in files under `folder` (stdin empty)."""
+
+    def __init__(self, argv: Sequence[str], *, env: dict[str, str], cwd: Path, folder: Path) -> None:
+        self.argv = list(argv)
+        self.paths = {name: folder / name for name in ("stdin", "stdout", "stderr")}
+        for path in self.paths.values():
+            path.write_text("", encoding="utf-8")
+        streams = (str(self.paths[name]) for name in ("stdin", "stdout", "stderr"))
+        self.process = FORKS.Process(target=_run_cli, args=(self.argv, env, str(cwd), *streams))
+        self.process.start()
+
+    @property
+    def stderr(self) -> str:
+        return self.paths["stderr"].read_text(encoding="utf-8")
+
+    def signal(self, signum: int) -> None:
+        if self.process.pid is not None and self.process.exitcode is None:
+            os.kill(self.process.pid, signum)
+
+    def wait(self, timeout: float) -> int | None:
+        """The exit code, or None if it still runs after `timeout` seconds."""
+        self.process.join(timeout)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
 
 
 def start_process(target: Callable[..., Any], *args: Any) -> multiprocessing.process.BaseProcess:

@@ -1,7 +1,7 @@
 """The Discord connection: the discord.py client (plain or sharded) with only
-the intents the adapter uses and the configured REST base, logging in and
-running it (retrying with backoff while Discord cannot be reached), and
-publishing the slash commands once logged in. What the events mean is the adapter's business
+the intents the adapter uses and the configured REST base and gateway, logging
+in and connecting it (retrying with backoff while Discord's API or gateway
+cannot be reached), and publishing the slash commands once logged in. What the events mean is the adapter's business
 (adapters/discord/adapter.py), not this module's.
 """
 
@@ -14,7 +14,9 @@ from typing import Any
 
 import aiohttp
 import discord
+import yarl
 from discord import app_commands
+from discord.gateway import DiscordWebSocket
 
 from adapters.discord.config import DiscordConfig
 
@@ -33,9 +35,25 @@ def intents() -> discord.Intents:
     return wanted
 
 
+class ShardedClient(discord.AutoShardedClient):
+    """discord.py's sharded client, dialing the configured gateway: without a shard
+    count it would take the address `/gateway/bot` answers (Discord's own, through a
+    REST proxy), with one its default gateway."""
+
+    gateway: yarl.URL | None = None
+
+    async def launch_shard(self, gateway: yarl.URL, shard_id: int, *, initial: bool = False) -> None:
+        await super().launch_shard(self.gateway or gateway, shard_id, initial=initial)
+
+
 def build_client(config: DiscordConfig) -> discord.Client:
-    if config.api_url:  # discord.py's routes are class-wide: one Discord per process
+    # discord.py's REST base and default gateway are class-wide: one Discord per process.
+    if config.api_url:
         discord.http.Route.BASE = config.api_url
+    if config.gateway_url:
+        # The plain client always dials DEFAULT_GATEWAY (and falls back to it when a
+        # session is invalidated); it never asks the REST API where the gateway is.
+        DiscordWebSocket.DEFAULT_GATEWAY = yarl.URL(config.gateway_url)
     options: dict[str, Any] = {
         "intents": intents(),
         # Joins arrive through the gateway anyway; fetching every member list at start-up
@@ -47,8 +65,11 @@ def build_client(config: DiscordConfig) -> discord.Client:
     if not config.sharded:
         return discord.Client(**options)
     if config.shard_ids is None:
-        return discord.AutoShardedClient(shard_count=config.shard_count, **options)
-    return discord.AutoShardedClient(shard_count=config.shard_count, shard_ids=list(config.shard_ids), **options)
+        client = ShardedClient(shard_count=config.shard_count, **options)
+    else:
+        client = ShardedClient(shard_count=config.shard_count, shard_ids=list(config.shard_ids), **options)
+    client.gateway = yarl.URL(config.gateway_url) if config.gateway_url else None
+    return client
 
 
 # -- connecting, again and again while Discord cannot be reached ---------------------
@@ -69,13 +90,14 @@ PASSING_CONNECT_ERRORS = (
 async def run_client(
     client: discord.Client, token: str, closing: Callable[[], bool], first: float = CONNECT_RETRY_FIRST
 ) -> None:
-    """Log in and run `client` until it is closed. While Discord cannot be
-    reached at login, retry with backoff (2 s, doubling, up to 5 min), saying
-    so each time, so that an outage at start does not stop the bot (other
-    platforms keep running meanwhile); once logged in, discord.py's own
-    reconnect loop takes over. Raises discord.LoginFailure for a bad token and
-    discord.PrivilegedIntentsRequired when the portal switches are off."""
-    delay = first
+    """Log in and run `client` until it is closed. While Discord's API cannot be
+    reached at login, or its gateway before the first session, retry with backoff
+    (2 s, doubling, up to 5 min), saying so each time, so that an outage at start
+    does not stop the bot (other platforms keep running meanwhile); once a session
+    exists, discord.py's own reconnect loop takes over. Raises discord.LoginFailure
+    for a bad token and discord.PrivilegedIntentsRequired when the portal switches
+    are off."""
+    backoff = _Backoff(first, closing)
     async with client:
         while True:
             try:
@@ -85,14 +107,36 @@ async def run_client(
                 # A fresh session and connector for the next try (closing one closes both).
                 await client.http.close()
                 client.http.connector = discord.utils.MISSING
-                if closing():
+                if not await backoff.wait(f"cannot reach Discord ({_reason(error)})"):
                     return
-                log.warning("discord: cannot reach Discord (%s); retrying in %.0f s", _reason(error), delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, CONNECT_RETRY_MAX)
-                if closing():
+        while not client.is_closed():
+            try:
+                await client.connect(reconnect=True)
+                return
+            except (*PASSING_CONNECT_ERRORS, AttributeError) as error:
+                # Before its first session, discord.py's reconnect loop does not retry: it
+                # reads the sequence of a websocket it never had ('NoneType' object has no
+                # attribute 'sequence'). Once a session exists, its own retries hold.
+                if client.ws is not None or client.is_closed():
+                    raise
+                if not await backoff.wait(f"cannot reach Discord's gateway ({_reason(error)})"):
                     return
-        await client.connect(reconnect=True)
+
+
+class _Backoff:
+    """Waits between connection attempts: `first` seconds, doubling, at most CONNECT_RETRY_MAX."""
+
+    def __init__(self, first: float, closing: Callable[[], bool]) -> None:
+        self.delay, self.closing = first, closing
+
+    async def wait(self, why: str) -> bool:
+        """Say why and wait; False once the adapter is closing (stop trying)."""
+        if self.closing():
+            return False
+        log.warning("discord: %s; retrying in %.0f s", why, self.delay)
+        await asyncio.sleep(self.delay)
+        self.delay = min(self.delay * 2, CONNECT_RETRY_MAX)
+        return not self.closing()
 
 
 def _reason(error: BaseException) -> str:

@@ -24,8 +24,12 @@ class DiscordConfig:
     command_guild_id: int | None = None  # sync slash commands to one server only (instant)
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     # The base of Discord's REST API (DISCORD_API_URL): a REST proxy in front of the
-    # rate limits, or a local stand-in; discord.py asks it for the gateway address.
+    # rate limits, or a local stand-in. It does not move the gateway: discord.py's
+    # plain client always dials its default gateway.
     api_url: str | None = None
+    # The gateway's address (DISCORD_GATEWAY_URL, ws:// or wss://): a local stand-in
+    # or a gateway proxy; None: Discord's own (wss://gateway.discord.gg).
+    gateway_url: str | None = None
     # How many recent messages of a channel the bot reads when answering there
     # (MEMGPT_CHANNEL_CONTEXT_MESSAGES; 0: none).
     channel_context_messages: int = 20
@@ -54,17 +58,21 @@ class DiscordConfig:
             shard_ids=shard_ids,
             command_guild_id=_positive(guild, "DISCORD_COMMAND_GUILD_ID") if guild else None,
             max_upload_bytes=_positive(upload, "DISCORD_MAX_UPLOAD_BYTES") if upload else DEFAULT_MAX_UPLOAD_BYTES,
-            api_url=_api_url(env.get("DISCORD_API_URL", "")),
+            api_url=_url(env.get("DISCORD_API_URL", ""), "DISCORD_API_URL", ("http", "https"), API_EXAMPLE),
+            gateway_url=_url(env.get("DISCORD_GATEWAY_URL", ""), "DISCORD_GATEWAY_URL", ("ws", "wss"), GATEWAY_EXAMPLE),
             channel_context_messages=context_messages(env),
         )
 
 
-def _api_url(value: str) -> str | None:
+API_EXAMPLE = "https://discord.com/api/v10"
+GATEWAY_EXAMPLE = "wss://gateway.discord.gg"
+
+
+def _url(value: str, name: str, schemes: tuple[str, ...], example: str) -> str | None:
     value = value.strip().rstrip("/")
-    if value and not value.startswith(("http://", "https://")):
-        raise ConfigError(
-            f"DISCORD_API_URL={value!r}: must be an http:// or https:// URL, e.g. https://discord.com/api/v10"
-        )
+    if value and not value.startswith(tuple(f"{scheme}://" for scheme in schemes)):
+        allowed = " or ".join(f"{scheme}://" for scheme in schemes)
+        raise ConfigError(f"{name}={value!r}: must be an {allowed} URL, e.g. {example}")
     return value or None
 
 

@@ -6,8 +6,9 @@ adapter's business (adapters/slack/adapter.py), not this module's.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -29,6 +30,10 @@ from adapters.slack.config import SlackConfig, SlackSetupError
 log = logging.getLogger(__name__)
 
 EVENTS_PATH = "/slack/events"
+# Slack unreachable at start (network, Slack's 5xx): retried, 2 s doubling up to 5 min,
+# as the Discord adapter does, so an outage at start does not stop the bot.
+CONNECT_RETRY_FIRST = 2.0
+CONNECT_RETRY_MAX = 300.0
 
 
 class _Without(logging.Filter):
@@ -94,11 +99,9 @@ class SlackApp:
 
     async def _check_credentials(self) -> Mapping[str, Any]:
         try:
-            auth = await self.client.auth_test()
+            auth = await _retrying(self.client.auth_test, "auth.test")
         except SlackApiError as error:
             raise SlackSetupError(f"Slack rejected SLACK_BOT_TOKEN (auth.test: {error_code(error)})") from None
-        except (aiohttp.ClientError, TimeoutError) as error:
-            raise SlackSetupError(f"cannot reach the Slack Web API: {type(error).__name__}: {error}") from None
         # Bolt's single-workspace authorization calls auth.test itself on the first
         # event, and events that arrive together each wait for their own call and may
         # overtake one another. Handing it this answer keeps even the first burst in order.
@@ -113,7 +116,10 @@ class SlackApp:
         # Ask for the WebSocket URL ourselves: the Socket Mode client retries a bad
         # app token forever, while a clear error at start-up is what a person needs.
         try:
-            opened = await self.client.apps_connections_open(app_token=self.config.app_token)
+            token = self.config.app_token
+            opened = await _retrying(
+                lambda: self.client.apps_connections_open(app_token=token), "apps.connections.open"
+            )
         except SlackApiError as error:
             await handler.close_async()  # type: ignore[no-untyped-call]  # slack-sdk leaves it unannotated
             raise SlackSetupError(
@@ -159,3 +165,21 @@ class SlackApp:
         """Close the Web API session (after `stop_receiving` and the last send)."""
         if self._session is not None:
             await self._session.close()
+
+
+async def _retrying(call: Callable[[], Awaitable[Any]], method: str) -> Any:
+    """`call()`, again with backoff while Slack cannot be reached or answers 5xx (saying
+    so each time); a refusal (a bad token, a missing scope) is raised at once."""
+    delay = CONNECT_RETRY_FIRST
+    while True:
+        try:
+            return await call()
+        except SlackApiError as error:
+            if error.response.status_code < 500:
+                raise
+            why = f"{method} answered HTTP {error.response.status_code}"
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            why = f"{type(error).__name__}: {error}"
+        log.warning("slack: cannot reach the Slack Web API (%s); retrying in %.0f s", why, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, CONNECT_RETRY_MAX)
