@@ -21,6 +21,7 @@ read its output for where the time goes).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -35,13 +36,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from bench.token_cost import USER, chat_script, scripted_model
 from tests.fake_llm import CompletionReply, FakeLLMServer, Reply, is_summary_request, reply_text, start_fake_llm
 
+ROOT = Path(__file__).resolve().parents[1]
 BARE_CLIENT = """
 import sys, openai
 client = openai.OpenAI(base_url=sys.argv[1], api_key="bench", max_retries=0)
@@ -103,7 +104,7 @@ def timed(server: FakeLLMServer, model: Any, log: list[Served]) -> None:
 def gaps(log: list[Served]) -> dict[str, list[float]]:
     """Milliseconds from each answer written to the next request's arrival, by the answered step's kind."""
     by_kind: dict[str, list[float]] = defaultdict(list)
-    for before, after in zip(log, log[1:], strict=False):
+    for before, after in itertools.pairwise(log):
         by_kind[before.kind].append((after.arrived - before.answered) * 1000)
     return by_kind
 
