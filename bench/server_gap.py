@@ -12,7 +12,12 @@ bare openai client calling the same server in a loop (a subprocess too, run
 before and after the chat) is the floor: framework time = the chat's gap minus
 the client's, per kind of step that came before the gap.
 
-    python bench/server_gap.py [--messages 200] [--window 8192] [--bare 200] [--profile "-m cProfile -o chat.prof"]
+    python bench/server_gap.py [--messages 200] [--window 8192] [--bare 200] [--count]
+                               [--profile "-m cProfile -o chat.prof"]
+
+`--count` also counts, inside the bot (bench/gap_probe), the worker-thread
+hops (store calls, embeddings: each a wait on another thread, which a busy
+machine makes long) and the main thread's CPU time in each gap.
 
 `--profile` runs the chat under a profiler (the gaps are then inflated by it;
 read its output for where the time goes).
@@ -31,7 +36,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,21 +130,28 @@ def terminal_model(request: dict[str, Any]) -> Reply:
     return scripted_model({**request, "messages": messages})
 
 
-def run_chat(server: FakeLLMServer, lines: list[str], window: int, profile: str) -> dict[str, list[float]]:
+def run_chat(
+    server: FakeLLMServer, lines: list[str], window: int, profile: str, count: bool
+) -> tuple[dict[str, list[float]], dict[str, list[dict[str, Any]]]]:
+    """The gaps by kind and, with `count`, what the bot did in each gap (bench/gap_probe)."""
     log: list[Served] = []
     timed(server, terminal_model, log)
     with tempfile.TemporaryDirectory() as data_dir:
+        probe = Path(data_dir) / "probe.json"
+        paths = [str(ROOT / "bench" / "gap_probe")] if count else []
         env = {
             **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "PYTHONPATH": os.pathsep.join(filter(None, [*paths, str(ROOT), os.environ.get("PYTHONPATH")])),
+            "SERVER_GAP_PROBE": str(probe) if count else "",
             "OPENAI_API_KEY": "bench",
             "OPENAI_BASE_URL": server.base_url,
             "MEMGPT_MODEL": "gpt-4o-mini",
             "MEMGPT_CONTEXT_WINDOW": str(window),
             "MEMGPT_RESPONSE_RESERVE": str(min(1_024, window // 8)),
             "MEMGPT_LLM_MAX_RETRIES": "0",
-            "MEMGPT_RATE_LIMIT_PER_MINUTE": "0",
-            "MEMGPT_DAILY_TOKEN_BUDGET": "0",
+            # The limits are checked and counted on every event, set too high to hold one back.
+            "MEMGPT_RATE_LIMIT_PER_MINUTE": str(10**9),
+            "MEMGPT_DAILY_TOKEN_BUDGET": str(10**15),
             "MEMGPT_DATA_DIR": data_dir,
         }
         command = [sys.executable, *profile.split(), "-m", "cli.main", "chat", "--user", USER]
@@ -149,8 +161,13 @@ def run_chat(server: FakeLLMServer, lines: list[str], window: int, profile: str)
         if done.returncode != 0:
             raise SystemExit(f"memgpt-bot chat failed ({done.returncode}): {done.stderr[-2000:]}")
         answered = len([line for line in done.stdout.splitlines() if line.strip()])
+        inside: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        if count:
+            # The bot's gap n lies between its requests n and n + 1: after the server's answer n.
+            for served, gap in zip(log, json.loads(probe.read_text()), strict=False):
+                inside[served.kind].append(gap)
     print(f"chat: {len(lines)} messages in, {answered} replies out, {len(log)} LLM calls")
-    return gaps(log)
+    return gaps(log), inside
 
 
 def pct(values: list[float], q: float) -> float:
@@ -166,13 +183,16 @@ def main() -> None:
     parser.add_argument(
         "--profile", default="", help='a profiler to run the chat under, e.g. "-m cProfile -o chat.prof"'
     )
+    parser.add_argument(
+        "--count", action="store_true", help="also count the bot's thread hops and main-thread CPU per gap"
+    )
     parser.add_argument("--json", action="store_true", help="also print the figures as one JSON line")
     args = parser.parse_args()
 
     server = start_fake_llm()
     try:
         bare = run_bare(server, args.bare)
-        chat = run_chat(server, chat_script(args.messages, 7), args.window, args.profile)
+        chat, inside = run_chat(server, chat_script(args.messages, 7), args.window, args.profile, args.count)
         bare += run_bare(server, args.bare)
     finally:
         server.stop()
@@ -189,8 +209,24 @@ def main() -> None:
         p50 = statistics.median(values)
         figures[kind] = p50 - floor
         print(f"{kind:<22}{len(values):>6}{p50:>9.2f}{pct(values, 0.9):>9.2f}{p50 - floor:>+14.2f}")
+    if inside:
+        report_inside(inside)
     if args.json:
         print(json.dumps(figures))
+
+
+def report_inside(inside: dict[str, list[dict[str, Any]]]) -> None:
+    """What the bot did between two requests, counted (bench/gap_probe): holds on a busy machine."""
+    print("inside the bot, per gap (mean): worker-thread hops (store calls, embeddings), main-thread CPU p50")
+    for kind, records in inside.items():
+        hops = [hop for record in records for hop in record["hops"]]
+        embeds = sum("encode" in hop for hop in hops)
+        cpu = statistics.median(record["cpu_ms"] for record in records)
+        top = ", ".join(f"{name} {n / len(records):.1f}" for name, n in Counter(hops).most_common(4))
+        print(
+            f"  {kind:<18} hops {len(hops) / len(records):.1f} (embeddings {embeds / len(records):.1f}); "
+            f"CPU {cpu:.2f} ms; {top}"
+        )
 
 
 def load() -> str:
