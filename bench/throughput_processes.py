@@ -77,6 +77,7 @@ async def _bot(
     from bot.events import UserMessage
     from bot.llm import LLMClient
     from bot.runtime import Runtime
+    from cli.common import freeze_start_up_heap
     from memory.embeddings import Embedder
 
     with tempfile.TemporaryDirectory() as data_dir:
@@ -93,6 +94,7 @@ async def _bot(
         )
         llm = LLMClient(settings.model, api_key="bench", base_url=base_url, max_retries=0)
         runtime = await Runtime.create(settings, llm=llm, embedder=Embedder())
+        freeze_start_up_heap()  # as `memgpt-bot run` does (cli/common.py)
         users = [user for user in range(args["users"]) if user % count == index]
         semaphore = asyncio.Semaphore(args["concurrency"])
 
@@ -163,7 +165,7 @@ def main() -> None:
     assert llm.pid is not None
 
     runs: list[Run | None] = []
-    requested = [int(n) for n in options.processes.split(",")]
+    requested = [int(n) for n in options.processes.split(",") if n.strip()]
     baseline = asyncio.run(bare_rate(base_url, 3_000, options.concurrency))
     if not options.no_sqlite:
         with tempfile.TemporaryDirectory() as folder:
@@ -172,7 +174,7 @@ def main() -> None:
 
     server = None
     uri = os.environ.get("MONGODB_URI", "")
-    if not uri:
+    if not uri and requested:
         from tests.mongo_server import FerretDB, find_or_build_ferretdb
 
         server = FerretDB(find_or_build_ferretdb())
@@ -192,7 +194,7 @@ def main() -> None:
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}, load {load}")
     print(
         f"{options.users} users, {options.events} events per process, concurrency {options.concurrency} per "
-        f"process, instant LLM in its own process; database: {'FerretDB' if server else uri}"
+        f"process, instant LLM in its own process; MongoDB: {'FerretDB' if server else uri or 'none'}"
     )
     print(f"bare openai client: {baseline:.0f} requests/s (one process, the ceiling for one bot process)")
     finished = [run for run in runs if run is not None]

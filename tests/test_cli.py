@@ -460,3 +460,22 @@ async def test_terminal_adapter_interactive_keeps_prompts_off_stdout() -> None:
     assert "you> " in stderr.getvalue() and "Chatting as bob" in stderr.getvalue()
     expected = [("terminal", "bob", "terminal", "bob")] * 2
     assert [(e.platform, e.user_id, e.channel, e.display_name) for e in seen] == expected
+
+
+async def test_a_command_s_runtime_freezes_the_start_up_heap_out_of_full_collections(tmp_path: Path) -> None:
+    # The modules, types and tokenizer a bot process holds for its life: a full
+    # collection that walks them on every pass costs each event CPU
+    # (bench/throughput_processes.py).
+    import gc
+
+    from bot.config import Settings
+    from cli.common import open_runtime
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    runtime = await open_runtime(Settings(openai_api_key="test", data_dir=tmp_path))
+    try:
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
+        await runtime.close()
