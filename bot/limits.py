@@ -121,6 +121,10 @@ class UsageLimits:
         self.unlimited = frozenset(settings.unlimited_users)
         self.clock = clock  # injectable: tests move time instead of sleeping
         self._next_prune: datetime | None = None
+        # Admitted user messages whose hit is written with the event's tokens,
+        # when it ends: one write per event instead of two. Events of one user
+        # run one at a time (lease and lane), so the next admission sees it.
+        self._admitted: dict[str, datetime] = {}
 
     @property
     def enabled(self) -> bool:
@@ -150,16 +154,19 @@ class UsageLimits:
         return result
 
     async def charge(self, key: str, tokens: int, parts: TokenUsage | None = None) -> None:
+        admitted = self._admitted.pop(key, None)
+        hits = {MESSAGE: 1} if admitted is not None else {}
         # Counted with the budget off too: `limits show` reports usage either way.
-        if tokens <= 0:
-            return
-        now = self.clock()
-        try:
-            hits = {TOKENS: tokens}
+        if tokens > 0:
+            hits[TOKENS] = tokens
             if parts is not None:
                 counts = {PROMPT_TOKENS: parts.prompt, CACHED_TOKENS: parts.cached, COMPLETION_TOKENS: parts.completion}
                 hits.update((kind, amount) for kind, amount in counts.items() if amount > 0)
-            await self.store.record_usage(key, hits, now)  # one write for the event
+        if not hits:
+            return
+        try:
+            # One write for the event, at its admission (the message's time in the rate window).
+            await self.store.record_usage(key, hits, admitted or self.clock())
         except StoreError as error:
             # The answer is out already; losing one event's count is better than losing the answer.
             log.error("could not count %d tokens for %s: %s", tokens, key, error)
@@ -214,22 +221,23 @@ class UsageLimits:
     async def _admit(self, agent: Agent, event: Event) -> EventResult | None:
         store, key, now = self.store, event.agent_key, self.clock()
         await self._prune(now)
-        exempt = key in self.unlimited or await store.usage_exempt(key)
-        if not exempt and self.daily_budget:
-            midnight = start_of_day(now)
-            spent = (await store.usage_since(key, TOKENS, midnight)).amount
-            if spent >= self.daily_budget:
-                told = (await store.usage_since(key, BUDGET_NOTICE, midnight)).count > 0
-                return await self._hold(agent, event, "budget", midnight + timedelta(days=1), now, told)
-        if not isinstance(event, USER_EVENTS) or not self.rate_limit:
+        rated = isinstance(event, USER_EVENTS) and self.rate_limit > 0
+        midnight = start_of_day(now)
+        # What the checks read, in one round trip: the exemption, today's tokens, the last minute's messages.
+        windows = [(TOKENS, midnight)] if self.daily_budget else []
+        windows += [(MESSAGE, window_start(now))] if rated else []
+        exempt, tallies = (True, []) if key in self.unlimited else await store.usage_check(key, windows)
+        if not exempt and self.daily_budget and tallies[0].amount >= self.daily_budget:
+            told = (await store.usage_since(key, BUDGET_NOTICE, midnight)).count > 0
+            return await self._hold(agent, event, "budget", midnight + timedelta(days=1), now, told)
+        if not rated:
             return None
-        if not exempt:
-            recent = await store.usage_since(key, MESSAGE, window_start(now))
-            if recent.count >= self.rate_limit and recent.oldest and recent.newest:
-                # Told already if a notice went out since the last message that got through.
-                told = (await store.usage_since(key, RATE_NOTICE, recent.newest)).count > 0
-                return await self._hold(agent, event, "rate", recent.oldest + RATE_WINDOW, now, told)
-        await store.record_usage(key, {MESSAGE: 1}, now)
+        recent = tallies[-1] if tallies and not exempt else None
+        if recent and recent.count >= self.rate_limit and recent.oldest and recent.newest:
+            # Told already if a notice went out since the last message that got through.
+            told = (await store.usage_since(key, RATE_NOTICE, recent.newest)).count > 0
+            return await self._hold(agent, event, "rate", recent.oldest + RATE_WINDOW, now, told)
+        self._admitted[key] = now  # counted by charge(), with the event's tokens
         return None
 
     async def _hold(

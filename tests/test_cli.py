@@ -457,3 +457,22 @@ def test_limits_show_reports_usage_with_the_budget_off(llm_server: FakeLLMServer
     ok(memgpt("chat", "--user", "bob", env=env, cwd=tmp_path, stdin="hello\n\nagain\n"))
     shown = json.loads(ok(memgpt("limits", "show", "bob", "--json", env=env, cwd=tmp_path)))
     assert shown["daily_token_budget"] == 0 and shown["tokens_today"] > 2_000
+
+
+async def test_a_command_s_runtime_freezes_the_start_up_heap_out_of_full_collections(tmp_path: Path) -> None:
+    # The modules, types and tokenizer a bot process holds for its life: a full
+    # collection that walks them on every pass costs each event CPU
+    # (bench/throughput_processes.py).
+    import gc
+
+    from bot.config import Settings
+    from cli.common import open_runtime
+
+    gc.unfreeze()
+    assert gc.get_freeze_count() == 0
+    runtime = await open_runtime(Settings(openai_api_key="test", data_dir=tmp_path))
+    try:
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        gc.unfreeze()
+        await runtime.close()

@@ -118,6 +118,39 @@ async def test_only_what_a_person_sends_counts_toward_the_rate(
     assert (await runtime.store.usage_since(KEY, MESSAGE, START)).count == 1
 
 
+async def test_an_admitted_event_reads_its_counters_in_one_call_and_writes_them_in_one(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each store call is a round trip (a thread hop on SQLite, the network on
+    # MongoDB) between two LLM calls: the checks read together, and the
+    # message's hit goes out with the event's tokens.
+    llm_server.set_handler(answer)
+    clock = Clock()
+    runtime = await limited(make_runtime, clock, rate_limit_per_minute=5, daily_token_budget=10**6)
+    await runtime.handle(message("first"))
+    store, calls = runtime.store, []
+
+    def spy(name: str) -> Any:
+        original = getattr(store, name)
+
+        def counted(*args: Any) -> Any:
+            calls.append(name)
+            return original(*args)
+
+        return counted
+
+    for name in ("usage_check", "usage_since", "usage_exempt", "record_usage"):
+        monkeypatch.setattr(store, name, spy(name))
+    clock.advance(seconds=2)
+    admitted_at = clock.now
+    result = await runtime.handle_with_details(message("second"))
+    assert [r.text for r in result.replies] == ["answered"]
+    assert calls == ["usage_check", "record_usage"]
+    messages = await store.usage_since(KEY, MESSAGE, START)
+    assert (messages.count, messages.newest) == (2, admitted_at)
+    assert (await store.usage_since(KEY, TOKENS, admitted_at)).amount == result.tokens_used
+
+
 async def test_token_budget_is_counted_locally_then_holds_until_midnight_utc(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:

@@ -15,7 +15,8 @@ epoch (UTC), as everywhere in the MongoDB store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import asyncio
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from pymongo import ASCENDING, IndexModel
@@ -54,6 +55,13 @@ class MongoUsage(MongoBase):
         if not hits:
             return UsageTally(0, 0, None, None)
         return UsageTally(len(hits), sum(amount for _, amount in hits), from_us(hits[0][0]), from_us(hits[-1][0]))
+
+    async def usage_check(self, key: str, windows: Sequence[tuple[str, datetime]]) -> tuple[bool, list[UsageTally]]:
+        # The queries go out together: one round trip's wait, not one per query.
+        exempt, *tallies = await asyncio.gather(
+            self.usage_exempt(key), *(self.usage_since(key, kind, since) for kind, since in windows)
+        )
+        return bool(exempt), list(tallies)
 
     @guarded
     async def prune_usage(self, before: datetime) -> int:

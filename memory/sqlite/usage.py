@@ -16,7 +16,7 @@ so a stored instant comes back exactly.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 
 from memory.sqlite.base import SQLiteBase
@@ -56,14 +56,12 @@ class SQLiteUsage(SQLiteBase):
         await self.run_in_db(job, write=True)
 
     async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
-        def job(conn: sqlite3.Connection) -> UsageTally:
-            # Served by the covering index usage_hits_window alone.
-            row = conn.execute(
-                "SELECT count(*), coalesce(sum(amount), 0), min(at), max(at) FROM usage_hits"
-                " WHERE key = ? AND kind = ? AND at >= ?",
-                (key, kind, to_us(since)),
-            ).fetchone()
-            return tally(*row)
+        return await self.run_in_db(lambda conn: _usage_since(conn, key, kind, since))
+
+    async def usage_check(self, key: str, windows: Sequence[tuple[str, datetime]]) -> tuple[bool, list[UsageTally]]:
+        def job(conn: sqlite3.Connection) -> tuple[bool, list[UsageTally]]:
+            exempt = conn.execute("SELECT 1 FROM usage_exempt WHERE key = ?", (key,)).fetchone() is not None
+            return exempt, [_usage_since(conn, key, kind, since) for kind, since in windows]
 
         return await self.run_in_db(job)
 
@@ -99,3 +97,13 @@ class SQLiteUsage(SQLiteBase):
             return [str(row[0]) for row in conn.execute("SELECT key FROM usage_exempt ORDER BY key")]
 
         return await self.run_in_db(job)
+
+
+def _usage_since(conn: sqlite3.Connection, key: str, kind: str, since: datetime) -> UsageTally:
+    # Served by the covering index usage_hits_window alone.
+    row = conn.execute(
+        "SELECT count(*), coalesce(sum(amount), 0), min(at), max(at) FROM usage_hits"
+        " WHERE key = ? AND kind = ? AND at >= ?",
+        (key, kind, to_us(since)),
+    ).fetchone()
+    return tally(*row)

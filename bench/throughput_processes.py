@@ -1,0 +1,225 @@
+"""Events per second with 1, 2 and 3 bot processes on one MongoDB, and one
+process on SQLite, with an instant model and 1,000 users.
+
+Every bot process is a real `Runtime` (leases, journal, limits, usage, recall)
+in its own OS process; the users are split between the processes as the
+leases would settle them (user i on process i mod N), and each process sends
+its users' events with the same concurrency. The scripted LLM server runs in
+its own process; MongoDB is FerretDB (tests/mongo_server.py) unless
+MONGODB_URI names a server. Baselines in the same run: the bare openai
+client's rate against the same server (the ceiling for one process), and one
+process's rate for the N-process runs, so the figures read as ratios on a
+shared, noisy machine. The CPU seconds each part used per event (bot
+processes, the database, the LLM server) say which one is the bottleneck.
+
+    python bench/throughput_processes.py [--users 1000] [--events 1000] [--processes 1,2,3] [--concurrency 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import platform
+import queue
+import random
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from bench.throughput import bare_rate, serve
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Run:
+    name: str
+    processes: int
+    events: int
+    seconds: float
+    bot_cpu: float
+    db_cpu: float
+    llm_cpu: float
+
+    @property
+    def rate(self) -> float:
+        return self.events / self.seconds
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process and its waited-for children so far."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return sum(int(value) for value in fields[11:15]) / TICKS
+
+
+def bot_process(
+    index: int, count: int, store: dict[str, str], base_url: str, args: dict[str, int], ready: Any, go: Any, out: Any
+) -> None:
+    asyncio.run(_bot(index, count, store, base_url, args, ready, go, out))
+
+
+async def _bot(
+    index: int, count: int, store: dict[str, str], base_url: str, args: dict[str, int], ready: Any, go: Any, out: Any
+) -> None:
+    from bot.config import Settings
+    from bot.events import UserMessage
+    from bot.llm import LLMClient
+    from bot.runtime import Runtime
+    from cli.common import freeze_start_up_heap
+    from memory.embeddings import Embedder
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        settings = Settings(
+            openai_api_key="bench",
+            model="bench-model",
+            context_window=8_192,
+            data_dir=Path(store.get("sqlite_dir") or data_dir),
+            llm_max_retries=0,
+            rate_limit_per_minute=10**9,  # checked and counted on every event, never holding one back
+            daily_token_budget=10**15,
+            mongodb_uri=store.get("uri", ""),
+            mongodb_db=store.get("db", "memgpt"),
+        )
+        llm = LLMClient(settings.model, api_key="bench", base_url=base_url, max_retries=0)
+        runtime = await Runtime.create(settings, llm=llm, embedder=Embedder())
+        freeze_start_up_heap()  # as `memgpt-bot run` does (cli/common.py)
+        users = [user for user in range(args["users"]) if user % count == index]
+        semaphore = asyncio.Semaphore(args["concurrency"])
+
+        async def one(i: int, user: int) -> None:
+            async with semaphore:
+                await runtime.handle(UserMessage(platform="slack", user_id=f"T1:U{user}", text=f"message {i}"))
+
+        await asyncio.gather(*(one(i, user) for i, user in enumerate(users)))  # every agent exists, with history
+        ready.put(index)
+        go.wait()
+        rng = random.Random(index)
+        started = time.perf_counter()
+        cpu = time.process_time()
+        await asyncio.gather(*(one(i, rng.choice(users)) for i in range(args["events"])))
+        out.put((index, started, time.perf_counter(), time.process_time() - cpu))
+        await runtime.close()
+
+
+def run_processes(
+    name: str, count: int, store: dict[str, str], base_url: str, args: dict[str, int], db_pid: int, llm_pid: int
+) -> Run | None:
+    """One run of `count` bot processes; None (said why) if a phase outlived --timeout."""
+    context = multiprocessing.get_context("spawn")
+    ready, out, go = context.Queue(), context.Queue(), context.Event()
+    bots = [
+        context.Process(target=bot_process, args=(i, count, store, base_url, args, ready, go, out), daemon=True)
+        for i in range(count)
+    ]
+    for process in bots:
+        process.start()
+    try:
+        for _ in bots:
+            ready.get(timeout=args["timeout"])
+        db_before, llm_before = cpu_seconds(db_pid) if db_pid else 0.0, cpu_seconds(llm_pid)
+        go.set()
+        results = [out.get(timeout=args["timeout"]) for _ in bots]
+    except queue.Empty:
+        print(f"{name}: a phase took over {args['timeout']} s (warm-up or run); stopped", flush=True)
+        return None
+    finally:
+        for process in bots:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    db_cpu, llm_cpu = (cpu_seconds(db_pid) - db_before) if db_pid else 0.0, cpu_seconds(llm_pid) - llm_before
+    start, end = min(r[1] for r in results), max(r[2] for r in results)
+    run = Run(name, count, args["events"] * count, end - start, sum(r[3] for r in results), db_cpu, llm_cpu)
+    print(f"{name}: {run.events} events in {run.seconds:.1f} s", flush=True)
+    return run
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--users", type=int, default=1_000)
+    parser.add_argument("--events", type=int, default=1_000, help="events per bot process")
+    parser.add_argument("--processes", default="1,2,3", help="bot process counts to run on MongoDB")
+    parser.add_argument("--concurrency", type=int, default=32, help="events in flight per process")
+    parser.add_argument("--timeout", type=int, default=300, help="seconds any one phase may take")
+    parser.add_argument("--no-sqlite", action="store_true", help="skip the one-process SQLite run")
+    options = parser.parse_args()
+    args = {k: getattr(options, k) for k in ("users", "events", "concurrency", "timeout")}
+
+    context = multiprocessing.get_context("spawn")
+    port_queue, stop = context.Queue(), context.Event()
+    llm = context.Process(target=serve, args=(port_queue, stop), daemon=True)
+    llm.start()
+    base_url = port_queue.get(timeout=30)
+    assert llm.pid is not None
+
+    runs: list[Run | None] = []
+    requested = [int(n) for n in options.processes.split(",") if n.strip()]
+    baseline = asyncio.run(bare_rate(base_url, 3_000, options.concurrency))
+    if not options.no_sqlite:
+        with tempfile.TemporaryDirectory() as folder:
+            runs.append(run_processes("sqlite", 1, {"sqlite_dir": folder}, base_url, args, 0, llm.pid))
+        print(f"bare openai client: {baseline:.0f} requests/s", flush=True)
+
+    server = None
+    uri = os.environ.get("MONGODB_URI", "")
+    if not uri and requested:
+        from tests.mongo_server import FerretDB, find_or_build_ferretdb
+
+        server = FerretDB(find_or_build_ferretdb())
+        uri = server.start()
+    db_pid = server.process.pid if server is not None and server.process is not None else 0
+    try:
+        for count in requested:
+            store = {"uri": uri, "db": f"bench_throughput_{uuid.uuid4().hex[:8]}"}
+            runs.append(run_processes(f"mongodb x{count}", count, store, base_url, args, db_pid, llm.pid))
+    finally:
+        if server is not None:
+            server.stop()
+        stop.set()
+        llm.join(timeout=10)
+
+    load = " ".join(f"{value:.2f}" for value in os.getloadavg())
+    print(f"machine: {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}, load {load}")
+    print(
+        f"{options.users} users, {options.events} events per process, concurrency {options.concurrency} per "
+        f"process, instant LLM in its own process; MongoDB: {'FerretDB' if server else uri or 'none'}"
+    )
+    print(f"bare openai client: {baseline:.0f} requests/s (one process, the ceiling for one bot process)")
+    finished = [run for run in runs if run is not None]
+    one = next((run for run in finished if run.name == "mongodb x1"), None)
+    print(f"{'run':<14}{'events/s':>9}{'ratio':>26}{'CPU ms/event: bots':>20}{'db':>9}{'llm':>7}")
+    for run in finished:
+        if run.name == "sqlite":
+            ratio = f"{run.rate / baseline:.2f} of bare client"
+        elif one is not None:
+            ratio = f"{run.rate / one.rate:.2f} of x1"
+            if run.processes > 1:
+                added = (run.rate - one.rate) / (run.processes - 1) / one.rate
+                ratio = f"{run.rate / one.rate:.2f} of x1, +{added:.2f}/proc"
+        else:
+            ratio = ""
+        per_event = 1000 / run.events
+        print(
+            f"{run.name:<14}{run.rate:>9.1f}{ratio:>26}{run.bot_cpu * per_event:>20.2f}"
+            f"{run.db_cpu * per_event:>9.2f}{run.llm_cpu * per_event:>7.2f}"
+        )
+    for count in requested:
+        if not any(run.processes == count and run.name.startswith("mongodb") for run in finished):
+            print(f"mongodb x{count}: did not finish within --timeout {options.timeout} s")
+    print("goals: sqlite >= 500 events/s (quiet machine), >= 0.8 of the bare client; each added process >= 0.7 of x1")
+
+
+if __name__ == "__main__":
+    main()
