@@ -370,7 +370,7 @@ class Runtime:
                 start = batch[-1].seq + 1
                 await self.store.update_queue(agent.id, dm.record.summary, start, utc_now(), place=DM.key)
                 dm.record.queue_start_seq = start
-                dm.queue.load(dm.record.summary, [], agent.working_context.render())
+                dm.queue.load(dm.record.summary, [], agent.working_context.render(DM))
             return len(batch)
 
     async def close(self, *, close_embedder: bool = True) -> None:
