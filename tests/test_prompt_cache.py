@@ -105,7 +105,6 @@ async def test_requests_between_flushes_extend_the_previous_prompt(
     # Each edit the model made rewrote the system message once, no more. (Counted
     # by the results the model saw: the one right after an edit may be followed by
     # a memory pressure alert, so they are not always the newest message.)
-    assert len(set().union(*map(appended, steps))) == 3, "the three facts were appended"
     assert edits_between_steps >= 1
     assert rewritten == edits_between_steps
 
