@@ -208,7 +208,7 @@ class Agent:
             return result
         if isinstance(event, UserMessage):
             self._channel_context = render_channel_context(
-                event.channel_context, event.place, self.services.counter, self.services.channel_context_tokens
+                event, self.services.counter, self.services.channel_context_tokens
             )
         self.calls.start_event()
         self._best_text = ""

@@ -37,8 +37,8 @@ from memory.places import DM, DM_KEY
 from memory.recall import RecallMemory
 from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
-from memory.types import Message, utc_now
-from memory.working_context import default_blocks
+from memory.types import Block, Message, utc_now
+from memory.working_context import MemoryEditError, default_blocks, share_line
 
 if TYPE_CHECKING:
     from bot.checkins.scheduler import CheckinScheduler
@@ -277,6 +277,17 @@ class Runtime:
             await self.store.flush_deleted()
             return record is not None or removed > 0
 
+    async def share_line(self, key: str, label: str, line_id: str) -> Block:
+        """Show one working-context line of this user's everywhere (their choice, from /memory).
+        MemoryEditError (a message for them) if there is no such line or it cannot be shared."""
+        async with self.leases.hold(key), self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None:
+                raise MemoryEditError("I hold nothing on you yet.")
+            block = await share_line(self.store, record.id, label, line_id)
+            self._agents.pop(key, None)  # a loaded agent reloads its blocks as stored
+            return block
+
     # -- the adapters' slash commands (/memory, /forget) -----------------------
     async def memory_report(self, platform: str, user_id: str) -> str | None:
         """What the bot holds on this user, as text for them; None if nothing."""
@@ -323,7 +334,11 @@ class Runtime:
             "user": key,
             "agent_id": record.id,
             "created_at": record.created_at.isoformat(),
-            "working_context": {b.label: {"value": b.value, "limit": b.limit} for b in blocks},
+            # Each line with where and when it was written: a restore keeps who may read it.
+            "working_context": {
+                b.label: {"value": b.value, "limit": b.limit, "lines": [line.record() for line in b.lines]}
+                for b in blocks
+            },
             "summary": next((c.summary for c in conversations if c.place == DM_KEY), ""),
             "conversations": [
                 {"place": c.place, "name": c.name, "summary": c.summary, "queue_start_seq": c.queue_start_seq}
@@ -371,7 +386,7 @@ class Runtime:
                 start = batch[-1].seq + 1
                 await self.store.update_queue(agent.id, dm.record.summary, start, utc_now(), place=DM.key)
                 dm.record.queue_start_seq = start
-                dm.queue.load(dm.record.summary, [], agent.working_context.render())
+                dm.queue.load(dm.record.summary, [], agent.working_context.render(DM))
             return len(batch)
 
     async def close(self, *, close_embedder: bool = True) -> None:

@@ -8,13 +8,14 @@ with every request, so that order is part of the prompt: keep it stable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot.functions.registry import HEARTBEAT, PAGE, FunctionError, FunctionSet, Implementation, function_schema
 from memory.places import DM_KEY
-from memory.types import Message, Passage
-from memory.working_context import PRIVATE_BLOCK, MemoryEditError
+from memory.types import Block, Message, Passage
+from memory.working_context import MemoryEditError
 
 if TYPE_CHECKING:
     from bot.agent import Agent
@@ -24,15 +25,6 @@ MAX_ARCHIVAL_INSERT_CHARS = 8_000
 MIN_ITEM_TOKENS = 40
 
 BLOCK_NAME = {"type": "string", "description": "Block: persona, human or private (DMs only)."}
-PRIVATE_ELSEWHERE = (
-    "The private block can be edited only in a direct message with the person, where it is shown; "
-    "here others may read along. Keep this for their next DM, or save what is not private in human."
-)
-
-
-def _editable(agent: Agent, name: str) -> None:
-    if name == PRIVATE_BLOCK and not agent.place.is_dm:
-        raise FunctionError(PRIVATE_ELSEWHERE)
 
 
 SEND_MESSAGE = function_schema(
@@ -51,6 +43,11 @@ async def send_message(agent: Agent, args: dict[str, Any]) -> str:
     return "Sent."
 
 
+# Lines written in a DM (or a private channel) are shown only where they may be read;
+# this shows the lines an edit touches everywhere: a line replaced by itself is shared
+# (memory/working_context.py).
+EVERYWHERE = {"type": "boolean", "description": "Share in every place (only if the person asks)."}
+
 CORE_MEMORY_APPEND = function_schema(
     "core_memory_append",
     "Append a line to a working context block.",
@@ -60,13 +57,10 @@ CORE_MEMORY_APPEND = function_schema(
 
 
 async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
-    _editable(agent, args["name"])
-    try:
-        block = agent.working_context.append(args["name"], args["content"])
-    except MemoryEditError as error:
-        raise FunctionError(str(error)) from None
+    context = agent.working_context
+    block = _edited(lambda: context.append(args["name"], args["content"], agent.place))
     await agent.save_block(block)
-    return f"Appended. {block.label}: {len(block.value)}/{block.limit} chars."
+    return f"Appended. {block.label}: {context.usage(block.label, agent.place)} chars.{_where_shown(agent)}"
 
 
 CORE_MEMORY_REPLACE = function_schema(
@@ -76,6 +70,7 @@ CORE_MEMORY_REPLACE = function_schema(
         "name": BLOCK_NAME,
         "old_content": {"type": "string", "description": "Exact text to replace."},
         "new_content": {"type": "string"},
+        "everywhere": EVERYWHERE,
         "request_heartbeat": HEARTBEAT,
     },
     ["name", "old_content", "new_content", "request_heartbeat"],
@@ -83,13 +78,29 @@ CORE_MEMORY_REPLACE = function_schema(
 
 
 async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
-    _editable(agent, args["name"])
+    context, everywhere = agent.working_context, bool(args.get("everywhere", False))
+    old, new = args["old_content"], args["new_content"]
+    block = _edited(lambda: context.replace(args["name"], old, new, agent.place, everywhere=everywhere))
+    await agent.save_block(block)
+    shown = "" if everywhere else _where_shown(agent)
+    return f"Replaced. {block.label}: {context.usage(block.label, agent.place)} chars.{shown}"
+
+
+def _where_shown(agent: Agent) -> str:
+    """Where a line written from here is shown, for a place that does not show it everywhere."""
+    if agent.place.is_dm:
+        return " Shown in DMs only (everywhere=true on core_memory_replace shares it, if the person asks)."
+    if agent.place.kind == "private":
+        return " Shown in this channel and DMs only."
+    return ""
+
+
+def _edited(edit: Callable[[], Block]) -> Block:
+    """The block an edit makes, or its refusal as the model's error."""
     try:
-        block = agent.working_context.replace(args["name"], args["old_content"], args["new_content"])
+        return edit()
     except MemoryEditError as error:
         raise FunctionError(str(error)) from None
-    await agent.save_block(block)
-    return f"Replaced. {block.label}: {len(block.value)}/{block.limit} chars."
 
 
 ARCHIVAL_MEMORY_INSERT = function_schema(
