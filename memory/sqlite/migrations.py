@@ -487,3 +487,14 @@ def m013_passage_terms(conn: sqlite3.Connection) -> None:
         indexed += index_passages(conn, batch)
     if indexed:
         log.info("re-indexed %d archival passages for keyword search by analysed terms", indexed)
+
+
+@migration
+def m014_journal_owner(conn: sqlite3.Connection) -> None:
+    # Several processes (bot/durable/inbox.py): the process holding an entry,
+    # and whether it runs alone as a suspect (a death then counts against it).
+    _run(
+        conn,
+        "ALTER TABLE event_journal ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE event_journal ADD COLUMN alone INTEGER NOT NULL DEFAULT 0",
+    )
