@@ -40,6 +40,7 @@ import sys
 import time
 import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +141,7 @@ class Conversation:
     deliveries: int = 0  # POSTs, retries included
     # Each user sends runs of 1 to 4 messages in a row (for debounce to batch), not one at a time.
     runs: bool = False
+    gap: float = 0.03  # at most this many seconds between one event's acknowledgement and the next event
 
     def events(self) -> list[tuple[str, int, str]]:
         """(user, number, event id), users interleaved, each user's in order."""
@@ -154,8 +156,9 @@ class Conversation:
                 sent[user] += run
         return ordered
 
-    async def play(self, port: int, session: aiohttp.ClientSession) -> None:
-        url = f"http://127.0.0.1:{port}/slack/events"
+    async def play(self, port: int | Sequence[int], session: aiohttp.ClientSession) -> None:
+        """Deliver every event, each attempt to a random one of `port` (a load balancer)."""
+        ports = [port] if isinstance(port, int) else list(port)
         for user, number, event_id in self.events():
             event = {
                 "type": "message",
@@ -183,6 +186,7 @@ class Conversation:
                 if attempt:
                     headers |= {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"}
                 self.deliveries += 1
+                url = f"http://127.0.0.1:{self.rng.choice(ports) if len(ports) > 1 else ports[0]}/slack/events"
                 try:
                     async with session.post(
                         url, data=body.encode(), headers=headers, timeout=aiohttp.ClientTimeout(total=3)
@@ -194,7 +198,7 @@ class Conversation:
                 attempt += 1
                 await asyncio.sleep(0.05)
             self.acked += 1
-            await asyncio.sleep(self.rng.uniform(0.0, 0.03))
+            await asyncio.sleep(self.rng.uniform(0.0, self.gap))
 
 
 # --------------------------------------------------------------------------- the run

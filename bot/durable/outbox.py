@@ -128,3 +128,22 @@ class Outbox:
         return [
             reply_of(entry) for entry in entries if entry.attempts > 0 or entry.created_at.timestamp() < self.started_at
         ]
+
+
+async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool:
+    """Whether the message of `event`, recorded and never answered, was shown
+    to the model by a later event's run since: another event's message was
+    recorded after it, and a step after that. A redo would answer a message
+    the conversation has moved past. (With several processes, a newer event
+    of the person can run before a killed process's older one is taken over.)"""
+    seq = await store.event_message_seq(agent_id, event.event_id)
+    if seq is None:
+        return False
+    own = {member.event_id for member in event.members()}
+    another = False
+    for message in await store.messages_since(agent_id, seq + 1, place=event.place.key):
+        if message.role == "user" and message.event_id and message.event_id not in own:
+            another = True
+        elif another and message.role == "assistant":
+            return True
+    return False

@@ -183,7 +183,10 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             await upgrade_passage_terms(db["passages"])
             await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
-            await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)
+            try:
+                await db["counters"].update_one({"_id": "passage_id"}, {"$setOnInsert": {"value": 0}}, upsert=True)
+            except DuplicateKeyError:  # another process opening a new database at once inserted it first
+                pass
             self._client, self._db, self.capabilities = client, db, capabilities
             # Finish deletions a crash interrupted (see delete_agent).
             async for doc in db["agents"].find({"deleting": True}, {"_id": 1}):
