@@ -98,7 +98,7 @@ class BotProcess:
         self.process.start()
         self.starts += 1
 
-    async def wait_listening(self, within: float = 60.0, *, revive: bool = False) -> None:
+    async def wait_listening(self, within: float = 180.0, *, revive: bool = False) -> None:
         """Until the bot accepts connections; with `revive`, a bot that died
         meanwhile (the poison event) is started again, as a supervisor would."""
         deadline = time.monotonic() + within
@@ -270,7 +270,8 @@ async def run(
         "MEMGPT_MODEL": "test-model",
         "MEMGPT_CONTEXT_WINDOW": "32000",
         "MEMGPT_DATA_DIR": str(data_dir),
-        "MEMGPT_LLM_TIMEOUT": "5",
+        # Generous: on a busy machine the local scripted server can take seconds to answer.
+        "MEMGPT_LLM_TIMEOUT": "30",
         "MEMGPT_LLM_MAX_RETRIES": "1",
         "SLACK_BOT_TOKEN": "xoxb-crash-harness",
         "SLACK_SIGNING_SECRET": SECRET,
@@ -356,7 +357,7 @@ async def run(
                 await bot.wait_listening(revive=poison is not None)
             await player
             total = len(conversation.events())
-            await _settle(slack, expected, within=120.0)
+            await _settle(slack, expected, within=300.0)
         watcher.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watcher
