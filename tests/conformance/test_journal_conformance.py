@@ -148,8 +148,9 @@ async def test_an_entry_names_its_owner_and_one_process_takes_it_over(store: Sto
     assert (found.owner, found.alone) == ("host:1:aa/journal-1", False)
     # Six processes try to take the dead owner's entry over at once: one does.
     takers = [f"host:{n}:bb/journal-1" for n in range(2, 8)]
+    stores = (store, twin) * 3
     won = await asyncio.gather(
-        *(s.journal_claim("EvO1", "host:1:aa/journal-1", taker) for s, taker in zip((store, twin) * 3, takers, strict=True))
+        *(s.journal_claim("EvO1", "host:1:aa/journal-1", taker) for s, taker in zip(stores, takers, strict=True))
     )
     assert won.count(True) == 1
     [found] = await store.journal_pending("slack")
