@@ -21,7 +21,7 @@ from bot.durable.debounce import split_batch
 from bot.durable.inbox import Inbox
 from bot.durable.lanes import Lanes
 from bot.durable.leases import Leases, leases_for
-from bot.durable.outbox import Outbox, outbox_entry, unconfirmed
+from bot.durable.outbox import NOTICE_SUFFIX, Outbox, outbox_entry, unconfirmed
 from bot.durable.store_wait import StoreWait
 from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
 from bot.functions.core import build_core_functions
@@ -115,7 +115,7 @@ class Runtime:
         self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (cli/app.py)
         # Inbound events and outgoing replies survive a crash (bot/durable/).
         self.inbox = Inbox(store, leases=self.leases)
-        self.outbox = Outbox(store)
+        self.outbox = Outbox(store, leases=self.leases)
         # The port's crash-safety calls go straight to the pipeline (bot/ports.py).
         self.receive = self.inbox.receive
         self.finished = self.inbox.finished
@@ -234,7 +234,7 @@ class Runtime:
         reply = self._upload_notice(event)
         if not event.durable:
             return [reply]
-        entry = outbox_entry(event, reply.text, 0, filed_under=f"{event.event_id}:notice")
+        entry = outbox_entry(event, reply.text, 0, filed_under=event.event_id + NOTICE_SUFFIX)
         if await self.store.outbox_add(entry):
             reply.outbox_id, reply.event_id = entry.id, entry.event_id
             return [reply]

@@ -341,6 +341,9 @@ class JournalStore(Protocol):
         try and/or `alone` mark; with `only_from`, only if its state is one of
         those. Whether an entry was changed (or, with nothing to change, matched)."""
 
+    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+        """One entry by its id, whatever its state; None once swept (or never seen)."""
+
     async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
         """Take an entry over from `from_owner` (a dead process): True for the
         one caller that did (of any number of processes trying at once), and

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import random
 import sys
@@ -243,13 +244,51 @@ async def _check(report: Report, slack: FakeSlack, db: object, conversation: Con
         if missing:
             report.facts_ok = False
             report.problems.append(f"working context of {user} lost facts {sorted(missing)[:5]}")
+    troubled = set()
     for (user, number), count in sorted(report.answers.items()):
         if count != 1:
             report.problems.append(f"{user}'s message {number} answered {count} times")
+            troubled.add(user)
+    for user in sorted(troubled):
+        report.problems += await _story(db, slack, user, keys)
     for (user, number), count in sorted(report.recall.items()):
         if count != 1:
             report.problems.append(f"{user}'s message {number} in recall {count} times")
     report.pending_events, report.pending_replies = await _unfinished(db)
+
+
+async def _story(db: object, slack: FakeSlack, user: str, keys: dict[object, str]) -> list[str]:
+    """How a user's messages went: recall order (event ids; ~ marks tool and
+    assistant steps), their outbox entries, the posts (with the outbox id each carried)."""
+    key = f"slack:{TEAM}:{user}"
+    agent = next((agent_id for agent_id, k in keys.items() if k == key), None)
+    steps = []
+    async for doc in db["messages"].find({"agent_id": agent}).sort("seq", 1):  # type: ignore[index]
+        if doc["role"] == "user":
+            steps.append(str(doc.get("event_id") or "?").removeprefix(f"Ev{user}N"))
+        elif doc["role"] == "assistant" and "send_message" in str(doc.get("tool_calls")):
+            found = [str(n) for _, n in answered_in(str(doc.get("tool_calls")).split('"message": "')[-1].split('"')[0])]
+            steps.append(f"send({' '.join(found)})")
+    outbox = [
+        f"{doc['_id']}={doc['text']!r}({doc['state']})"
+        async for doc in db["outbox"].find({"agent_key": key}).sort("created_at", 1)  # type: ignore[index]
+    ]
+    journal = [
+        f"{doc['_id']}:{doc['state']},{doc.get('attempts')},{doc.get('absorbed_into') or '-'}"
+        async for doc in db["event_journal"].find({"agent_key": key}).sort("n", 1)  # type: ignore[index]
+    ]
+    posts = []
+    for call in slack.calls_to("chat.postMessage"):
+        if call.args.get("channel") == f"D{user}":
+            metadata = call.args.get("metadata") or {}
+            payload = (json.loads(metadata) if isinstance(metadata, str) else metadata).get("event_payload") or {}
+            posts.append(f"{call.args.get('text')!r}<-{payload.get('outbox_id', '?')}")
+    return [
+        f"  {user} recall: {' '.join(steps)}",
+        f"  {user} outbox: {' '.join(outbox)}",
+        f"  {user} journal: {' '.join(journal)}",
+        f"  {user} posts: {' '.join(posts)}",
+    ]
 
 
 def line(seed: int, report: Report) -> str:
@@ -285,7 +324,7 @@ async def _main(args: argparse.Namespace, seeds: Sequence[int]) -> int:
                 debounce=args.debounce,
             )
             print(line(seed, report), flush=True)
-            for problem in report.problems[:20]:
+            for problem in report.problems[:40]:
                 print("  -", problem, flush=True)
             failed += bool(report.problems)
             client: AsyncMongoClient[dict[str, object]] = AsyncMongoClient(target.uri)

@@ -312,15 +312,17 @@ async def test_a_database_stall_of_several_seconds_costs_no_lease_and_no_event(
     env = worker_env(mongo_target, database, llm_server, ttl=15.0, renew=2.0)
     workers = await asyncio.gather(Worker.start("A", env, tmp_path), Worker.start("B", env, tmp_path))
     users, per_user = [f"s{n}" for n in range(4)], 4
+    under_way = asyncio.Event()
     try:
 
         async def session(user: str) -> None:
             for number in range(1, per_user + 1):
                 worker = workers[number % 2]
                 await worker.wait("replied", await worker.event(user, number))
+                under_way.set()
 
         sessions = asyncio.gather(*(session(user) for user in users))
-        await workers[0].wait("replied", f"{users[0]}-1")  # work is under way
+        await asyncio.wait_for(under_way.wait(), timeout=REPLY_TIMEOUT)  # the first answer is out
         server.send_signal(signal.SIGSTOP)
         try:
             await asyncio.sleep(6.0)  # the stall itself, not a wait for something

@@ -42,6 +42,7 @@ JOURNAL_INDEXES: dict[str, list[IndexModel]] = {
     "messages": [IndexModel([("agent_id", ASCENDING), ("event_id", ASCENDING)], sparse=True, name="agent_event")],
 }
 _SWEEP_EVERY = 300.0
+_CLAIM_ROUNDS = 20  # takers that died between claiming an entry and writing it, before giving up
 
 
 def _journal(doc: Doc) -> JournalEntry:
@@ -143,18 +144,36 @@ class MongoJournal(MongoBase):
         return (await self._c("event_journal").update_one(where, {"$set": fields})).matched_count > 0
 
     @guarded
+    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+        doc = await self._c("event_journal").find_one({"_id": event_id})
+        return None if doc is None else _journal(doc)
+
+    @guarded
     async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
-        try:
-            # The arbiter: one claim per (entry, dead owner), whoever inserts it first.
-            await self._c("journal_claims").insert_one(
-                {"_id": f"{event_id} {from_owner}", "at": to_us(datetime.now(UTC))}
-            )
-        except DuplicateKeyError:
-            return False
-        changed = await self._c("event_journal").update_one(
-            {"_id": event_id, "owner": from_owner}, {"$set": {"owner": to_owner}}
-        )
-        return changed.matched_count > 0
+        claims, rows = self._c("journal_claims"), self._c("event_journal")
+        # The arbiter: one claim per (entry, dead owner, round), whoever
+        # inserts it first. A taker killed between its claim and its write of
+        # the row would hold the entry forever: once it is dead too, and the
+        # row still names the first owner, the next round is open.
+        for round_ in range(_CLAIM_ROUNDS):
+            claim = {"_id": f"{event_id} {from_owner}#{round_}", "taker": to_owner, "at": to_us(datetime.now(UTC))}
+            try:
+                await claims.insert_one(claim)
+            except DuplicateKeyError:
+                found = await claims.find_one({"_id": claim["_id"]})
+                taker = "" if found is None else str(found.get("taker", ""))
+                if taker != to_owner and taker in await self.lease_live({taker}):
+                    return False  # taken by a live process
+                if await rows.count_documents({"_id": event_id, "owner": from_owner}, limit=1) == 0:
+                    return False  # the taker did write the row: it is no longer from_owner's
+                if taker != to_owner:
+                    continue
+            changed = await rows.update_one({"_id": event_id, "owner": from_owner}, {"$set": {"owner": to_owner}})
+            return changed.matched_count > 0
+        return False
+
+    async def lease_live(self, owners: Collection[str]) -> set[str]:
+        raise NotImplementedError  # MongoCoordination's: MongoStore has both
 
     @guarded
     async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:

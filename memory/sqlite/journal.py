@@ -137,6 +137,13 @@ class SQLiteJournal(SQLiteBase):
 
         return await self.run_in_db(job)
 
+    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+        def job(conn: sqlite3.Connection) -> JournalEntry | None:
+            row = conn.execute(f"SELECT {_JOURNAL_COLS} FROM event_journal WHERE event_id = ?", (event_id,)).fetchone()
+            return None if row is None else _journal(row)
+
+        return await self.run_in_db(job)
+
     async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
         def job(conn: sqlite3.Connection) -> bool:
             # One statement in one transaction: of several claimers, one matches.
