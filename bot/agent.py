@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from bot.channel_context import render_channel_context
 from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation, seen_from
-from bot.durable.outbox import outbox_entry, unconfirmed
+from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
 from bot.llm_calls import AgentCalls
@@ -264,6 +264,9 @@ class Agent:
             return False
         # Without an outbox (terminal chat) a redo after a storage fault just runs the steps again.
         sent = await store.outbox_for_event(event.event_id) if event.durable else []
+        if not sent and await seen_by_a_later_run(store, self.id, event):
+            log.info("agent %s: event %s was seen by a later event's run; not redone", self.id, event.event_id)
+            return True
         if not sent:
             log.info("agent %s: redoing event %s (recorded, not answered before a restart)", self.id, event.event_id)
             return False

@@ -6,6 +6,7 @@ This is the API adapters call: `await runtime.handle(event) -> list[Reply]`.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -16,10 +17,11 @@ from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
 from bot.checkins.rules import CheckinSettings
 from bot.config import Settings
+from bot.durable.debounce import split_batch
 from bot.durable.inbox import Inbox
 from bot.durable.lanes import Lanes
 from bot.durable.leases import Leases, leases_for
-from bot.durable.outbox import Outbox, outbox_entry, unconfirmed
+from bot.durable.outbox import NOTICE_SUFFIX, Outbox, outbox_entry, unconfirmed
 from bot.durable.store_wait import StoreWait
 from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
 from bot.functions.core import build_core_functions
@@ -96,6 +98,8 @@ class Runtime:
             message_time_budget=settings.message_time_budget,
         )
         self._agents: dict[str, Agent] = {}
+        # id(batch) -> the followers split off it by _handle_once, to handle alone after it.
+        self._detached: dict[int, list[Event]] = {}
         # One event (or admin call) per agent at a time in this process, in arrival order.
         self._lanes = Lanes()
         # Several bot processes on one database: one of them works on an agent
@@ -110,8 +114,8 @@ class Runtime:
         )
         self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (cli/app.py)
         # Inbound events and outgoing replies survive a crash (bot/durable/).
-        self.inbox = Inbox(store)
-        self.outbox = Outbox(store)
+        self.inbox = Inbox(store, leases=self.leases)
+        self.outbox = Outbox(store, leases=self.leases)
         # The port's crash-safety calls go straight to the pipeline (bot/ports.py).
         self.receive = self.inbox.receive
         self.finished = self.inbox.finished
@@ -163,6 +167,9 @@ class Runtime:
         # MEMGPT_STORE_WAIT, holding the user's line; then the person is told
         # and the event is left pending in the journal (bot/durable/store_wait.py).
         result = await self.store_wait.run(event, lambda: self._handle_once(event))
+        # Followers a batch could not take (bot/durable/debounce.py): each handled alone.
+        for alone in self._detached.pop(id(event), []):
+            result.replies += (await self.store_wait.run(alone, functools.partial(self._handle_once, alone))).replies
         if self.scheduler is not None and not result.unfinished and isinstance(event, UserMessage | FileUploaded):
             # The person answered: check-in back-off starts over.
             try:
@@ -183,8 +190,11 @@ class Runtime:
             self.inbox.quarantine.admit(event.journal_id),
         ):
             try:
-                await self.inbox.started(event)  # from here on, a crash counts against the event
                 agent = await self._agent(key, reload=not turn.continuous)
+                detached = await split_batch(self.store, agent.id, event)
+                if detached:
+                    self._detached[id(event)] = detached
+                await self.inbox.started(event)  # from here on, a crash may count against the event
                 if await self.inbox.answered_with_its_batch(agent.id, event):  # debounce: its leader answers
                     return EventResult()
                 notice: list[Reply] = []
@@ -195,6 +205,7 @@ class Runtime:
                     notice = await self._upload_notices(event)
                 result = held if held is not None else await self.limits.metered(agent, event)
                 result.replies = notice + result.replies
+                await self.inbox.ran(event)
             except StoreError:
                 # A failed write can leave the cached agent ahead of the store
                 # (its queue, counts, blocks): a redo starts from what was stored.
@@ -224,7 +235,7 @@ class Runtime:
         reply = self._upload_notice(event)
         if not event.durable:
             return [reply]
-        entry = outbox_entry(event, reply.text, 0, filed_under=f"{event.event_id}:notice")
+        entry = outbox_entry(event, reply.text, 0, filed_under=event.event_id + NOTICE_SUFFIX)
         if await self.store.outbox_add(entry):
             reply.outbox_id, reply.event_id = entry.id, entry.event_id
             return [reply]

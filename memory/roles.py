@@ -310,6 +310,9 @@ class LeaseStore(Protocol):
         recorded before (None if never; `holder` itself if it was already
         recorded: nothing is written then). Called only by the lease holder."""
 
+    async def lease_live(self, owners: Collection[str]) -> set[str]:
+        """Those of `owners` whose heartbeat has not expired (reads)."""
+
 
 @runtime_checkable
 class JournalStore(Protocol):
@@ -334,11 +337,20 @@ class JournalStore(Protocol):
         state: str | None = None,
         attempts: int | None = None,
         next_try_at: float | None = None,
+        alone: bool | None = None,
         only_from: Collection[str] = (),
     ) -> bool:
-        """Change an entry's state (JournalEntry.state), attempt count and/or
-        next try; with `only_from`, only if its state is one of those. Whether
-        an entry was changed (or, with nothing to change, matched)."""
+        """Change an entry's state (JournalEntry.state), attempt count, next
+        try and/or `alone` mark; with `only_from`, only if its state is one of
+        those. Whether an entry was changed (or, with nothing to change, matched)."""
+
+    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+        """One entry by its id, whatever its state; None once swept (or never seen)."""
+
+    async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
+        """Take an entry over from `from_owner` (a dead process): True for the
+        one caller that did (of any number of processes trying at once), and
+        the entry's owner is then `to_owner`."""
 
     async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
         """Entries from `origin` not yet done, in the order they were received;

@@ -248,6 +248,13 @@ class JournalEntry:
     # The event it was debounced into (bot/durable/debounce.py): that event's
     # run records this one's message and answers it. "" when handled on its own.
     absorbed_into: str = ""
+    # The bot process (its lease owner id) that received or took over the
+    # entry: while that owner lives, no other process replays it. "" with a
+    # single process (no leases).
+    owner: str = ""
+    # Running as a suspect, alone (bot/durable/quarantine.py), and not yet
+    # through its steps: a death now is evidence against this event.
+    alone: bool = False
 
 
 @dataclass(slots=True)

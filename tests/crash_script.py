@@ -70,8 +70,14 @@ class BatchModel:
     the queue, and the next request shows those messages unanswered; they are
     not named again. A redone request (the same messages) gets the same answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, delivered: Callable[[str, int], bool] | None = None) -> None:
         self._named: dict[tuple[str, int], tuple[int, ...]] = {}  # message -> the messages asked with it
+        # With several processes (tests/multiproc_harness.py) a newer event can
+        # run before a killed process's older one is taken over: it then shows
+        # the older messages, which a run killed before its answer reached the
+        # outbox had named. `delivered(user, n)`: whether an answer naming that
+        # message reached the outbox; one that did not is named again.
+        self._delivered = delivered
 
     def __call__(self, messages: list[dict[str, Any]]) -> Reply:
         asked: list[int] = []
@@ -84,7 +90,7 @@ class BatchModel:
                 user = found.group(1)
                 asked.insert(0, int(found.group(2)))
         together = tuple(asked)
-        todo = [n for n in asked if self._named.setdefault((user, n), together) == together]
+        todo = [n for n in asked if self._takes((user, n), together)]
         if not todo:
             return reply_text("nothing to do")
         for number in todo:
@@ -94,6 +100,14 @@ class BatchModel:
                     tool_call("core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True})
                 )
         return reply_tool_calls(tool_call("send_message", {"message": f"re: {user} {' '.join(map(str, todo))}"}))
+
+    def _takes(self, message: tuple[str, int], together: tuple[int, ...]) -> bool:
+        if self._named.setdefault(message, together) == together:
+            return True
+        if self._delivered is not None and not self._delivered(*message):
+            self._named[message] = together
+            return True
+        return False
 
 
 def answered_in(text: str) -> list[tuple[str, int]]:

@@ -19,10 +19,10 @@ from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from memory.types import OPERATOR_KEY
 from memory.working_context import DEFAULT_HUMAN, DEFAULT_PERSONA, WorkingContext
-from tests.mongo_server import MongoTarget, mongo_target
+from tests.mongo_server import MongoTarget, mongo_store, mongo_target
 from tests.test_places_migration import old_mongo
 
-__all__ = ["mongo_target", "old_mongo"]  # fixtures, imported to be found here
+__all__ = ["mongo_store", "mongo_target", "old_mongo"]  # fixtures, imported to be found here
 
 T0 = datetime(2025, 3, 4, 8, 0, tzinfo=UTC)
 PUBLIC = Place("public", "C1", "#general")

@@ -61,7 +61,8 @@ async def test_a_poison_event_is_given_up_with_a_clear_reply_and_nothing_else_is
     assert report.problems == [], report.problems[:10]
     assert report.gave_up == Counter({"U2": 1}), report.summary()
     assert report.answers[("U2", 3)] == 0, report.summary()
-    assert 1 <= report.poison_deaths <= MAX_RESTARTS, report.summary()
+    # The first death may come in company (that only makes it a suspect); then MAX_RESTARTS alone.
+    assert 1 <= report.poison_deaths <= MAX_RESTARTS + 1, report.summary()
     assert_whole(report, except_for=("U2", 3))
 
 

@@ -261,15 +261,34 @@ async def test_an_event_running_at_every_restart_is_given_up_and_the_person_told
     bot: SlackBot, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     await bot.runtime.receive("slack", "EvX1", "T1:U1", recorded("EvX1", "poison"))
-    for restart in range(1, MAX_RESTARTS):  # it was running each time the bot died
-        await bot.runtime.store.journal_update("EvX1", state="running")
+    for restart in range(1, MAX_RESTARTS):  # it was running alone each time the bot died
+        await bot.runtime.store.journal_update("EvX1", state="running", alone=True)
         assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
         [entry] = await bot.runtime.store.journal_pending("slack")
-        assert entry.attempts == restart
-    await bot.runtime.store.journal_update("EvX1", state="running")
+        assert (entry.attempts, entry.alone) == (restart, False)
+    await bot.runtime.store.journal_update("EvX1", state="running", alone=True)
     with caplog.at_level(logging.ERROR):
         assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == [GAVE_UP]
-    assert llm_server.requests == []  # not run a sixth time
+    assert llm_server.requests == []  # not run again
     assert any("giving up on slack event EvX1" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
     assert await bot.runtime.store.journal_pending("slack") == []
+
+
+async def test_deaths_beside_other_events_make_a_suspect_but_never_give_it_up(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    """A slow machine is not a poison event: running in company (or past its
+    steps) when the bot died is no evidence against an event."""
+    await bot.runtime.receive("slack", "EvB1", "T1:U1", recorded("EvB1", "busy machine"))
+    for _ in range(MAX_RESTARTS * 2):
+        await bot.runtime.store.journal_update("EvB1", state="running", alone=False)
+        assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
+        assert bot.runtime.inbox.quarantine.is_suspect("EvB1")
+    [entry] = await bot.runtime.store.journal_pending("slack")
+    assert (entry.state, entry.attempts) == ("pending", 0)
+    llm_server.set_handler(lambda request: say("still here"))
+    assert await bot.adapter.recover() == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["still here"]
+    assert await bot.runtime.store.journal_pending("slack") == []
+    assert not bot.runtime.inbox.quarantine.is_suspect("EvB1")  # it went through: an ordinary event again

@@ -34,6 +34,15 @@ redone alone: if its message was recorded with the batch, the leader's run
 answers it (or did), so it is finished without an answer
 (Inbox.answered_with_its_batch); if not, the batch never got that far and it
 is handled as an event of its own. Nothing lost, nothing answered twice.
+
+A batch meets what another run did (`split_batch`, under the agent's lease,
+before the followers are linked). Its leader may have been recorded alone
+(an earlier run of the leader by itself, a replay after a crash), or a
+follower on its own: the batch's one write cannot take those followers any
+more (it records the leader's members only if the leader is new). So a
+follower whose recorded state differs from the leader's is taken off the
+batch and handled alone after it: a follower's batch either records it or
+it is handled alone, never finished as part of a batch that skipped it.
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 from bot.events import Event, Reply, UserMessage
+from memory.roles import MessageStore
 
 CAP_FACTOR = 4.0  # a burst closes at most this many windows after its first message
 MAX_MEMBERS = 10  # ... or once it holds this many messages
@@ -132,3 +142,19 @@ def merge(built: Sequence[Sequence[Event | Reply]]) -> UserMessage | None:
         return None
     leader.followers = followers
     return leader
+
+
+async def split_batch(store: MessageStore, agent_id: str, event: Event) -> list[Event]:
+    """Take off batch `event` the followers whose message is recorded when its
+    leader's is not, or not when its leader's is (see above); they are
+    returned, in order, to be handled alone after it."""
+    if not isinstance(event, UserMessage) or not event.followers:
+        return []
+    leader_recorded = await store.event_message_seq(agent_id, event.event_id) is not None
+    keep: list[UserMessage] = []
+    alone: list[Event] = []
+    for follower in event.followers:
+        recorded = await store.event_message_seq(agent_id, follower.event_id) is not None
+        (keep if recorded == leader_recorded else alone).append(follower)
+    event.followers = keep
+    return alone

@@ -3,10 +3,20 @@
 
 An entry's life is in its journal row: pending (received) -> running (work
 started) -> done; or, when storage failed the work, running -> waiting (with
-its next try) -> pending (claimed for a replay) -> running -> done. Only a
-row found *running* at start-up counts as a restart against its event: an
-event that had not started when the process died is not suspect, however
-often the bot stops before reaching it.
+its next try) -> pending (claimed for a replay) -> running -> done.
+
+Whose it is. With several processes on one database a row names its *owner*,
+the process that received it (its journal heartbeat, bot/durable/leases.py).
+No process replays a row whose owner lives: at start (`leftovers`) and every
+few seconds after (`orphans`) a process takes over only the rows of owners
+that died, each row by one process (Store.journal_claim).
+
+Evidence against an event. A row found *running* when its process died makes
+the event a suspect: it runs again alone (quarantine.py), marked `alone`
+until its steps are through. Only a death while it ran alone, before its
+steps were through, counts against it (`attempts`); at MAX_RESTARTS such
+deaths it is given up. An event that had not started, or ran beside others,
+or was being delivered, is not blamed, however slow the machine.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bot.durable.leases import Leases, NoLeases
 from bot.durable.quarantine import Quarantine
 from bot.events import Event, Redo, agent_key
 from bot.sanitize import fix_surrogates_in
@@ -25,9 +36,10 @@ from memory.types import utc_now
 
 log = logging.getLogger(__name__)
 
-# Restarts that found an event running before it is given up: an event that
-# stops the bot every time must not keep it from ever getting on.
-MAX_RESTARTS = 5
+# Deaths while an event ran alone before it is given up (after the first death
+# in company that made it a suspect: at most MAX_RESTARTS + 1 deaths in all).
+# An event that stops the bot every time must not keep it from ever getting on.
+MAX_RESTARTS = 4
 # A waiting event (storage failed it) is replayed this many seconds after it
 # gave up, or as soon as storage answers another event.
 REPLAY_AFTER = 60.0
@@ -52,9 +64,15 @@ class _Unwritten:
 
 class Inbox:
     def __init__(
-        self, store: Store, clock: Callable[[], float] = time.time, replay_after: float = REPLAY_AFTER
+        self,
+        store: Store,
+        clock: Callable[[], float] = time.time,
+        replay_after: float = REPLAY_AFTER,
+        leases: Leases | None = None,
     ) -> None:
         self.store = store
+        # Who owns the rows this process receives, and which owners live (several processes).
+        self.leases = leases or NoLeases()
         self.clock = clock
         self.replay_after = replay_after
         # Waiting marks storage refused when they were made: they cannot live
@@ -76,6 +94,7 @@ class Inbox:
         acknowledge it (the platform delivers it again)."""
         # A payload may spell lone surrogates ("\ud800" in Slack's JSON): no store can hold those.
         entry = JournalEntry(event_id, origin, agent_key(origin, user_id), fix_surrogates_in(payload), utc_now())
+        entry.owner = await self.leases.owner()
         return await self.store.journal_receive(entry)
 
     async def finished(self, event_id: str) -> None:
@@ -89,34 +108,64 @@ class Inbox:
             log.warning("could not mark event %s done (%s); a restart will re-check it", event_id, error)
 
     async def leftovers(self, origin: str) -> list[Redo]:
-        """At start: every event the last run left unfinished, in arrival
-        order. One found running counts a restart; at MAX_RESTARTS it is given
-        up (Redo.notice: the adapter tells the person, then finishes it)."""
+        """At start: every event the last run (or another process that died)
+        left unfinished, in arrival order, taken over. One found running is a
+        suspect; one found running alone counts a death against it, and at
+        MAX_RESTARTS it is given up (Redo.notice: the adapter tells the
+        person, then finishes it). Rows of live processes are theirs."""
+        return await self._take_over(origin, at_start=True)
+
+    async def orphans(self, origin: str) -> list[Redo]:
+        """Every few seconds, with several processes: the unfinished rows of
+        processes that died since (their owner expired), taken over as at
+        start; a process scaled away for good loses nothing. Rows waiting for
+        storage are left to `due`."""
+        if isinstance(self.leases, NoLeases):
+            return []  # one process: nobody else's rows to take
+        return await self._take_over(origin, at_start=False)
+
+    async def _take_over(self, origin: str, *, at_start: bool) -> list[Redo]:
+        entries = await self.store.journal_pending(origin)
+        if not at_start:
+            entries = [e for e in entries if e.state != "waiting" and not self.leases.mine(e.owner)]
+        live = await self.leases.live({entry.owner for entry in entries if entry.owner})
+        me = await self.leases.owner()
         redos = []
-        for entry in await self.store.journal_pending(origin):
-            stops = entry.attempts + (entry.state == "running")
-            redo = self._redo(entry)
-            if stops >= MAX_RESTARTS:
-                log.error(
-                    "giving up on %s event %s of %s: the bot stopped %d times while handling it",
-                    origin,
-                    entry.event_id,
-                    entry.agent_key,
-                    stops,
-                )
-                redo.notice = GAVE_UP
-            if entry.state != "pending" or stops != entry.attempts:
-                await self.store.journal_update(entry.event_id, state="pending", attempts=stops, next_try_at=0.0)
-            if stops and not redo.notice:
-                self.quarantine.suspect([entry.event_id])
-            redos.append(redo)
+        for entry in entries:
+            if entry.owner in live:
+                continue  # another live process holds it (or, at start, it just arrived here)
+            if entry.owner != me and not await self.store.journal_claim(entry.event_id, entry.owner, me):
+                continue  # another process took it over first
+            redos.append(await self._redo_taken(origin, entry))
         if redos:
-            log.info("%s: replaying %d events left unfinished by the last run", origin, len(redos))
-        if len(self.quarantine):
+            whose = "the last run" if at_start else "processes that stopped"
+            log.info("%s: replaying %d events left unfinished by %s", origin, len(redos), whose)
+        if redos and len(self.quarantine):
             log.info(
                 "%s: %d of them may have stopped the bot: they run one at a time, alone", origin, len(self.quarantine)
             )
         return redos
+
+    async def _redo_taken(self, origin: str, entry: JournalEntry) -> Redo:
+        running = entry.state == "running"
+        stops = entry.attempts + (running and entry.alone)
+        redo = self._redo(entry)
+        if stops >= MAX_RESTARTS:
+            log.error(
+                "giving up on %s event %s of %s: the bot stopped %d times while it ran alone",
+                origin,
+                entry.event_id,
+                entry.agent_key,
+                stops,
+            )
+            redo.notice = GAVE_UP
+        if entry.state != "pending" or stops != entry.attempts or entry.alone:
+            await self.store.journal_update(
+                entry.event_id, state="pending", attempts=stops, next_try_at=0.0, alone=False
+            )
+        if (running or stops) and not redo.notice:
+            self.quarantine.suspect([entry.event_id])
+        return redo
 
     def _redo(self, entry: JournalEntry) -> Redo:
         if entry.absorbed_into:
@@ -129,10 +178,18 @@ class Inbox:
         waiting), and the entries debounced into it name it, before any of
         their messages is recorded (bot/durable/debounce.py)."""
         if event.durable:
-            await self.store.journal_update(event.journal_id, state="running", only_from=("pending",))
+            # A suspect is marked as running alone: a death now is evidence against it.
+            alone = True if self.quarantine.is_suspect(event.journal_id) else None
+            await self.store.journal_update(event.journal_id, state="running", alone=alone, only_from=("pending",))
             followers = [member.journal_id for member in event.members()[1:]]
             if followers:
                 await self.store.journal_absorb(event.journal_id, followers)
+
+    async def ran(self, event: Event) -> None:
+        """The steps of a suspect went through: a death from here on (while
+        its replies are delivered) is no evidence against it."""
+        if event.durable and self.quarantine.is_suspect(event.journal_id):
+            await self.store.journal_update(event.journal_id, alone=False)
 
     async def answered_with_its_batch(self, agent_id: str, event: Event) -> bool:
         """A replayed event that was debounced into another, and whose message

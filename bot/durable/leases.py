@@ -48,8 +48,9 @@ Why this is safe where only an insert against a unique index is atomic
   time any other process can see the owner expired, it has stopped. What
   must hold is that a process is not frozen for over 0.2 ttl between looking
   at its deadline and writing, hence generous defaults: ttl 30 s, renewed
-  every 10 s. An expired owner is never renewed again (the renewal's filter
-  requires expires_at >= now).
+  every 5 s (a renewal without an answer in 5 s is abandoned and sent again),
+  so a database that stalls for up to ~19 s costs no lease. An expired
+  owner is never renewed again (the renewal's filter requires expires_at >= now).
 - Numbers handed out twice: a joiner reads the highest number, then inserts.
   Had the ticket with the next number been taken and *deleted* in between,
   the insert would succeed below a live ticket that may already hold the
@@ -72,7 +73,7 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -102,8 +103,11 @@ class LeaseTimeoutError(StoreError):
 @dataclass(frozen=True, slots=True)
 class LeaseSettings:
     mode: LeaseMode = "auto"  # auto: on with MongoDB, off with SQLite
-    ttl: float = 30.0  # seconds an owner lives without a renewal
-    renew_every: float = 10.0
+    # Seconds an owner lives without a renewal; renewed six times in that span,
+    # so a database stalled for up to about 0.8 ttl - renew_every (19 s by
+    # default) costs no lease: a stall must not stop work a process holds.
+    ttl: float = 30.0
+    renew_every: float = 5.0
     max_wait: float = 300.0  # seconds an event waits for its turn before giving up
 
     def __post_init__(self) -> None:
@@ -126,7 +130,7 @@ class LeaseSettings:
             mode=mode,  # type: ignore[arg-type]
             ttl=ttl,
             # The renewal period follows a changed ttl unless set too.
-            renew_every=_seconds(env, "MEMGPT_LEASE_RENEW", ttl / 3),
+            renew_every=_seconds(env, "MEMGPT_LEASE_RENEW", ttl / 6),
             max_wait=_seconds(env, "MEMGPT_LEASE_WAIT", default.max_wait),
         )
 
@@ -154,6 +158,19 @@ class Leases(Protocol):
         """Wait for the agent's turn and hold it for the `async with` body."""
         ...
 
+    async def owner(self) -> str:
+        """This process's live owner id, which journal entries it receives or
+        takes over are marked with (bot/durable/inbox.py)."""
+        ...
+
+    def mine(self, owner: str) -> bool:
+        """Whether `owner` is one of this process's owner ids (any of its lives)."""
+        ...
+
+    async def live(self, owners: Collection[str]) -> set[str]:
+        """Those of `owners` that are alive (another process may hold their entries)."""
+        ...
+
     async def close(self) -> None: ...
 
 
@@ -163,6 +180,15 @@ class NoLeases:
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[Turn]:
         yield Turn(key, continuous=True)
+
+    async def owner(self) -> str:
+        return ""
+
+    def mine(self, owner: str) -> bool:
+        return True  # the only process there is
+
+    async def live(self, owners: Collection[str]) -> set[str]:
+        return set()  # at start, whatever the last run held is nobody's
 
     async def close(self) -> None:
         pass
@@ -217,6 +243,7 @@ class AgentLeases:
         # taken: the event has its place in line (for tests and metrics).
         self.on_join: Callable[[str, int], None] | None = None
         self._heart: _Heartbeat | None = None
+        self._journal_heart: _Heartbeat | None = None  # the owner of journal entries (owner())
         self._lives = 0
         self._beats: set[asyncio.Task[None]] = set()  # heartbeats still renewed (a retired one until its events end)
         self._heart_lock = asyncio.Lock()
@@ -259,11 +286,28 @@ class AgentLeases:
             if not left:  # cancelled while waiting for the local turn
                 await self._leave(key, seq, heart)
 
+    async def owner(self) -> str:
+        # A heartbeat of its own, never retired: an agent lease's owner is let
+        # die after a failed join or leave, while the entries it was handed
+        # may still wait in this process (in a debounce window, in a lane).
+        async with self._heart_lock:
+            heart = self._journal_heart
+            if heart is None or heart.lost:
+                heart = self._journal_heart = await self._start_heartbeat("journal-")
+            return heart.owner
+
+    def mine(self, owner: str) -> bool:
+        return owner.startswith(f"{self.name}/")
+
+    async def live(self, owners: Collection[str]) -> set[str]:
+        return await self.store.lease_live(owners) if owners else set()
+
     async def close(self) -> None:
         """Stop renewing (the process's tickets die with its heartbeat)."""
-        heart, self._heart = self._heart, None
-        if heart is not None:
-            heart.stop.set()
+        for heart in (self._heart, self._journal_heart):
+            if heart is not None:
+                heart.stop.set()
+        self._heart = self._journal_heart = None
         beats, self._beats = list(self._beats), set()
         # Each stops at its next wake; one stuck in a renewal is waited for a moment, then cancelled.
         _, stuck = await asyncio.wait(beats, timeout=2.0) if beats else (set(), set())
@@ -278,15 +322,19 @@ class AgentLeases:
         async with self._heart_lock:
             heart = self._heart
             if heart is None or heart.lost or heart.retired:
-                self._lives += 1
-                owner = f"{self.name}/{self._lives}"
-                sent = time.monotonic()
-                await self.store.lease_register(owner, self.settings.ttl)
-                heart = self._heart = _Heartbeat(owner, sent + VALID_FOR * self.settings.ttl)
-                heart.beating = asyncio.create_task(self._beat(heart), name=f"lease-heartbeat-{owner}")
-                self._beats.add(heart.beating)
-                heart.beating.add_done_callback(self._beats.discard)
+                heart = self._heart = await self._start_heartbeat("")
             return heart
+
+    async def _start_heartbeat(self, kind: str) -> _Heartbeat:
+        self._lives += 1
+        owner = f"{self.name}/{kind}{self._lives}"
+        sent = time.monotonic()
+        await self.store.lease_register(owner, self.settings.ttl)
+        heart = _Heartbeat(owner, sent + VALID_FOR * self.settings.ttl)
+        heart.beating = asyncio.create_task(self._beat(heart), name=f"lease-heartbeat-{owner}")
+        self._beats.add(heart.beating)
+        heart.beating.add_done_callback(self._beats.discard)
+        return heart
 
     async def _beat(self, heart: _Heartbeat) -> None:
         """Renew the owner until it is lost; on loss, stop every lease body."""
@@ -297,18 +345,30 @@ class AgentLeases:
             if heart.stop.is_set():
                 return
             sent = time.monotonic()
+            if sent >= heart.deadline:
+                self._lose(heart)
+                return
             try:
-                if sent >= heart.deadline:
-                    raise TimeoutError
-                # Shielded: a renewal past the deadline is abandoned, not cancelled (see stop).
+                # Shielded: a renewal that takes too long is abandoned, not
+                # cancelled (see stop), and another one is sent: a stalled
+                # connection (or server) must not use up the whole deadline
+                # when a later attempt could get through. An abandoned one
+                # that lands later only keeps the owner alive longer.
                 renewed = await asyncio.wait_for(
                     asyncio.shield(self.store.lease_renew(heart.owner, self.settings.ttl)),
-                    timeout=heart.deadline - sent,
+                    timeout=min(heart.deadline - sent, self.settings.renew_every),
                 )
             except TimeoutError:
-                renewed = False
+                log.warning(
+                    "renewing lease owner %s: no answer in %.1f s (the database is stalled); trying again, %.1f s left",
+                    heart.owner,
+                    time.monotonic() - sent,
+                    max(heart.deadline - time.monotonic(), 0.0),
+                )
+                continue
             except StoreError as error:  # try again, until the deadline
                 log.warning("renewing lease owner %s failed: %s", heart.owner, error)
+                await asyncio.sleep(min(1.0, max(heart.deadline - time.monotonic(), 0.0) / 4))
                 continue
             took = time.monotonic() - sent
             if not renewed or time.monotonic() >= heart.deadline:

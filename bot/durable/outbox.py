@@ -10,6 +10,7 @@ import logging
 import time
 from collections.abc import Callable, Iterable
 
+from bot.durable.leases import Leases, NoLeases
 from bot.events import Delivery, Event, Reply
 from memory.store import OutboxEntry, Store, StoreError
 from memory.types import utc_now
@@ -61,11 +62,17 @@ def outbox_entry(event: Event, text: str, position: int, *, filed_under: str | N
     )
 
 
+# What an event's notice (not its answer) is filed under, after the event id.
+NOTICE_SUFFIX = ":notice"
+
+
 class Outbox:
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, clock: Callable[[], float] = time.time, leases: Leases | None = None) -> None:
         self.store = store
         self.clock = clock
         self.started_at = clock()
+        # Several processes: whose the replies of an event are (its journal row's owner).
+        self.leases = leases or NoLeases()
 
     async def report(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
         """Record how sending one reply went; what became of it (a reply
@@ -126,5 +133,47 @@ class Outbox:
         in this run for the first time)."""
         entries = await self.store.outbox_pending(origin, due_by=self.clock())
         return [
-            reply_of(entry) for entry in entries if entry.attempts > 0 or entry.created_at.timestamp() < self.started_at
+            reply_of(entry)
+            for entry in entries
+            if (entry.attempts > 0 or entry.created_at.timestamp() < self.started_at) and await self._ours(entry)
         ]
+
+    async def _ours(self, entry: OutboxEntry) -> bool:
+        """Whether the retrier of this process is the one to send `entry`
+        (several processes on one database; a single one sends everything).
+        While its event is unfinished, none: the event's run sends it (its
+        owner's, or, the owner dead, the redo of whoever takes the event
+        over; a redo already under way here must not race this round). Once
+        the event is done: the process that owns its journal row, or, that
+        owner dead, the one process that takes the row over (journal_claim)."""
+        if isinstance(self.leases, NoLeases):
+            return True
+        row = await self.store.journal_entry(entry.event_id.removesuffix(NOTICE_SUFFIX))
+        if row is None:
+            return True  # swept a day after it finished: nobody else is sending it
+        if row.state != "done":
+            return False
+        if self.leases.mine(row.owner):
+            return True
+        if row.owner in await self.leases.live({row.owner}):
+            return False
+        return await self.store.journal_claim(row.event_id, row.owner, await self.leases.owner())
+
+
+async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool:
+    """Whether the message of `event`, recorded and never answered, was shown
+    to the model by a later event's run since: another event's message was
+    recorded after it, and a step after that. A redo would answer a message
+    the conversation has moved past. (With several processes, a newer event
+    of the person can run before a killed process's older one is taken over.)"""
+    seq = await store.event_message_seq(agent_id, event.event_id)
+    if seq is None:
+        return False
+    own = {member.event_id for member in event.members()}
+    another = False
+    for message in await store.messages_since(agent_id, seq + 1, place=event.place.key):
+        if message.role == "user" and message.event_id and message.event_id not in own:
+            another = True
+        elif another and message.role == "assistant":
+            return True
+    return False

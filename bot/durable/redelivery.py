@@ -2,8 +2,9 @@
 due replies from the outbox (failed ones after their backoff, held ones behind
 them, those a previous run left unconfirmed) and replays, through the
 platform's adapter, the events whose journal row says they wait for storage
-and are due. A platform whose start-up replay could not read the journal
-(storage down at start) has it done here once storage answers."""
+and are due, and those of other bot processes that died (Inbox.orphans). A
+platform whose start-up replay could not read the journal (storage down at
+start) has it done here once storage answers."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ class Redelivery:
                 redos = await self.inbox.leftovers(origin)
                 self._leftovers_unread.discard(origin)
             else:
-                redos = await self.inbox.due(origin)
+                # Rows of processes that died (several on one database), then those storage failed.
+                redos = await self.inbox.orphans(origin) + await self.inbox.due(origin)
         except StoreError as error:  # still down: the next round looks again
             log.info("%s: cannot read the event journal (%s); will try again", origin, error)
             return 0

@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable
 from bot.agent import ANSWERED_KINDS, EventResult
 from bot.durable.inbox import Inbox
 from bot.durable.lanes import Lanes
+from bot.durable.leases import LeaseLostError
 from bot.durable.redelivery import Sender
 from bot.events import Event
 from memory.store import StoreError
@@ -98,7 +99,8 @@ class StoreWait:
                     log.warning(
                         "event %s of %s: storage failed (%s); trying again in %.1f s", event.event_id, key, error, pause
                     )
-                    await self._notice(event)
+                    if not isinstance(error, LeaseLostError):  # redone at once under a new heartbeat: nothing to tell
+                        await self._notice(event)
                     await asyncio.sleep(pause)
                     delay = min(delay * 2, self.max_delay)
                     continue

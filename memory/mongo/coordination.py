@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from datetime import UTC, datetime
 
 from pymongo import ASCENDING, DESCENDING, IndexModel
@@ -137,6 +138,10 @@ class MongoCoordination(MongoBase):
             # them is the name's highest ticket: they can go.
             await tickets.delete_many({"_id": {"$in": dead}})
         return found
+
+    @guarded
+    async def lease_live(self, owners: Collection[str]) -> set[str]:
+        return await self._live_owners(set(owners), await self._store_clock())
 
     async def _live_owners(self, owners: set[str], now: float) -> set[str]:
         # An owner seen alive until E is alive until E for sure (expires_at

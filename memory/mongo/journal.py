@@ -2,14 +2,16 @@
 (memory/roles.py), as a mixin of MongoStore.
 
     event_journal  {_id: event id, n, origin, agent_key, payload, received_at, state, attempts,
-                    next_try_at, absorbed_into}
+                    next_try_at, absorbed_into, owner, alone}
+    journal_claims {_id: "<event id> <dead owner>", at}   one taker per dead owner
     outbox         {_id: "<event id>:<n>", event_id, position, agent_key, origin, user_id,
                     reply_to, text, created_at, state, attempts, next_try_at}
 
 Recording is an insert against `_id`, the one write every MongoDB-compatible
 server makes atomic (FerretDB has no transactions), so a repeat delivery or a
 redone send can never record twice. State changes have one writer (the process
-handling the event), so plain updates suffice. `n` (nanoseconds at receipt,
+that owns the entry), so plain updates suffice; taking an entry over from a
+dead process is arbitrated by an insert too (journal_claim). `n` (nanoseconds at receipt,
 made unique per process) orders redo; entries are swept a day after they finish.
 """
 
@@ -40,6 +42,7 @@ JOURNAL_INDEXES: dict[str, list[IndexModel]] = {
     "messages": [IndexModel([("agent_id", ASCENDING), ("event_id", ASCENDING)], sparse=True, name="agent_event")],
 }
 _SWEEP_EVERY = 300.0
+_CLAIM_ROUNDS = 20  # takers that died between claiming an entry and writing it, before giving up
 
 
 def _journal(doc: Doc) -> JournalEntry:
@@ -53,6 +56,8 @@ def _journal(doc: Doc) -> JournalEntry:
         doc.get("attempts", 0),
         doc.get("next_try_at", 0.0),
         doc.get("absorbed_into", ""),
+        doc.get("owner", ""),
+        bool(doc.get("alone", False)),
     )
 
 
@@ -90,6 +95,7 @@ class MongoJournal(MongoBase):
             cutoff = to_us(datetime.fromtimestamp(now - DEDUP_TTL, UTC))
             await self._c("event_journal").delete_many({"state": "done", "received_at": {"$lt": cutoff}})
             await self._c("outbox").delete_many({"state": {"$ne": "pending"}, "created_at": {"$lt": cutoff}})
+            await self._c("journal_claims").delete_many({"at": {"$lt": cutoff}})
         doc = {
             "_id": entry.event_id,
             "n": self._next_n(),
@@ -101,6 +107,8 @@ class MongoJournal(MongoBase):
             "attempts": entry.attempts,
             "next_try_at": entry.next_try_at,
             "absorbed_into": entry.absorbed_into,
+            "owner": entry.owner,
+            "alone": entry.alone,
         }
         try:
             await self._c("event_journal").insert_one(doc)
@@ -116,9 +124,12 @@ class MongoJournal(MongoBase):
         state: str | None = None,
         attempts: int | None = None,
         next_try_at: float | None = None,
+        alone: bool | None = None,
         only_from: Collection[str] = (),
     ) -> bool:
         fields: dict[str, Any] = {}
+        if alone is not None:
+            fields["alone"] = alone
         if state is not None:
             fields["state"] = state
         if attempts is not None:
@@ -131,6 +142,38 @@ class MongoJournal(MongoBase):
         if not fields:
             return await self._c("event_journal").count_documents(where, limit=1) > 0
         return (await self._c("event_journal").update_one(where, {"$set": fields})).matched_count > 0
+
+    @guarded
+    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+        doc = await self._c("event_journal").find_one({"_id": event_id})
+        return None if doc is None else _journal(doc)
+
+    @guarded
+    async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
+        claims, rows = self._c("journal_claims"), self._c("event_journal")
+        # The arbiter: one claim per (entry, dead owner, round), whoever
+        # inserts it first. A taker killed between its claim and its write of
+        # the row would hold the entry forever: once it is dead too, and the
+        # row still names the first owner, the next round is open.
+        for round_ in range(_CLAIM_ROUNDS):
+            claim = {"_id": f"{event_id} {from_owner}#{round_}", "taker": to_owner, "at": to_us(datetime.now(UTC))}
+            try:
+                await claims.insert_one(claim)
+            except DuplicateKeyError:
+                found = await claims.find_one({"_id": claim["_id"]})
+                taker = "" if found is None else str(found.get("taker", ""))
+                if taker != to_owner and taker in await self.lease_live({taker}):
+                    return False  # taken by a live process
+                if await rows.count_documents({"_id": event_id, "owner": from_owner}, limit=1) == 0:
+                    return False  # the taker did write the row: it is no longer from_owner's
+                if taker != to_owner:
+                    continue
+            changed = await rows.update_one({"_id": event_id, "owner": from_owner}, {"$set": {"owner": to_owner}})
+            return changed.matched_count > 0
+        return False
+
+    async def lease_live(self, owners: Collection[str]) -> set[str]:
+        raise NotImplementedError  # MongoCoordination's: MongoStore has both
 
     @guarded
     async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from memory.sqlite.base import SQLiteBase
 
@@ -117,3 +117,15 @@ class SQLiteCoordination(SQLiteBase):
             return None if row is None else str(row[0])
 
         return await self.run_in_db(job, write=True)
+
+    async def lease_live(self, owners: Collection[str]) -> set[str]:
+        wanted = sorted(set(owners))
+
+        def job(conn: sqlite3.Connection) -> set[str]:
+            rows = conn.execute(
+                f"SELECT owner FROM lease_owners WHERE expires_at >= ? AND owner IN ({', '.join('?' * len(wanted))})",
+                (time.monotonic(), *wanted),
+            ).fetchall()
+            return {row[0] for row in rows}
+
+        return await self.run_in_db(job) if wanted else set()

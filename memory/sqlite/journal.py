@@ -21,14 +21,28 @@ from memory.sqlite.base import SQLiteBase
 from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
 
 _SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
-_JOURNAL_COLS = "event_id, origin, agent_key, payload, received_at, state, attempts, next_try_at, absorbed_into"
+_JOURNAL_COLS = (
+    "event_id, origin, agent_key, payload, received_at, state, attempts, next_try_at, absorbed_into, owner, alone"
+)
 _OUTBOX_COLS = (
     "id, event_id, position, agent_key, origin, user_id, reply_to, text, created_at, state, attempts, next_try_at"
 )
 
 
 def _journal(row: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(row[0], row[1], row[2], json.loads(row[3]), datetime.fromtimestamp(row[4], UTC), *row[5:])
+    return JournalEntry(
+        row[0],
+        row[1],
+        row[2],
+        json.loads(row[3]),
+        datetime.fromtimestamp(row[4], UTC),
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        row[9],
+        bool(row[10]),
+    )
 
 
 def _outbox(row: Sequence[Any]) -> OutboxEntry:
@@ -66,6 +80,8 @@ class SQLiteJournal(SQLiteBase):
             entry.attempts,
             entry.next_try_at,
             entry.absorbed_into,
+            entry.owner,
+            entry.alone,
         )
 
         def job(conn: sqlite3.Connection) -> bool:
@@ -75,7 +91,7 @@ class SQLiteJournal(SQLiteBase):
                 conn.execute("DELETE FROM outbox WHERE state <> 'pending' AND created_at < ?", (cutoff,))
             return bool(
                 conn.execute(
-                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (event_id) DO NOTHING",
                     row,
                 ).rowcount
@@ -90,6 +106,7 @@ class SQLiteJournal(SQLiteBase):
         state: str | None = None,
         attempts: int | None = None,
         next_try_at: float | None = None,
+        alone: bool | None = None,
         only_from: Collection[str] = (),
     ) -> bool:
         where, guard = "WHERE event_id = ?", tuple(only_from)
@@ -100,8 +117,8 @@ class SQLiteJournal(SQLiteBase):
             return bool(
                 conn.execute(
                     "UPDATE event_journal SET state = coalesce(?, state), attempts = coalesce(?, attempts),"
-                    f" next_try_at = coalesce(?, next_try_at) {where}",
-                    (state, attempts, next_try_at, event_id, *guard),
+                    f" next_try_at = coalesce(?, next_try_at), alone = coalesce(?, alone) {where}",
+                    (state, attempts, next_try_at, alone, event_id, *guard),
                 ).rowcount
             )
 
@@ -119,6 +136,21 @@ class SQLiteJournal(SQLiteBase):
             return [_journal(row) for row in rows]
 
         return await self.run_in_db(job)
+
+    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+        def job(conn: sqlite3.Connection) -> JournalEntry | None:
+            row = conn.execute(f"SELECT {_JOURNAL_COLS} FROM event_journal WHERE event_id = ?", (event_id,)).fetchone()
+            return None if row is None else _journal(row)
+
+        return await self.run_in_db(job)
+
+    async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
+        def job(conn: sqlite3.Connection) -> bool:
+            # One statement in one transaction: of several claimers, one matches.
+            sql = "UPDATE event_journal SET owner = ? WHERE event_id = ? AND owner = ?"
+            return bool(conn.execute(sql, (to_owner, event_id, from_owner)).rowcount)
+
+        return await self.run_in_db(job, write=True)
 
     async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
         def job(conn: sqlite3.Connection) -> None:

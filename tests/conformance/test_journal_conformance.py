@@ -138,3 +138,32 @@ async def test_debounced_entries_name_the_entry_they_were_absorbed_into(store: S
     assert [(e.event_id, e.absorbed_into) for e in await store.journal_pending("slack", due_by=2.0)] == [
         ("Follow1", "Lead")
     ]
+
+
+async def test_an_entry_names_its_owner_and_one_process_takes_it_over(store: Store, twin: Store) -> None:
+    received = entry("EvO1")
+    received.owner = "host:1:aa/journal-1"
+    assert await store.journal_receive(received)
+    [found] = await twin.journal_pending("slack")
+    assert (found.owner, found.alone) == ("host:1:aa/journal-1", False)
+    # Six processes try to take the dead owner's entry over at once: one does.
+    takers = [f"host:{n}:bb/journal-1" for n in range(2, 8)]
+    stores = (store, twin) * 3
+    won = await asyncio.gather(
+        *(s.journal_claim("EvO1", "host:1:aa/journal-1", taker) for s, taker in zip(stores, takers, strict=True))
+    )
+    assert won.count(True) == 1
+    [found] = await store.journal_pending("slack")
+    assert found.owner == takers[won.index(True)]
+    # Taking it over from an owner that no longer holds it changes nothing.
+    assert not await twin.journal_claim("EvO1", "host:1:aa/journal-1", "host:9:cc/journal-1")
+    assert (await store.journal_pending("slack"))[0].owner == takers[won.index(True)]
+
+
+async def test_the_alone_mark_is_set_and_cleared(store: Store) -> None:
+    assert await store.journal_receive(entry("EvA1"))
+    assert await store.journal_update("EvA1", state="running", alone=True, only_from=("pending",))
+    [found] = await store.journal_pending("slack")
+    assert (found.state, found.alone) == ("running", True)
+    await store.journal_update("EvA1", alone=False)
+    assert (await store.journal_pending("slack"))[0].alone is False

@@ -17,7 +17,7 @@ from memory.mongo.store import MongoStore
 from memory.store import Store, StoreError
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], within: float = 5.0) -> None:
+async def eventually(check: Callable[[], Awaitable[bool]], within: float = 60.0) -> None:
     """Poll `check` until it holds; fail after `within` seconds."""
     deadline = time.monotonic() + within
     while not await check():
@@ -191,3 +191,15 @@ async def test_leases_are_on_for_mongodb_or_when_asked(store: Store) -> None:
     assert isinstance(auto, AgentLeases) == isinstance(store, MongoStore)
     assert isinstance(leases_for(store, LeaseSettings(mode="on")), AgentLeases)
     assert isinstance(leases_for(store, LeaseSettings(mode="off")), NoLeases)
+
+
+async def test_live_owners_are_those_whose_heartbeat_has_not_expired(store: Store, twin: Store) -> None:
+    await store.lease_register("short", 0.3)
+    await store.lease_register("long", 30)
+    assert await twin.lease_live({"short", "long", "never-registered"}) == {"short", "long"}
+
+    async def only_long() -> bool:
+        return await twin.lease_live({"short", "long"}) == {"long"}
+
+    await eventually(only_long)  # "short" stopped renewing
+    assert await store.lease_live(set()) == set()
