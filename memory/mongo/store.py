@@ -86,6 +86,7 @@ from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
 from memory.mongo.usage import MongoUsage
 from memory.places import DM_KEY, Visibility
+from memory.search.analysis import query_terms
 from memory.search.vector_index import check_dimension, embedding_matrix
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
@@ -377,8 +378,9 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         query_vector: Sequence[float] | None = None,
         visible: Visibility | None = None,
     ) -> SearchPage:
-        if query_vector is not None:
+        if query_vector is not None or query_terms(query):  # keywords alone too: conversation search's ranking
             return await self._hybrid_messages(agent_id, query, query_vector, limit, max(offset, 0), visible)
+        # A query of stop words only ("what was it?"): BM25 over their plain words.
         terms = list(dict.fromkeys(words(query)))[:_MAX_QUERY_TERMS]
         ranked, _ = await self._bm25_messages(agent_id, terms, visible)
         page = ranked[max(offset, 0) : max(offset, 0) + max(limit, 0)]
@@ -424,7 +426,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         self,
         agent_id: str,
         query: str,
-        query_vector: Sequence[float],
+        query_vector: Sequence[float] | None,
         limit: int,
         offset: int,
         visible: Visibility | None,

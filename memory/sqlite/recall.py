@@ -98,12 +98,12 @@ class SQLiteRecall(SQLiteBase):
         self,
         agent_id: str,
         query: str,
-        query_vector: Sequence[float],
+        query_vector: Sequence[float] | None,
         limit: int,
         offset: int,
         visible: Visibility | None = None,
     ) -> SearchPage:
-        vector = np.asarray(query_vector, dtype=_F32)
+        vector = None if query_vector is None else np.asarray(query_vector, dtype=_F32)
 
         def search(conn: sqlite3.Connection) -> tuple[list[Any], list[int], int]:
             seqs, total = self._recall.search(conn, agent_id, query, vector, limit, max(offset, 0), visible)
@@ -186,7 +186,7 @@ class MessageSearch:
         conn: sqlite3.Connection,
         agent_id: str,
         text: str,
-        query: npt.NDArray[np.float32],
+        query: npt.NDArray[np.float32] | None,
         limit: int,
         offset: int,
         visible: Visibility | None = None,

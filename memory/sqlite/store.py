@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memory.places import Visibility
+from memory.search.analysis import query_terms
 from memory.search.ann_index import ANN_THRESHOLD
 from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
@@ -254,8 +255,10 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         query_vector: Sequence[float] | None = None,
         visible: Visibility | None = None,
     ) -> SearchPage:
-        if query_vector is not None:
+        if query_vector is not None or query_terms(query):
+            # Keywords alone too are conversation search's ranking (stemmed, stop words out).
             return await self._hybrid_messages(agent_id, query, query_vector, limit, offset, visible)
+        # A query of stop words only ("what was it?"): their plain FTS5 matches.
         terms = fts_terms(query)
         if terms is None:
             return SearchPage(items=[], total=0)
