@@ -15,7 +15,19 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from bot.config import Settings
 from bot.reports import plural, render_description
 from cli.args import User
-from cli.common import EXIT_ERROR, EXIT_OK, CLIError, dumps, isatty, iso, open_runtime, read_line, unknown, write
+from cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CLIError,
+    dumps,
+    embed_recall,
+    isatty,
+    iso,
+    open_runtime,
+    read_line,
+    unknown,
+    write,
+)
 from memory.places import Place, Visibility
 from memory.types import Message, Passage
 
@@ -63,7 +75,9 @@ def add_memory_commands(
         "Results are listed best first, numbered by rank.",
     )
     where = search.add_mutually_exclusive_group(required=True)
-    where.add_argument("--recall", metavar="QUERY", help="search every past message by words")
+    where.add_argument(
+        "--recall", metavar="QUERY", help="search every past message as the agent does (meaning, words, context, time)"
+    )
     where.add_argument("--archival", metavar="QUERY", help="search saved passages by meaning")
     search.add_argument("--limit", type=_positive, default=10, metavar="K", help="results per query (default 10)")
     search.add_argument(
@@ -156,6 +170,8 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         if has_passages:
             # Passages a crash left without a vector become searchable first.
             await runtime.archival.resume_pending(record.id)
+        if not archival:
+            await embed_recall(runtime, record.id)  # every message ranked by meaning too, as after a day of use
 
         async def answer(text: str) -> dict[str, Any]:
             results: list[dict[str, Any]] = []
@@ -166,7 +182,8 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
                     results = [passage_json(p, score, rank) for rank, (p, score) in enumerate(found.items, 1)]
                     total = found.total
             else:
-                page = await runtime.store.search_messages(record.id, text, args.limit, visible=visible)
+                # The agent's own conversation search (meaning, stemmed keywords, context, speaker, time).
+                page = await runtime.recall.search(record.id, text, args.limit, visible=visible)
                 results = [message_json(message, rank) for rank, message in enumerate(page.items, 1)]
                 total = page.total
             return {"query": text, "store": "archival" if archival else "recall", "total": total, "results": results}

@@ -42,14 +42,13 @@ in the middle of insert_many keeps the batch's first messages and leaves the
 rest of its seqs unused: a gap, which nothing relies on (seqs stay unique and
 ordered, the queue is still a suffix). See docs/mongodb.md.
 
-Search. Recall: each message stores its distinct folded words (`terms`, a
-multikey index); a query fetches the agent's messages sharing a word and ranks
-them with BM25 in Python. Given a query vector (conversation search), the
-agent's messages and the embeddings recall search stores lazily on them
-(memory/recall.py) are ranked in memory, as the SQLite store ranks them
-(memory/mongo/recall.py, memory/search/conversation.py). `$text` is not used even where it exists: its
-textScore has no inverse document frequency (a rare word does not outweigh a
-common one) and it stems, both of which the shared conformance suite rejects.
+Search. Recall: the agent's messages and the embeddings recall search stores
+lazily on them (memory/recall.py) are ranked in memory by conversation search,
+as the SQLite store ranks them (memory/mongo/recall.py, memory/search/
+conversation.py), with or without a query vector. Each message also stores its
+distinct folded words (`terms`, a multikey index) for queries made only of stop
+words, ranked by BM25 in Python. `$text` is not used even where it exists: its
+textScore has no inverse document frequency.
 Archival: hybrid like the SQLite store, cosine plus a keyword bonus
 (memory.search.hybrid) whose BM25 side comes from the passages' `terms` the same way
 (memory/mongo/keywords.py). The cosine comes from `$vectorSearch` when a ready
@@ -78,6 +77,7 @@ from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_u
 from memory.mongo.capabilities import detect, guarded, scrub
 from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
+from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.journal import MongoJournal
 from memory.mongo.keywords import upgrade_passage_terms
@@ -157,7 +157,9 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
     return int(end), int(newest.get("tok_total") or 0)
 
 
-class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, Store):
+class MongoStore(
+    MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, MongoForgetting, Store
+):
     @functools.cached_property
     def schedules(self) -> MongoScheduleStore:
         """Check-in schedules, in this store's database."""

@@ -94,6 +94,23 @@ class SQLiteRecall(SQLiteBase):
             # After the commit, and on the worker thread that owns the cache.
             await self.run_in_db(lambda _: self._recall.added(agent_id, [seqs[n] for n in updated], matrix[updated]))
 
+    async def delete_messages(self, agent_id: str, seqs: Sequence[int]) -> int:
+        if not seqs:
+            return 0
+        wanted = json.dumps(sorted({int(seq) for seq in seqs}))
+
+        def delete(conn: sqlite3.Connection) -> int:
+            # The FTS row goes with its message (trigger messages_fts_delete), the embedding is in the row.
+            return conn.execute(
+                "DELETE FROM messages WHERE agent_id = ? AND seq IN (SELECT value FROM json_each(?))",
+                (agent_id, wanted),
+            ).rowcount
+
+        deleted = await self.run_in_db(delete, write=True)
+        # The in-memory index only ever appends: rebuilt from what is left on the next search.
+        await self.run_in_db(lambda _: self._recall.forget(agent_id))
+        return int(deleted)
+
     async def _hybrid_messages(
         self,
         agent_id: str,

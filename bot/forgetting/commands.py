@@ -1,0 +1,80 @@
+"""The runtime's memory-ledger calls (a mixin of Runtime): the ledger, one
+item forgotten, a topic shown and then forgotten, for the CLI and, through
+the port (bot/ports.py), the platforms' `/memory` and `/forget`. Each waits for
+the person's agent to be idle (lease, then lane) and drops the loaded agent
+after a change, so its next event reads what is left."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from bot.events import agent_key
+from bot.forgetting.erasing import Receipt
+from bot.forgetting.ledger import LedgerPage, UnknownItem, describe_found, forget_item, ledger_page
+from bot.forgetting.matching import Found
+from bot.forgetting.service import find_about, forget_about
+
+if TYPE_CHECKING:
+    from bot.agent import Agent
+    from bot.durable.lanes import Lanes
+    from bot.durable.leases import Leases
+    from bot.services import AgentServices
+    from memory.store import Store
+
+log = logging.getLogger(__name__)
+
+
+class LedgerCommands:
+    store: Store
+    services: AgentServices
+    leases: Leases
+    _lanes: Lanes
+    _agents: dict[str, Agent]
+
+    async def ledger(self, key: str, page: int = 1) -> LedgerPage | None:
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            return None if record is None else await ledger_page(self.store, record.id, page)
+
+    async def forget_one(self, key: str, item_id: str) -> Receipt:
+        """Forget one ledger item; UnknownItem when there is none by that id."""
+        async with self.leases.hold(key), self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None:
+                raise UnknownItem("I hold nothing on you.")
+            receipt = await forget_item(self.store, record.id, item_id)
+            self._agents.pop(key, None)
+            return receipt
+
+    async def preview_forget(self, key: str, about: str) -> Found:
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            return Found(about) if record is None else await find_about(self.services, record.id, about)
+
+    async def forget_topic(self, key: str, about: str) -> Receipt:
+        async with self.leases.hold(key), self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None:
+                return Receipt()
+            _, receipt = await forget_about(self.services, record.id, about)
+            self._agents.pop(key, None)
+            log.info("%s: selective forget: %s", key, receipt)
+            return receipt
+
+    # -- the port's (bot/ports.py) -------------------------------------------
+    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
+        return await self.ledger(agent_key(platform, user_id), page)
+
+    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        try:
+            return (await self.forget_one(agent_key(platform, user_id), item_id)).text()
+        except UnknownItem as error:
+            return str(error)
+
+    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
+        found = await self.preview_forget(agent_key(platform, user_id), about)
+        return None if found.empty else describe_found(found)
+
+    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
+        return (await self.forget_topic(agent_key(platform, user_id), about)).text()
