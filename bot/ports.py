@@ -6,6 +6,7 @@ from pathlib import PurePath
 from typing import Any, Protocol
 
 from bot.events import Delivery, Event, Redo, Reply
+from bot.forgetting.ledger import LedgerPage
 from memory.ingest.documents import document_kind
 
 
@@ -31,6 +32,23 @@ class BotPort(Protocol):
 
     async def forget_user(self, platform: str, user_id: str) -> bool:
         """Delete everything held on this user (for /forget); whether there was anything."""
+        ...
+
+    # The memory ledger (bot/forgetting/): what is held, item by item, and selective forget.
+    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
+        """One page of the items held on this user (for /memory); None if nothing."""
+        ...
+
+    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        """Forget one item by its ledger id; the answer to show (a receipt, or why not)."""
+        ...
+
+    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
+        """What forgetting `about` would delete, to confirm (for /forget about:); None if nothing."""
+        ...
+
+    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
+        """Forget everything about `about`, everywhere; the receipt."""
         ...
 
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:

@@ -577,14 +577,33 @@ async def test_memory_answers_only_the_asker_with_what_the_bot_holds(discord_bot
     assert discord_bot.http.texts() == [NOTHING_HELD]
     assert all(call.ephemeral for call in discord_bot.http.calls)
 
-    discord_bot.llm.set_handler(lambda request: say("Noted."))
-    await dpytest.message("I grow tomatoes", channel=await alice.create_dm(), member=alice)
+    discord_bot.llm.script(
+        reply_tool_calls(
+            tool_call(
+                "core_memory_append", {"name": "human", "content": "Grows tomatoes.", "request_heartbeat": False}
+            ),
+            tool_call("send_message", {"message": "Noted."}),
+        )
+    )
+    dm = await alice.create_dm()
+    await dpytest.message("I grow tomatoes", channel=dm, member=alice)
     sent()
     discord_bot.http.calls.clear()
-    await discord_bot.slash("memory", alice, await alice.create_dm())
+    await discord_bot.slash("memory", alice, dm)
     [report] = discord_bot.http.texts()
-    assert f"User discord:{alice.id}" in report and "Recall storage:" in report
-    assert [call.ephemeral for call in discord_bot.http.calls] == [True, True]  # the deferral, then the report
+    assert report.startswith("What I hold on you: ") and "Messages: " in report
+    [note] = [line for line in report.splitlines() if "Note: Grows tomatoes." in line]
+    assert "learned in your DMs" in note
+    assert [call.ephemeral for call in discord_bot.http.calls] == [True, True]  # the deferral, then the ledger
+
+    # Each item has its button; pressing one forgets that item only.
+    number = note.split(".", 1)[0]
+    await discord_bot.press(f"Forget {number}", alice, dm)
+    assert discord_bot.http.texts()[-1].startswith("Forgotten: 0 messages, 0 saved passages, 1 note")
+    agent_id = await discord_bot.agent_id(alice)
+    assert agent_id is not None
+    blocks = await discord_bot.runtime.store.load_blocks(agent_id)
+    assert "tomatoes" not in " ".join(block.value for block in blocks)
 
 
 async def test_checkin_sets_a_schedule_delivered_to_the_dm(discord_bot: Harness) -> None:

@@ -54,7 +54,9 @@ class Receipt:
         )
 
 
-async def erase(store: Store, llm: LLMClient, matcher: Matcher, agent_id: str, found: Found, model: str = "") -> Receipt:
+async def erase(
+    store: Store, llm: LLMClient, matcher: Matcher, agent_id: str, found: Found, model: str = ""
+) -> Receipt:
     """Delete everything in `found` and rewrite the summaries that mention it."""
     messages = await store.delete_messages(agent_id, [message.seq for message in found.messages])
     passage_ids = [passage.id for passage in found.passages]

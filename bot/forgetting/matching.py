@@ -26,9 +26,12 @@ import numpy as np
 from memory.embeddings import Embedder
 from memory.search.analysis import query_terms, terms
 from memory.types import Block, ConversationRecord, Message, Passage
+from memory.working_context import PLACEHOLDERS
 
 # Cosine of all-MiniLM-L6-v2 embeddings above which an item is about the topic.
 MEANING_MATCH = 0.5
+# Stems at least this long match when one starts the other.
+PREFIX_MIN = 6
 # Items read per page of a ranking, and pages at most (a topic in more than
 # PAGE * MAX_PAGES items is forgotten in more than one go).
 PAGE = 100
@@ -72,11 +75,12 @@ class Found:
 
 
 def block_lines(block: Block) -> list[Line]:
-    """A block's lines as ledger items (each line, its place and time)."""
+    """A block's lines as ledger items (each line, its place and time); a
+    placeholder ("Nothing known yet") is nobody's memory."""
     return [
         Line(f"{block.label}:{number}", block.label, text, "dm", block.updated_at)
         for number, text in enumerate(block.value.splitlines(), 1)
-        if text.strip()
+        if text.strip() and text not in PLACEHOLDERS
     ]
 
 
@@ -110,14 +114,21 @@ class Matcher:
             self._vector = await self.embedder.embed_one(self.about)
         vectors = await self.embedder.embed(list(texts))
         cosines = vectors @ self._vector
-        return [
-            bool(self.terms.intersection(terms(text))) or float(cosine) >= MEANING_MATCH
-            for text, cosine in zip(texts, cosines, strict=True)
-        ]
+        return [self.names(text) or float(cosine) >= MEANING_MATCH for text, cosine in zip(texts, cosines, strict=True)]
 
     def names(self, text: str) -> bool:
-        """Whether `text` holds one of the topic's terms (a rewrite must drop them)."""
-        return bool(self.terms.intersection(terms(text)))
+        """Whether `text` holds one of the topic's terms: the same stem, or, for
+        long words, one stem the start of the other (the stemmer leaves
+        "diagnosis" as "diagnosi" and "diagnosed" as "diagnos")."""
+        for term in terms(text):
+            if term in self.terms:
+                return True
+            if len(term) >= PREFIX_MIN and any(
+                len(wanted) >= PREFIX_MIN and (term.startswith(wanted) or wanted.startswith(term))
+                for wanted in self.terms
+            ):
+                return True
+        return False
 
     async def mentioned_in(self, text: str) -> list[str]:
         """The sentences of `text` about the topic."""

@@ -40,7 +40,10 @@ FORGET_MEMORIES = function_schema(
     "forget_memories",
     "The person asks you to forget something: find what you hold about it. Deletes nothing; "
     "show them the matches and ask them to confirm.",
-    {"topic": {"type": "string", "description": "What to forget, in their words."}, "request_heartbeat": HEARTBEAT},
+    {
+        "topic": {"type": "string", "description": "Their words, plus the specifics you hold on it."},
+        "request_heartbeat": HEARTBEAT,
+    },
     ["topic", "request_heartbeat"],
 )
 FORGET_CONFIRM = function_schema(

@@ -1,9 +1,10 @@
-"""Selective forget for the MongoDB store: one person's chosen messages go,
+"""Recall's in-process indexes and selective forget for the MongoDB store: one person's chosen messages go,
 their documents whole (content, folded terms and embedding live in the one
 document), and the in-process ranking index is rebuilt from what is left."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from memory.mongo.base import MongoBase
@@ -12,7 +13,12 @@ from memory.mongo.recall import MessageIndexes
 
 
 class MongoForgetting(MongoBase):
-    _conversations: MessageIndexes
+    _max_indexes: int
+
+    @functools.cached_property
+    def _conversations(self) -> MessageIndexes:
+        """The per-agent conversation-search indexes (memory/mongo/recall.py)."""
+        return MessageIndexes(self._max_indexes)
 
     @guarded
     async def delete_messages(self, agent_id: str, seqs: Sequence[int]) -> int:

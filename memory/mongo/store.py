@@ -81,7 +81,6 @@ from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.journal import MongoJournal
 from memory.mongo.keywords import upgrade_passage_terms
-from memory.mongo.recall import MessageIndexes
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
 from memory.mongo.usage import MongoUsage
@@ -157,9 +156,7 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
     return int(end), int(newest.get("tok_total") or 0)
 
 
-class MongoStore(
-    MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, MongoForgetting, Store
-):
+class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, MongoForgetting, Store):
     @functools.cached_property
     def schedules(self) -> MongoScheduleStore:
         """Check-in schedules, in this store's database."""
@@ -419,10 +416,6 @@ class MongoStore(
             for df in (sum(1 for text in texts if term in text) for term in terms)
         )
         return sorted(hits, key=lambda hit: (-hit[0], hit[1].seq)), idf_total
-
-    @functools.cached_property
-    def _conversations(self) -> MessageIndexes:
-        return MessageIndexes(self._max_indexes)
 
     async def _hybrid_messages(
         self,
