@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from memory.types import utc_now
 from tests.conftest import RuntimeFactory, make_settings
 from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
 from tests.mongo_server import MongoTarget, mongo_target
+from tests.test_cli import base_env, memgpt, ok
 
 __all__ = ["mongo_target"]
 
@@ -242,3 +244,45 @@ async def test_one_ledger_item_is_forgotten_by_its_id(
     assert after is not None and item.id not in {i.id for i in after.items}
     again = await runtime.forget_memory_item("slack", USER, item.id)
     assert again.startswith("No item")
+
+
+def test_the_cli_imports_embedded_shows_items_and_forgets_a_topic(llm_server: FakeLLMServer, tmp_path: Path) -> None:
+    """`memory import` embeds before it returns; `memory show` lists items with where and when;
+    `memory forget --about` shows the matches, deletes them and prints the receipt."""
+    env = base_env(llm_server.base_url, tmp_path / "data")
+    history = tmp_path / "history.jsonl"
+    lines = [
+        ("user", "I am allergic to penicillin, it gives me hives."),
+        ("assistant", "Noted, no penicillin for you."),
+        ("user", "My sister lives in Lisbon."),
+        ("assistant", "Lisbon is lovely."),
+    ]
+    history.write_text(
+        "".join(
+            json.dumps({"role": role, "content": text, "timestamp": f"2024-05-0{n + 1}T10:00:00"}) + "\n"
+            for n, (role, text) in enumerate(lines)
+        ),
+        encoding="utf-8",
+    )
+    ok(memgpt("memory", "import", "--user", "alice", str(history), env=env, cwd=tmp_path))
+    with sqlite3.connect(tmp_path / "data" / "memgpt.sqlite3") as conn:
+        assert conn.execute("SELECT count(*) FROM messages WHERE embedding IS NULL").fetchone() == (0,)
+
+    shown = ok(memgpt("memory", "show", "--user", "alice", env=env, cwd=tmp_path))
+    assert "Items held (forget one: memory forget --item ID):" in shown
+    assert "Messages: 4 messages (learned in your DMs)" in shown
+
+    refused = memgpt("memory", "forget", "--user", "alice", "--about", "penicillin", env=env, cwd=tmp_path)
+    assert refused.returncode != 0 and "--yes" in refused.stderr  # no terminal to confirm at
+
+    out = ok(memgpt("memory", "forget", "--user", "alice", "--about", "penicillin", "--yes", env=env, cwd=tmp_path))
+    assert "About 'penicillin' I hold 2 messages:" in out
+    assert out.rstrip().endswith(
+        "Forgotten: 2 messages, 0 saved passages, 0 notes from working context; 0 summaries rewritten."
+    )
+    found = json.loads(
+        ok(memgpt("memory", "search", "--user", "alice", "--recall", "penicillin", "--json", env=env, cwd=tmp_path))
+    )
+    assert [item["content"] for item in found["results"]] == ["My sister lives in Lisbon.", "Lisbon is lovely."]
+    exported = ok(memgpt("memory", "export", "--user", "alice", env=env, cwd=tmp_path))
+    assert "penicillin" not in exported and "Lisbon" in exported

@@ -147,7 +147,8 @@ def describe_found(found: Found, shown: int = PAGE_SIZE) -> str:
     counts = found.counts()
     if found.empty:
         return f"I hold nothing about {found.about!r}."
-    held = ", ".join(plural(n, noun) for noun, n in counts.items() if n).replace("summarys", "summaries")
+    nouns = {"messages": "message", "passages": "saved passage", "notes": "note", "summaries": "summary"}
+    held = ", ".join(plural(n, nouns[kind]) for kind, n in counts.items() if n).replace("summarys", "summaries")
     items = [
         *(Item("", "message", m.content or m.searchable_text(), m.place, m.created_at) for m in found.messages),
         *(Item("", "passage", p.text, p.place, p.created_at) for p in found.passages),
