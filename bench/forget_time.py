@@ -8,7 +8,7 @@ the preview (finding what the topic matches, what `/forget about:` shows)
 and the whole forget (found again, deleted, the summary rewritten by the
 local scripted LLM server, the store flushed), each with its receipt.
 
-    python bench/forget_time.py [--messages 10000] [--passages 10000] [--mongodb URI]
+    python bench/forget_time.py [--data DIR] [--messages 10000] [--passages 10000] [--mongodb URI]
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ TOPIC = "my diagnosis, hypothyroidism"
 PLANTED = "I was diagnosed with hypothyroidism and take levothyroxine every morning."
 
 
-def history(size: int) -> list[Message]:
-    conversations = load(DEFAULT_DATA)
+def history(size: int, data: Path) -> list[Message]:
+    conversations = load(data)
     messages: list[Message] = []
     copy = 0
     while len(messages) < size:
@@ -76,13 +76,13 @@ async def run(args: argparse.Namespace, folder: Path) -> None:
     store = await open_store(folder, args.mongodb)
     runtime = await Runtime.create(settings, store=store, llm=llm, embedder=Embedder())
     try:
-        messages = history(args.messages)
+        messages = history(args.messages, args.data)
         agent = await runtime.agent("terminal:bench")
         started = time.perf_counter()
         for start in range(0, len(messages), 1000):
             await store.append_messages(agent.id, messages[start : start + 1000])
         await runtime.recall.embed_all(agent.id)
-        texts = [m.content or "" for m in history(args.passages)]
+        texts = [m.content or "" for m in history(args.passages, args.data)]
         for n in range(10):
             texts[(n + 1) * len(texts) // 11] = f"Caroline has hypothyroidism ({n}); she takes levothyroxine."
         for start in range(0, len(texts), 1000):
@@ -117,6 +117,7 @@ async def run(args: argparse.Namespace, folder: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the LoCoMo dev split's folder")
     parser.add_argument("--messages", type=int, default=10_000)
     parser.add_argument("--passages", type=int, default=10_000)
     parser.add_argument("--mongodb", help="run on this MongoDB instead of SQLite (a database, dropped after)")

@@ -201,7 +201,7 @@ class Agent:
             return result
         if isinstance(event, UserMessage):
             self._channel_context = render_channel_context(
-                event.channel_context, event.place, self.services.counter, self.services.channel_context_tokens
+                event, self.services.counter, self.services.channel_context_tokens
             )
         while True:
             result.steps += 1

@@ -5,8 +5,8 @@ A person has one agent and one working context, but each place they talk to
 it in (their DMs, a private channel, a public channel: memory/places.py) has
 a conversation of its own, opened the first time an event happens there. Its
 requests start with the same instructions, then a short "where you are" part
-(who reads what the agent writes there), then working context (without the
-private block outside DMs), then its own summary and queue: each place keeps
+(who reads what the agent writes there), then working context (the lines
+that place may read: memory/working_context.py), then its own summary and queue: each place keeps
 a stable prefix for the provider's prompt cache.
 """
 
@@ -67,7 +67,7 @@ class Conversation:
 
     def show(self, working_context: WorkingContext) -> None:
         """Put the working context, as this place may see it, into its prompt."""
-        self.queue.set_working_context(working_context.render(private=self.place.is_dm))
+        self.queue.set_working_context(working_context.render(self.place))
 
 
 async def open_conversation(
@@ -86,7 +86,7 @@ async def open_conversation(
         recall_count=await store.count_messages(agent_id, visible=visible),
         archival_count=await store.count_passages(agent_id, visible=visible),
     )
-    conversation.queue.load(record.summary, messages, working_context.render(private=place.is_dm))
+    conversation.queue.load(record.summary, messages, working_context.render(place))
     return conversation, messages
 
 

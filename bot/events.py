@@ -91,6 +91,9 @@ class ChannelLine:
     text: str
     created_at: datetime
     from_bot: bool = False
+    # The author's id as the platform's events carry it (an event's user_id): it
+    # tells the asker's own lines from other people's (bot/channel_context.py).
+    author_id: str = ""
 
 
 @dataclass(kw_only=True)

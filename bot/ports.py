@@ -43,6 +43,10 @@ class BotPort(Protocol):
         """Forget one item by its ledger id; the answer to show (a receipt, or why not)."""
         ...
 
+    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        """Show one note (a working-context line) everywhere, the person's choice; the answer."""
+        ...
+
     async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
         """What forgetting `about` would delete, to confirm (for /forget about:); None if nothing."""
         ...

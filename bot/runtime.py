@@ -39,8 +39,8 @@ from memory.recall import RecallMemory
 from memory.sqlite.store import SQLiteStore
 from memory.store import Store, StoreError
 from memory.tokens import TokenCounter, load_encoder
-from memory.types import Message, utc_now
-from memory.working_context import default_blocks
+from memory.types import Block, Message, utc_now
+from memory.working_context import MemoryEditError, default_blocks, share_line
 
 if TYPE_CHECKING:
     from bot.checkins.scheduler import CheckinScheduler
@@ -279,6 +279,17 @@ class Runtime(LedgerCommands):
             await self.store.flush_deleted()
             return record is not None or removed > 0
 
+    async def share_line(self, key: str, label: str, line_id: str) -> Block:
+        """Show one working-context line of this user's everywhere (their choice, from /memory).
+        MemoryEditError (a message for them) if there is no such line or it cannot be shared."""
+        async with self.leases.hold(key), self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None:
+                raise MemoryEditError("I hold nothing on you yet.")
+            block = await share_line(self.store, record.id, label, line_id)
+            self._agents.pop(key, None)  # a loaded agent reloads its blocks as stored
+            return block
+
     # -- the adapters' slash commands (/memory, /forget) -----------------------
     async def memory_report(self, platform: str, user_id: str) -> str | None:
         """What the bot holds on this user, as text for them; None if nothing."""
@@ -373,7 +384,7 @@ class Runtime(LedgerCommands):
                 start = batch[-1].seq + 1
                 await self.store.update_queue(agent.id, dm.record.summary, start, utc_now(), place=DM.key)
                 dm.record.queue_start_seq = start
-                dm.queue.load(dm.record.summary, [], agent.working_context.render())
+                dm.queue.load(dm.record.summary, [], agent.working_context.render(DM))
             return len(batch)
 
     async def close(self, *, close_embedder: bool = True) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -58,14 +60,94 @@ class Message:
         return json.dumps(self.tool_calls) if self.tool_calls else None
 
 
-@dataclass(slots=True)
+# The place key of working-context text set by the operator (the default
+# persona, a block's placeholder): not said anywhere, shown everywhere.
+OPERATOR_KEY = "operator"
+
+
+def new_line_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLine:
+    """One line of a working-context block and where it came from.
+
+    `place` is the conversation key it was written from (memory/places.py:
+    "dm", "private:<id>", "public:<id>"; OPERATOR_KEY for the operator's
+    text); it decides where the line is shown (memory/working_context.py),
+    unless `shared` (the person made it visible everywhere). `id` is stable
+    for the line's life: what `/memory` names it by."""
+
+    text: str
+    place: str = "dm"
+    written_at: datetime = field(default_factory=utc_now)
+    id: str = field(default_factory=new_line_id)
+    shared: bool = False
+
+    def record(self) -> dict[str, Any]:
+        """The line as both backends store it (times in microseconds, as MongoDB keeps every time)."""
+        return {
+            "id": self.id,
+            "text": self.text,
+            "place": self.place,
+            "written_at": round(self.written_at.timestamp() * 1_000_000),
+            "shared": self.shared,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> BlockLine:
+        written = datetime.fromtimestamp(record["written_at"] / 1_000_000, UTC)
+        return cls(record["text"], record["place"], written, record["id"], bool(record.get("shared", False)))
+
+
+def text_lines(text: str, place: str, written_at: datetime | None = None) -> list[BlockLine]:
+    """`text` as block lines written from `place` (one per non-empty line)."""
+    when = written_at or utc_now()
+    return [BlockLine(line, place, when) for line in text.split("\n") if line.strip()]
+
+
+@dataclass(slots=True, init=False)
 class Block:
-    """A labelled, size-limited piece of working context (e.g. persona, human)."""
+    """A labelled, size-limited piece of working context (e.g. persona, human):
+    its lines, each with the place it was written from. `value` is the whole
+    text, as a DM sees it; other places see less (memory/working_context.py)."""
 
     label: str
-    value: str
     limit: int
-    updated_at: datetime = field(default_factory=utc_now)
+    lines: list[BlockLine]
+    updated_at: datetime
+
+    def __init__(
+        self,
+        label: str,
+        value: str = "",
+        limit: int = 0,
+        updated_at: datetime | None = None,
+        *,
+        lines: Sequence[BlockLine] | None = None,
+        place: str = "dm",
+    ) -> None:
+        """A block of `lines`, or of `value`'s lines written from `place` (the DM: the safe side)."""
+        self.label = label
+        self.limit = limit
+        self.updated_at = updated_at or utc_now()
+        self.lines = list(lines) if lines is not None else text_lines(value, place, self.updated_at)
+
+    @property
+    def value(self) -> str:
+        return join_lines(self.lines)
+
+    def lines_json(self) -> str:
+        return json.dumps([line.record() for line in self.lines], ensure_ascii=False)
+
+    @staticmethod
+    def lines_from_json(text: str) -> list[BlockLine]:
+        return [BlockLine.from_record(record) for record in json.loads(text)]
+
+
+def join_lines(lines: Iterable[BlockLine]) -> str:
+    return "\n".join(line.text for line in lines)
 
 
 @dataclass(slots=True)

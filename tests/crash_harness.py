@@ -46,6 +46,7 @@ from pathlib import Path
 import aiohttp
 
 from bot.durable.inbox import GAVE_UP
+from memory.types import Block, join_lines
 from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_model
 from tests.fake_llm import start_fake_llm
 from tests.fake_slack import FakeSlack, signature_headers
@@ -412,9 +413,10 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
             found = MESSAGE.search(content or "")
             if found:
                 report.recall[(found.group(1), int(found.group(2)))] += 1
-        for key, value in conn.execute(
-            "SELECT a.key, b.value FROM blocks b JOIN agents a ON a.id = b.agent_id WHERE b.label = 'human'"
+        for key, lines in conn.execute(
+            "SELECT a.key, b.lines FROM blocks b JOIN agents a ON a.id = b.agent_id WHERE b.label = 'human'"
         ).fetchall():
+            value = join_lines(Block.lines_from_json(lines))
             user = key.rsplit(":", 1)[-1]
             facts = FACT.findall(value)
             leftover = FACT.sub("", value).strip()

@@ -6,6 +6,8 @@ what the agent does in each place:
 - ``CMD say <text>``      answer "Heard you." (the text stays in recall)
 - ``CMD save <text>``     archival_memory_insert(text)
 - ``CMD private <text>``  core_memory_append("private", text)
+- ``CMD human <text>``    core_memory_append("human", text) (``CMD persona``: the persona block)
+- ``CMD share <text>``    core_memory_share("human", text)
 - ``CMD find <query>``    conversation_search, conversation_search_date
   (yesterday to tomorrow: every recent message the store lets through) and
   archival_memory_search, all at once
@@ -34,7 +36,7 @@ from memory.places import Place, Visibility
 from memory.types import utc_now
 from tests.fake_llm import Reply, ToolCall, reply_text, reply_tool_calls, tool_call
 
-COMMAND = re.compile(r"CMD (say|save|private|find) ([^\n]*)")
+COMMAND = re.compile(r"CMD (say|save|private|human|persona|share|find) ([^\n]*)")
 SUMMARIZER = SUMMARIZER_INSTRUCTIONS[:60]
 
 
@@ -70,9 +72,13 @@ def scripted_model(request: dict[str, Any]) -> Reply:
     verb, text = command
     if verb == "save":
         return reply_tool_calls(tool_call("archival_memory_insert", {"content": text, "request_heartbeat": True}))
-    if verb == "private":
+    if verb in ("private", "human", "persona"):
         return reply_tool_calls(
-            tool_call("core_memory_append", {"name": "private", "content": text, "request_heartbeat": True})
+            tool_call("core_memory_append", {"name": verb, "content": text, "request_heartbeat": True})
+        )
+    if verb == "share":
+        return reply_tool_calls(
+            tool_call("core_memory_share", {"name": "human", "content": text, "request_heartbeat": True})
         )
     if verb == "find":
         return reply_tool_calls(*search_everything(text))

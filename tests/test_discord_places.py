@@ -20,6 +20,7 @@ from discord.ext.test import backend
 
 from adapters.discord import DiscordAdapter, DiscordConfig
 from bot.events import Place, Redo, UserMessage
+from tests.channel_labels import who_said
 from tests.dpytest_guild import guild_channel, guild_member, the_guild
 from tests.recording_bot import RecordingBot
 
@@ -121,6 +122,12 @@ async def test_a_public_channel_mention_carries_its_place_and_the_lines_before_i
     ]
     times = [line.created_at for line in event.channel_context]
     assert times == sorted(times) and times[-1] <= event.created_at
+    # The model is told whose each line is: Alice's own is hers, not "other people's".
+    assert who_said(event) == [
+        "bob_1_nick: my tomatoes split",
+        f"{server.guild.me.display_name} (a bot): Water them evenly.",
+        "alice_0_nick (this person): what do you think, @bob_1_nick?",
+    ]
 
 
 async def test_a_channel_everyone_may_not_view_is_private(server: Server) -> None:

@@ -32,7 +32,7 @@ from memory.types import utc_now
 from tests.conftest import make_settings
 from tests.fake_llm import FakeLLMServer
 from tests.mongo_server import shared_target
-from tests.places_script import LeakScanner, scripted_model
+from tests.places_script import LeakScanner, new_value, scripted_model
 
 PUBLIC = Place("public", "C100", "#general")
 TEAM = Place("private", "G200", "#team")
@@ -145,3 +145,65 @@ async def test_channel_context_is_seen_once_and_never_kept(runtime: Runtime, llm
     assert theirs not in dumps(later), "channel lines are never stored"
     agent = await runtime.agent(f"slack:{USER}")
     assert theirs not in json.dumps(await runtime.export(agent.record.key), ensure_ascii=False)
+
+
+SECOND_PUBLIC = Place("public", "C101", "#random")
+
+
+def system_text(bodies: list[dict[str, Any]]) -> str:
+    return str(bodies[0]["messages"][0]["content"])
+
+
+async def test_a_dm_fact_stays_out_of_channels_whatever_block_holds_it(
+    runtime: Runtime, llm_server: FakeLLMServer
+) -> None:
+    """Issue 18's story: in a DM the model saves a diagnosis in `human` (and a
+    note in `persona`); no request for the person's channel mentions carries it."""
+    talk = Conversation(runtime, llm_server)
+    scan = talk.scan
+    diagnosis, locker, promise = scan.secret(DM, "hypothyroidism"), scan.secret(DM), scan.secret(DM)
+    team_fact, lunch = scan.secret(TEAM), scan.secret(PUBLIC)
+    public_before = system_text(await talk.say(PUBLIC, "CMD say hello"))
+
+    await talk.say(DM, f"CMD human I was diagnosed with {diagnosis}")
+    await talk.say(DM, f"CMD human gym locker {locker}")
+    await talk.say(DM, f"CMD persona I promised to keep {promise} between us")
+    public_after = system_text(await talk.say(PUBLIC, "CMD say hello again"))
+    await talk.say(TEAM, f"CMD human works on project {team_fact}")
+    await talk.say(PUBLIC, f"CMD human likes the lunch place {lunch}")
+    for place in (PUBLIC, SECOND_PUBLIC, OTHER, TEAM):
+        await talk.say(place, "CMD say hi")
+        await talk.say(place, "CMD find diagnosed locker promised project")
+
+    leaks = scan.leaking_requests()
+    assert not leaks, f"{len(leaks)} of {scan.requests_made()} requests leaked: {leaks[:5]}"
+    # Each place reads what it may: the DM everything, a private channel its own and public lines.
+    dm = system_text(await talk.say(DM, "CMD say how am I doing?"))
+    assert all(value in dm for value in (diagnosis, locker, promise, team_fact, lunch))
+    team = system_text(await talk.say(TEAM, "CMD say hi team"))
+    assert team_fact in team and lunch in team
+    assert lunch in system_text(await talk.say(SECOND_PUBLIC, "CMD say hi all"))
+    # DM edits change nothing a channel reads, not even a count: its cached prefix stays whole.
+    assert public_after == public_before
+
+
+async def test_a_line_is_shown_everywhere_once_shared(runtime: Runtime, llm_server: FakeLLMServer) -> None:
+    talk = Conversation(runtime, llm_server)
+    kept, tomatoes = talk.scan.secret(DM), new_value()
+    await talk.say(DM, f"CMD human keeps {kept} to themself")
+    await talk.say(DM, f"CMD human grows tomatoes {tomatoes}")
+    answer = dumps(await talk.say(DM, f"CMD share tomatoes {tomatoes}"))
+    assert "now shown in every place" in answer
+    public = system_text(await talk.say(PUBLIC, "CMD say hi"))
+    assert tomatoes in public and kept not in public
+    refused = dumps(await talk.say(PUBLIC, f"CMD share tomatoes {tomatoes}"))
+    assert "already shown in every place" in refused
+    assert not talk.scan.leaking_requests()
+
+    # The person shares the other line from /memory, by its id.
+    key = f"slack:{USER}"
+    human = (await runtime.agent(key)).working_context.get("human")
+    line = next(line for line in human.lines if kept in line.text)
+    assert line.place == DM.key
+    await runtime.share_line(key, "human", line.id)
+    assert kept in system_text(await talk.say(PUBLIC, "CMD say hi again"))

@@ -30,6 +30,7 @@ from adapters.slack import (
     FORGET_CONFIRM,
     FORGET_ITEM,
     REPLY_LIMIT,
+    SHARE_ITEM,
     RecentEventIds,
     SlackAdapter,
     SlackConfig,
@@ -572,11 +573,12 @@ async def test_memory_command_answers_privately(bot: SlackBot, llm_server: FakeL
     report = (await bot.slack.wait_for("response_url", 2))[1]
     assert report.args["tag"] == "after" and report.args["response_type"] == "ephemeral"
     assert report.args["text"].startswith("What I hold on you: ")
-    sections = [block for block in report.args["blocks"] if block["type"] == "section"]
-    [note] = [block for block in sections if "Loves jazz" in block["text"]["text"]]
-    assert "Note: Loves jazz &amp; &lt;b&gt;blues&lt;/b&gt;. (learned in your DMs, " in note["text"]["text"]
-    button = note["accessory"]
+    blocks = report.args["blocks"]
+    [at] = [n for n, block in enumerate(blocks) if block["type"] == "section" and "jazz" in block["text"]["text"]]
+    assert "Note: Loves jazz &amp; &lt;b&gt;blues&lt;/b&gt;. (learned in your DMs, " in blocks[at]["text"]["text"]
+    button, share = blocks[at + 1]["elements"]  # the note's buttons, under it
     assert button["action_id"] == FORGET_ITEM and button["text"]["text"] == "Forget this"
+    assert share["action_id"] == SHARE_ITEM and share["value"] == button["value"]  # a DM note may be shared
 
     # The button forgets that one note, for whoever clicks it.
     assert (await bot.click(FORGET_ITEM, tag="item", value=button["value"]))[0] == 200

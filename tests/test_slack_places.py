@@ -20,6 +20,7 @@ from adapters.slack import SlackAdapter, SlackConfig
 from bot.config import Settings, setting
 from bot.errors import ConfigError
 from bot.events import Place, Redo, UserMessage
+from tests.channel_labels import who_said
 from tests.fake_slack import FakeSlack, signature_headers
 from tests.recording_bot import RecordingBot
 from tests.secrets_catalog import SLACK_TEST_SIGNING_SECRET
@@ -142,6 +143,12 @@ async def test_a_mention_reads_the_lines_before_it_oldest_first(slack: Slack) ->
         ("Bob", "my tomatoes split, @Alice", False),
         ("memgpt", "Water them evenly.", True),
         ("Alice", "what do you think?", False),
+    ]
+    # The model is told whose each line is: Alice's own is hers, not "other people's".
+    assert who_said(event) == [
+        "Bob: my tomatoes split, @Alice",
+        "memgpt (a bot): Water them evenly.",
+        "Alice (this person): what do you think?",
     ]
     [history] = slack.api.calls_to("conversations.history")
     assert history.args["channel"] == "C1" and history.args["limit"] == "3"

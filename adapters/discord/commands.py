@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 MAX_REPORT_MESSAGES = 5
 FORGET_TIMEOUT = 60.0
 LEDGER_TIMEOUT = 600.0  # the "Forget N" buttons under /memory
+# A /memory button's call on the port: (platform, user id, item id) -> the answer.
+Act = Callable[[str, str, str], Coroutine[Any, Any, str]]
 
 NOTHING_HELD = "I hold nothing on you."
 TRUNCATED = "\n… (cut short: there is more than fits here)"
@@ -68,29 +70,36 @@ class LedgerView(discord.ui.View):
         first = (page.page - 1) * PAGE_SIZE + 1
         for number, item in enumerate(page.items, first):
             if item.id:
-                button: discord.ui.Button[LedgerView] = discord.ui.Button(
-                    label=f"Forget {number}", style=discord.ButtonStyle.secondary, custom_id=f"memgpt:{item.id}"[:100]
-                )
-                button.callback = self._forgetter(item.id)  # type: ignore[method-assign,assignment]
-                self.add_item(button)
+                self._button(f"Forget {number}", f"memgpt:forget:{item.id}", bot.forget_memory_item, item.id)
+            if item.shareable:
+                self._button(f"Share {number}", f"memgpt:share:{item.id}", bot.share_memory_item, item.id)
+
+    def _button(self, label: str, custom_id: str, act: Act, item_id: str) -> None:
+        button: discord.ui.Button[LedgerView] = discord.ui.Button(
+            label=label, style=discord.ButtonStyle.secondary, custom_id=custom_id[:100]
+        )
+        button.callback = self._acting(act, item_id)  # type: ignore[method-assign,assignment]
+        self.add_item(button)
 
     async def interaction_check(self, interaction: discord.Interaction) -> bool:
         return interaction.user.id == self.user_id
 
-    def _forgetter(self, item_id: str) -> Callable[[discord.Interaction], Coroutine[Any, Any, None]]:
-        async def forget(interaction: discord.Interaction) -> None:
+    def _acting(self, act: Act, item_id: str) -> Callable[[discord.Interaction], Coroutine[Any, Any, None]]:
+        async def press(interaction: discord.Interaction) -> None:
             await interaction.response.defer(ephemeral=True, thinking=True)
             try:
-                answer = await self.bot.forget_memory_item(PLATFORM, str(self.user_id), item_id)
+                answer = await act(PLATFORM, str(self.user_id), item_id)
             except Exception:
-                log.exception("forgetting an item failed for Discord user %s", self.user_id)
+                log.exception("a /memory button failed for Discord user %s", self.user_id)
                 answer = FORGET_FAILED
             await interaction.followup.send(answer, ephemeral=True)
 
-        return forget
+        return press
 
 
-async def show_memory(bot: BotPort, interaction: discord.Interaction, page: int = 1, forget: str = "") -> None:
+async def show_memory(
+    bot: BotPort, interaction: discord.Interaction, page: int = 1, forget: str = "", share: str = ""
+) -> None:
     """`/memory [page] [forget]`: one page of the ledger with its buttons, or one
     item forgotten by id (the text way to a button), only for the person who asked."""
     # The ledger waits until the person's agent is idle (it may be mid-reply), which can take
@@ -98,8 +107,9 @@ async def show_memory(bot: BotPort, interaction: discord.Interaction, page: int 
     await interaction.response.defer(ephemeral=True, thinking=True)
     user_id = str(interaction.user.id)
     try:
-        if forget.strip():
-            await interaction.followup.send(await bot.forget_memory_item(PLATFORM, user_id, forget), ephemeral=True)
+        if forget.strip() or share.strip():
+            act, item = (bot.forget_memory_item, forget) if forget.strip() else (bot.share_memory_item, share)
+            await interaction.followup.send(await act(PLATFORM, user_id, item.strip()), ephemeral=True)
             return
         ledger = await bot.memory_ledger(PLATFORM, user_id, page)
     except Exception:
@@ -207,10 +217,14 @@ def add_commands(tree: app_commands.CommandTree, bot: BotPort, *, forget_timeout
     """Register `/memory` and `/forget` on the tree (syncing them is the adapter's job)."""
 
     @tree.command(name="memory", description="See what I remember about you, item by item (only you see it).")
-    @app_commands.describe(page="which page of items", forget="the id of one item to forget, e.g. passage:12")
+    @app_commands.describe(
+        page="which page of items",
+        forget="the id of one item to forget, e.g. passage:12",
+        share="the id of a note to let be known everywhere",
+    )
     @app_commands.allowed_contexts(guilds=True, dms=True, private_channels=False)
-    async def memory(interaction: discord.Interaction, page: int = 1, forget: str = "") -> None:
-        await show_memory(bot, interaction, page, forget)
+    async def memory(interaction: discord.Interaction, page: int = 1, forget: str = "", share: str = "") -> None:
+        await show_memory(bot, interaction, page, forget, share)
 
     @tree.command(name="forget", description="Delete what I remember about you, or only about a topic (asks first).")
     @app_commands.describe(about="only what is about this topic, e.g. 'my diagnosis'")

@@ -106,7 +106,8 @@ def channel_line(message: discord.Message, me: discord.abc.User | None) -> Chann
     if not text:
         return None
     own = me is not None and message.author.id == me.id
-    return ChannelLine(message.author.display_name, text, message.created_at, from_bot=own)
+    author = message.author
+    return ChannelLine(author.display_name, text, message.created_at, from_bot=own, author_id=str(author.id))
 
 
 def reply_to(message: discord.Message) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from adapters.slack.adapter import APOLOGY, SlackAdapter, SlackClosingError
 from adapters.slack.app import EVENTS_PATH
-from adapters.slack.commands import FORGET_ABOUT, FORGET_CANCEL, FORGET_CONFIRM, FORGET_ITEM
+from adapters.slack.commands import FORGET_ABOUT, FORGET_CANCEL, FORGET_CONFIRM, FORGET_ITEM, SHARE_ITEM
 from adapters.slack.config import PLATFORM, REPLY_LIMIT, SlackConfig, SlackSetupError
 from adapters.slack.dedupe import EventDeduper, RecentEventIds
 from adapters.slack.send import METADATA_TYPE
@@ -17,6 +17,7 @@ __all__ = [
     "METADATA_TYPE",
     "PLATFORM",
     "REPLY_LIMIT",
+    "SHARE_ITEM",
     "EventDeduper",
     "RecentEventIds",
     "SlackAdapter",

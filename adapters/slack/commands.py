@@ -14,6 +14,7 @@ commands only call the bot's port.
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
@@ -31,6 +32,7 @@ MAX_RESPONSES = 5  # a response_url accepts five messages
 FORGET_CONFIRM = "memgpt_forget_confirm"
 FORGET_CANCEL = "memgpt_forget_cancel"
 FORGET_ITEM = "memgpt_forget_item"  # a "Forget this" button under /memory; its value is the item id
+SHARE_ITEM = "memgpt_share_item"  # "Share everywhere" under a note of /memory
 FORGET_ABOUT = "memgpt_forget_about"  # the confirm button of /forget about:; its value is the topic
 
 NOTHING_HELD = "I don't hold anything about you yet."
@@ -92,17 +94,19 @@ def ledger_blocks(page: LedgerPage) -> list[dict[str, Any]]:
     first = (page.page - 1) * PAGE_SIZE + 1
     for number, item in enumerate(page.items, first):
         block: dict[str, Any] = {"type": "section", "text": {"type": "mrkdwn", "text": escape(item.line(number))}}
-        if item.id:
-            block["accessory"] = {
-                "type": "button",
-                "action_id": FORGET_ITEM,
-                "value": item.id,
-                "text": {"type": "plain_text", "text": "Forget this"},
-            }
         blocks.append(block)
+        buttons = [_button(FORGET_ITEM, item.id, "Forget this")] if item.id else []
+        if item.shareable:
+            buttons.append(_button(SHARE_ITEM, item.id, "Share everywhere"))
+        if buttons:
+            blocks.append({"type": "actions", "elements": buttons})
     footer = "\n".join(line for line in lines[len(page.items) + 1 :] if line)
     blocks.append({"type": "context", "elements": [{"type": "mrkdwn", "text": escape(footer)}]})
     return blocks
+
+
+def _button(action_id: str, value: str, text: str) -> dict[str, Any]:
+    return {"type": "button", "action_id": action_id, "value": value, "text": {"type": "plain_text", "text": text}}
 
 
 def forget_about_blocks(preview: str, about: str) -> list[dict[str, Any]]:
@@ -153,8 +157,9 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
         user_id = f"{command.get('team_id')}:{command.get('user_id')}"
         verb, _, rest = str(command.get("text") or "").strip().partition(" ")
         try:
-            if verb.lower() == "forget" and rest.strip():
-                answer = await bot.forget_memory_item(PLATFORM, user_id, rest.strip())
+            if verb.lower() in ("forget", "share") and rest.strip():
+                act = bot.forget_memory_item if verb.lower() == "forget" else bot.share_memory_item
+                answer = await act(PLATFORM, user_id, rest.strip())
                 await _respond(respond, text=escape(answer), response_type="ephemeral")
                 return
             number = int(rest) if verb.lower() == "page" and rest.strip().isdecimal() else 1
@@ -189,16 +194,22 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
         blocks = forget_about_blocks(preview, about)
         await _respond(respond, text=escape(preview)[:3000], blocks=blocks, response_type="ephemeral")
 
-    async def forget_item(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
-        await ack()
-        user_id = _clicker(body)
-        item = str(((body.get("actions") or [{}])[0]).get("value") or "")
-        try:
-            answer = await bot.forget_memory_item(PLATFORM, user_id, item)
-        except Exception:
-            log.exception("slack: forgetting an item failed for %s", user_id)
-            answer = FORGET_FAILED
-        await _respond(respond, text=escape(answer), response_type="ephemeral", replace_original=False)
+    def item_button(act: Callable[[str, str, str], Awaitable[str]]) -> Callable[..., Awaitable[None]]:
+        """A /memory button ("Forget this", "Share everywhere"): its value is the item id,
+        the clicker is whose memory it acts on; the answer is a new ephemeral message."""
+
+        async def press(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
+            await ack()
+            user_id = _clicker(body)
+            item = str(((body.get("actions") or [{}])[0]).get("value") or "")
+            try:
+                answer = await act(PLATFORM, user_id, item)
+            except Exception:
+                log.exception("slack: a /memory button failed for %s", user_id)
+                answer = MEMORY_FAILED
+            await _respond(respond, text=escape(answer), response_type="ephemeral", replace_original=False)
+
+        return press
 
     async def forget_about(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
         await ack()
@@ -246,7 +257,8 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
     app.command("/forget")(forget)
     app.action(FORGET_CONFIRM)(confirm)
     app.action(FORGET_CANCEL)(cancel)
-    app.action(FORGET_ITEM)(forget_item)
+    app.action(FORGET_ITEM)(item_button(bot.forget_memory_item))
+    app.action(SHARE_ITEM)(item_button(bot.share_memory_item))
     app.action(FORGET_ABOUT)(forget_about)
     if callable(getattr(bot, "checkin_command", None)):  # a bot without check-ins leaves the command unanswered
         app.command("/checkin")(checkin)

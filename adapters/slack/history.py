@@ -87,11 +87,11 @@ class ChannelHistory:
             if message.get("subtype") not in SPOKEN or not text.strip():
                 continue
             user = str(message.get("user") or "")
+            their_team = str(message.get("user_team") or message.get("team") or team)
             if own and user == own:
                 author = self.directory.bot_name
             elif user and not message.get("bot_id"):
                 if user not in names:
-                    their_team = str(message.get("user_team") or message.get("team") or team)
                     names[user] = (await self.directory.person(their_team, user, message.get("user_profile"))).name
                 author = names[user]
             else:
@@ -99,5 +99,7 @@ class ChannelHistory:
             if own:
                 text = re.sub(rf"<@{re.escape(own)}(?:\|[^>]*)?>", f"@{self.directory.bot_name}", text)
             plain = slack_to_plain(text, self.directory.known_names(team)).strip()
-            lines.append(ChannelLine(author, plain, time_of(message.get("ts")), from_bot=bool(own) and user == own))
+            mine = bool(own) and user == own
+            author_id = f"{their_team}:{user}" if user else ""  # as the events' user_id (parse.py Origin)
+            lines.append(ChannelLine(author, plain, time_of(message.get("ts")), from_bot=mine, author_id=author_id))
         return lines

@@ -7,6 +7,7 @@ after a change, so its next event reads what is left."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from bot.events import agent_key
@@ -14,6 +15,8 @@ from bot.forgetting.erasing import Receipt
 from bot.forgetting.ledger import LedgerPage, UnknownItem, describe_found, forget_item, ledger_page
 from bot.forgetting.matching import Found
 from bot.forgetting.service import find_about, forget_about
+from memory.types import Block
+from memory.working_context import MemoryEditError
 
 if TYPE_CHECKING:
     from bot.agent import Agent
@@ -31,6 +34,8 @@ class LedgerCommands:
     leases: Leases
     _lanes: Lanes
     _agents: dict[str, Agent]
+    # Runtime's (the lease, the lane, the loaded agent reloaded): key, label, line id.
+    share_line: Callable[[str, str, str], Awaitable[Block]]
 
     async def ledger(self, key: str, page: int = 1) -> LedgerPage | None:
         async with self._lanes.hold(key):
@@ -62,7 +67,25 @@ class LedgerCommands:
             log.info("%s: selective forget: %s", key, receipt)
             return receipt
 
+    async def share_note(self, key: str, item_id: str) -> str:
+        """Show one note (working-context line) everywhere, by its ledger id; the answer."""
+        kind, _, line_id = item_id.strip().partition(":")
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            blocks = await self.store.load_blocks(record.id) if record else []
+        label = next((b.label for b in blocks for line in b.lines if line.id == line_id), None)
+        if kind != "note" or label is None:
+            return f"No note {item_id!r} (it may be forgotten already): /memory lists the ids."
+        try:
+            await self.share_line(key, label, line_id)
+        except MemoryEditError as error:
+            return str(error)
+        return "Shared: I now know this wherever we talk."
+
     # -- the port's (bot/ports.py) -------------------------------------------
+    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        return await self.share_note(agent_key(platform, user_id), item_id)
+
     async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
         return await self.ledger(agent_key(platform, user_id), page)
 

@@ -16,11 +16,12 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass
 
-from bot.forgetting.matching import Found, Matcher, block_lines, sentences
+from bot.forgetting.matching import Found, Matcher, sentences
 from bot.llm import LLMClient
 from bot.reports import plural
 from memory.store import Store
-from memory.types import Block, utc_now
+from memory.types import utc_now
+from memory.working_context import forget_lines
 
 log = logging.getLogger(__name__)
 
@@ -74,14 +75,9 @@ async def _drop_lines(store: Store, agent_id: str, found: Found) -> int:
     gone: dict[str, set[str]] = defaultdict(set)
     for line in found.lines:
         gone[line.label].add(line.id)
-    dropped = 0
-    for block in await store.load_blocks(agent_id):
-        if block.label not in gone:
-            continue
-        kept = [line.text for line in block_lines(block) if line.id not in gone[block.label]]
-        dropped += len(block_lines(block)) - len(kept)
-        await store.save_block(agent_id, Block(block.label, "\n".join(kept), block.limit))
-    return dropped
+    for label, ids in gone.items():
+        await forget_lines(store, agent_id, label, ids)
+    return len(found.lines)
 
 
 async def rewrite_summary(llm: LLMClient, matcher: Matcher, summary: str, model: str = "") -> str:

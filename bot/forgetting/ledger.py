@@ -18,7 +18,8 @@ from bot.forgetting.matching import Found, block_lines
 from bot.reports import only, plural
 from memory.places import DM_KEY, Place
 from memory.store import Store
-from memory.types import Block, utc_now
+from memory.types import utc_now
+from memory.working_context import forget_lines
 
 PAGE_SIZE = 10
 PREVIEW = 160  # characters of an item shown in the list
@@ -31,13 +32,20 @@ class Item:
     text: str
     place: str
     at: datetime | None
+    shared: bool = False  # a note the person made visible everywhere
+
+    @property
+    def shareable(self) -> bool:
+        """A note kept for some places only, which the person may show everywhere."""
+        return self.kind == "note" and not self.shared and not self.place.startswith("public:")
 
     def line(self, number: int) -> str:
         text = " ".join(self.text.split())
         text = text if len(text) <= PREVIEW else text[: PREVIEW - 1] + "…"
         when = f", {self.at:%Y-%m-%d %H:%M} UTC" if self.at else ""
+        shared = ", shared everywhere" if self.shared else ""
         name = f" [{self.id}]" if self.id else ""
-        return f"{number}. {KIND_LABELS[self.kind]}: {text} ({where(self.place)}{when}){name}"
+        return f"{number}. {KIND_LABELS[self.kind]}: {text} ({where(self.place)}{when}{shared}){name}"
 
 
 KIND_LABELS = {"note": "Note", "passage": "Saved", "summary": "Summary", "messages": "Messages", "message": "Message"}
@@ -61,6 +69,8 @@ class LedgerPage:
             "Forget one item: /memory forget <id>. Forget a topic everywhere: /forget about: <words>. "
             "Everything: /forget."
         )
+        if any(item.shareable for item in self.items):
+            lines.append("Let a note be known everywhere: /memory share <id>.")
         if self.page < self.pages:
             lines.append(f"More: /memory page {self.page + 1}.")
         return "\n".join(lines)
@@ -80,7 +90,8 @@ async def ledger_items(store: Store, agent_id: str) -> list[Item]:
     items: list[Item] = []
     for block in await store.load_blocks(agent_id):
         items.extend(
-            Item(f"note:{line.id}", "note", line.text, line.place, line.written_at) for line in block_lines(block)
+            Item(f"note:{line.id}", "note", line.text, line.place, line.written_at, line.shared)
+            for line in block_lines(block)
         )
     count = await store.count_passages(agent_id)
     for passage in await store.list_passages(agent_id, count, 0) if count else []:
@@ -133,10 +144,8 @@ async def forget_item(store: Store, agent_id: str, item_id: str) -> Receipt:
                 return Receipt(summaries=1)
     elif kind == "note":
         for block in await store.load_blocks(agent_id):
-            lines = block_lines(block)
-            kept = [line.text for line in lines if line.id != rest]
-            if len(kept) < len(lines):
-                await store.save_block(agent_id, Block(block.label, "\n".join(kept), block.limit))
+            if any(line.id == rest for line in block_lines(block)):
+                await forget_lines(store, agent_id, block.label, [rest])
                 await store.flush_deleted()
                 return Receipt(notes=1)
     raise UnknownItem(f"No item {item_id!r} (it may be forgotten already): /memory lists the ids.")

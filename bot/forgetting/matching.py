@@ -25,8 +25,8 @@ import numpy as np
 
 from memory.embeddings import Embedder
 from memory.search.analysis import query_terms, terms
-from memory.types import Block, ConversationRecord, Message, Passage
-from memory.working_context import PLACEHOLDERS
+from memory.types import OPERATOR_KEY, Block, ConversationRecord, Message, Passage
+from memory.working_context import is_placeholder
 
 # Cosine of all-MiniLM-L6-v2 embeddings above which an item is about the topic.
 MEANING_MATCH = 0.5
@@ -49,6 +49,7 @@ class Line:
     text: str
     place: str
     written_at: datetime
+    shared: bool = False  # shown everywhere (the person shared it)
 
 
 @dataclass(slots=True)
@@ -75,12 +76,12 @@ class Found:
 
 
 def block_lines(block: Block) -> list[Line]:
-    """A block's lines as ledger items (each line, its place and time); a
-    placeholder ("Nothing known yet") is nobody's memory."""
+    """A block's lines as ledger items, each with its place and time; the
+    operator's text (the default persona, a placeholder) is nobody's memory."""
     return [
-        Line(f"{block.label}:{number}", block.label, text, "dm", block.updated_at)
-        for number, text in enumerate(block.value.splitlines(), 1)
-        if text.strip() and text not in PLACEHOLDERS
+        Line(line.id, block.label, line.text, line.place, line.written_at, line.shared)
+        for line in block.lines
+        if line.text.strip() and line.place != OPERATOR_KEY and not is_placeholder(block, line)
     ]
 
 

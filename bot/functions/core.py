@@ -8,13 +8,14 @@ with every request, so that order is part of the prompt: keep it stable.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot.functions.registry import HEARTBEAT, PAGE, FunctionError, FunctionSet, Implementation, function_schema
 from memory.places import DM_KEY
-from memory.types import Message, Passage
-from memory.working_context import PRIVATE_BLOCK, MemoryEditError
+from memory.types import Block, Message, Passage
+from memory.working_context import MemoryEditError
 
 if TYPE_CHECKING:
     from bot.agent import Agent
@@ -24,15 +25,6 @@ MAX_ARCHIVAL_INSERT_CHARS = 8_000
 MIN_ITEM_TOKENS = 40
 
 BLOCK_NAME = {"type": "string", "description": "Block: persona, human or private (DMs only)."}
-PRIVATE_ELSEWHERE = (
-    "The private block can be edited only in a direct message with the person, where it is shown; "
-    "here others may read along. Keep this for their next DM, or save what is not private in human."
-)
-
-
-def _editable(agent: Agent, name: str) -> None:
-    if name == PRIVATE_BLOCK and not agent.place.is_dm:
-        raise FunctionError(PRIVATE_ELSEWHERE)
 
 
 SEND_MESSAGE = function_schema(
@@ -53,20 +45,16 @@ async def send_message(agent: Agent, args: dict[str, Any]) -> str:
 
 CORE_MEMORY_APPEND = function_schema(
     "core_memory_append",
-    "Append a line to a working context block.",
+    "Append a line to a working context block. It is shown where it may be read: written in a DM, only in DMs.",
     {"name": BLOCK_NAME, "content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
     ["name", "content", "request_heartbeat"],
 )
 
 
 async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
-    _editable(agent, args["name"])
-    try:
-        block = agent.working_context.append(args["name"], args["content"])
-    except MemoryEditError as error:
-        raise FunctionError(str(error)) from None
+    block = _edited(lambda: agent.working_context.append(args["name"], args["content"], agent.place))
     await agent.save_block(block)
-    return f"Appended. {block.label}: {len(block.value)}/{block.limit} chars."
+    return f"Appended. {block.label}: {agent.working_context.usage(block.label, agent.place)} chars."
 
 
 CORE_MEMORY_REPLACE = function_schema(
@@ -83,13 +71,37 @@ CORE_MEMORY_REPLACE = function_schema(
 
 
 async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
-    _editable(agent, args["name"])
+    context = agent.working_context
+    block = _edited(lambda: context.replace(args["name"], args["old_content"], args["new_content"], agent.place))
+    await agent.save_block(block)
+    return f"Replaced. {block.label}: {context.usage(block.label, agent.place)} chars."
+
+
+CORE_MEMORY_SHARE = function_schema(
+    "core_memory_share",
+    "Show a working context line written here (a DM, a private channel) in every place. Only when the person "
+    "asks for it to be known everywhere.",
+    {
+        "name": BLOCK_NAME,
+        "content": {"type": "string", "description": "Exact text from the one line to share."},
+        "request_heartbeat": HEARTBEAT,
+    },
+    ["name", "content", "request_heartbeat"],
+)
+
+
+async def core_memory_share(agent: Agent, args: dict[str, Any]) -> str:
+    block = _edited(lambda: agent.working_context.share(args["name"], args["content"], agent.place))
+    await agent.save_block(block)
+    return f"Shared: that line of {block.label} is now shown in every place."
+
+
+def _edited(edit: Callable[[], Block]) -> Block:
+    """The block an edit makes, or its refusal as the model's error."""
     try:
-        block = agent.working_context.replace(args["name"], args["old_content"], args["new_content"])
+        return edit()
     except MemoryEditError as error:
         raise FunctionError(str(error)) from None
-    await agent.save_block(block)
-    return f"Replaced. {block.label}: {len(block.value)}/{block.limit} chars."
 
 
 ARCHIVAL_MEMORY_INSERT = function_schema(
@@ -177,6 +189,7 @@ CORE_FUNCTIONS: list[tuple[dict[str, Any], Implementation]] = [
     (SEND_MESSAGE, send_message),
     (CORE_MEMORY_APPEND, core_memory_append),
     (CORE_MEMORY_REPLACE, core_memory_replace),
+    (CORE_MEMORY_SHARE, core_memory_share),
     (CONVERSATION_SEARCH, conversation_search),
     (CONVERSATION_SEARCH_DATE, conversation_search_date),
     (ARCHIVAL_MEMORY_INSERT, archival_memory_insert),

@@ -81,7 +81,7 @@ def register_forget_functions(functions: FunctionSet) -> None:
             found,
             messages=[m for m in found.messages if visible.sees(m.place)],
             passages=[p for p in found.passages if visible.sees(p.place)],
-            lines=[line for line in found.lines if visible.sees(line.place)],
+            lines=[line for line in found.lines if line.shared or visible.sees(line.place)],
             summaries=[c for c in found.summaries if visible.sees(c.place)],
         )
         listing = describe_found(shown) if not shown.empty else f"Matches for {topic!r} were found."

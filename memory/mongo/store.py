@@ -12,7 +12,8 @@ carries `agent_id`, and every query filters on it):
     agents    {_id: agent id, key, created_at, ready, [deleting]}
     conversations {agent_id, place, name, summary, queue_start_seq,
                summary_updated_at} (memory/mongo/conversations.py)
-    blocks    {agent_id, label, value, limit, updated_at, position}
+    blocks    {agent_id, label, lines, limit, updated_at, position}
+               (memory/mongo/blocks.py)
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
                tool_call_id, name, created_at, place, terms, [embedding]}
     passages  {_id: int id, agent_id, text, source, position, created_at,
@@ -74,6 +75,7 @@ from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
 from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 
 from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us, visible_filter
+from memory.mongo.blocks import block_fields, block_from_doc, upgrade_block_lines
 from memory.mongo.capabilities import detect, guarded, scrub
 from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
@@ -130,10 +132,6 @@ def _agent(doc: Doc) -> AgentRecord:
     return AgentRecord(doc["_id"], doc["key"], from_us(doc["created_at"]))
 
 
-def _block(doc: Doc) -> Block:
-    return Block(label=doc["label"], value=doc["value"], limit=doc["limit"], updated_at=from_us(doc["updated_at"]))
-
-
 def _message(doc: Doc) -> Message:
     return Message(
         seq=doc["seq"],
@@ -180,6 +178,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             await db.command("ping")
             await ensure_indexes(db)
             await upgrade_to_places(db)
+            await upgrade_block_lines(db)
             await upgrade_passage_terms(db["passages"])
             await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
@@ -213,14 +212,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             # next call; block inserts are idempotent (unique agent + label).
             now = to_us(datetime.now(UTC))
             blocks = [
-                {
-                    "agent_id": doc["_id"],
-                    "label": b.label,
-                    "value": b.value,
-                    "limit": b.limit,
-                    "updated_at": now,
-                    "position": n,
-                }
+                {"agent_id": doc["_id"], "label": b.label, **block_fields(b), "updated_at": now, "position": n}
                 for n, b in enumerate(default_blocks, 1)
             ]
             if blocks:
@@ -269,14 +261,14 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
     @guarded
     async def load_blocks(self, agent_id: str) -> list[Block]:
         cursor = self._c("blocks").find({"agent_id": agent_id}).sort([("position", ASCENDING), ("_id", ASCENDING)])
-        return [_block(doc) async for doc in cursor]
+        return [block_from_doc(doc) async for doc in cursor]
 
     @guarded
     async def save_block(self, agent_id: str, block: Block) -> None:
         await self._require_agent(agent_id)
         blocks = self._c("blocks")
         where = {"agent_id": agent_id, "label": block.label}
-        fields = {"value": block.value, "limit": block.limit, "updated_at": to_us(block.updated_at)}
+        fields = block_fields(block)
         # A new label goes last; an existing one keeps its place.
         last = await blocks.find_one({"agent_id": agent_id}, {"position": 1}, sort=[("position", DESCENDING)])
         position = (last["position"] if last else 0) + 1

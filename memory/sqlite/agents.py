@@ -21,7 +21,7 @@ from memory.types import AgentRecord, Block, ConversationRecord
 log = logging.getLogger("memory.sqlite.store")
 
 _AGENT_COLS = "id, key, created_at"
-_BLOCKS_SQL = 'SELECT label, value, "limit", updated_at FROM blocks WHERE agent_id = ? ORDER BY position'
+_BLOCKS_SQL = 'SELECT label, lines, "limit", updated_at FROM blocks WHERE agent_id = ? ORDER BY position'
 # In the ConversationRecord field order.
 _CONVERSATION_COLS = "agent_id, place, name, summary, queue_start_seq, summary_updated_at"
 
@@ -36,7 +36,7 @@ def _conversation(row: Sequence[Any]) -> ConversationRecord:
 
 
 def _block(row: Sequence[Any]) -> Block:
-    return Block(label=row[0], value=row[1], limit=row[2], updated_at=from_ts(row[3]))
+    return Block(row[0], limit=row[2], updated_at=from_ts(row[3]), lines=Block.lines_from_json(row[1]))
 
 
 class SQLiteAgents(SQLiteBase):
@@ -58,9 +58,9 @@ class SQLiteAgents(SQLiteBase):
             row = conn.execute(f"SELECT {_AGENT_COLS} FROM agents WHERE key = ?", (key,)).fetchone()
             if created:
                 conn.executemany(
-                    'INSERT INTO blocks (agent_id, label, value, "limit", updated_at, position)'
+                    'INSERT INTO blocks (agent_id, label, lines, "limit", updated_at, position)'
                     " VALUES (?, ?, ?, ?, ?, ?)",
-                    [(row[0], b.label, b.value, b.limit, now, n) for n, b in enumerate(default_blocks, 1)],
+                    [(row[0], b.label, b.lines_json(), b.limit, now, n) for n, b in enumerate(default_blocks, 1)],
                 )
             blocks = [_block(r) for r in conn.execute(_BLOCKS_SQL, (row[0],))]
         return _agent(row), blocks
@@ -121,12 +121,12 @@ class SQLiteAgents(SQLiteBase):
         with self._write() as conn:
             # A new label goes last; an existing one keeps its place.
             conn.execute(
-                'INSERT INTO blocks (agent_id, label, value, "limit", updated_at, position)'
+                'INSERT INTO blocks (agent_id, label, lines, "limit", updated_at, position)'
                 " VALUES (?, ?, ?, ?, ?,"
                 " (SELECT coalesce(max(position), 0) + 1 FROM blocks WHERE agent_id = ?))"
-                " ON CONFLICT (agent_id, label) DO UPDATE SET value = excluded.value,"
+                " ON CONFLICT (agent_id, label) DO UPDATE SET lines = excluded.lines,"
                 ' "limit" = excluded."limit", updated_at = excluded.updated_at',
-                (agent_id, block.label, block.value, block.limit, to_ts(block.updated_at), agent_id),
+                (agent_id, block.label, block.lines_json(), block.limit, to_ts(block.updated_at), agent_id),
             )
 
     # -- conversations: each place's FIFO queue state ------------------------

@@ -20,6 +20,7 @@ import sqlite3
 import time
 from collections.abc import Callable, Mapping, Sequence
 
+from memory.sqlite.block_lines import place_block_lines
 from memory.sqlite.terms import index_passages
 
 log = logging.getLogger(__name__)
@@ -487,3 +488,13 @@ def m013_passage_terms(conn: sqlite3.Connection) -> None:
         indexed += index_passages(conn, batch)
     if indexed:
         log.info("re-indexed %d archival passages for keyword search by analysed terms", indexed)
+
+
+@migration
+def m014_block_lines(conn: sqlite3.Connection) -> None:
+    # Working context by place (memory/working_context.py): a block's lines, each
+    # with the place it was written from, as JSON; what blocks held before counts
+    # as written in the DM, the safe side (memory/sqlite/block_lines.py).
+    _run(conn, "ALTER TABLE blocks ADD COLUMN lines TEXT NOT NULL DEFAULT '[]'")
+    place_block_lines(conn)
+    _run(conn, "ALTER TABLE blocks DROP COLUMN value")
