@@ -43,6 +43,10 @@ class BotPort(Protocol):
         """Forget one item by its ledger id; the answer to show (a receipt, or why not)."""
         ...
 
+    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
+        """`/memory search <words>`: the person's memory searched as the agent searches it; the answer."""
+        ...
+
     async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
         """Show one note (a working-context line) everywhere, the person's choice; the answer."""
         ...

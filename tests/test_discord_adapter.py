@@ -641,6 +641,28 @@ async def test_forget_asks_first_and_deletes_only_on_confirmation(discord_bot: H
     assert await discord_bot.agent_id(alice) is None
 
 
+async def test_forget_about_shows_the_matches_and_deletes_only_them_on_confirmation(discord_bot: Harness) -> None:
+    discord_bot.llm.set_handler(lambda request: say("Noted."))
+    alice = discord_bot.member("alice")
+    dm = await alice.create_dm()
+    await dpytest.message("my passport number is XK-88213", channel=dm, member=alice)
+    await dpytest.message("I like roses", channel=dm, member=alice)
+    sent()
+
+    await discord_bot.slash("forget", alice, dm, about="passport XK-88213")
+    await settle()
+    [question] = discord_bot.http.texts()
+    assert question.startswith("About 'passport XK-88213' I hold ") and "XK-88213" in question
+    assert set(discord_bot.http.buttons()[1]) == {"Delete all of this", "Cancel"}
+    agent_id = await discord_bot.agent_id(alice)
+    assert agent_id is not None
+    await discord_bot.press("Delete all of this", alice, dm)
+    await settle()
+    assert discord_bot.http.texts()[-1].startswith("Forgotten: ")
+    left = [m.searchable_text() for m in await discord_bot.runtime.store.messages_since(agent_id, 0)]
+    assert not [text for text in left if "XK-88213" in text] and any("roses" in text for text in left)
+
+
 @pytest.mark.parametrize("discord_bot", [0.05], indirect=True)  # the view's timeout, in seconds
 async def test_forget_times_out_without_deleting(discord_bot: Harness) -> None:
     discord_bot.llm.set_handler(lambda request: say("Noted."))

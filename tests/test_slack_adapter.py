@@ -591,6 +591,11 @@ async def test_memory_command_answers_privately(bot: SlackBot, llm_server: FakeL
     await bot.command("/memory", tag="again", text=f"forget {button['value']}")
     again = (await bot.slack.wait_for("response_url", 4))[3]
     assert again.args["text"].startswith("No item")
+    # `/memory search` searches as the agent does (the message is still held); a generous bound: the
+    # first search of the session waits for the embedding model to load.
+    await bot.command("/memory", tag="search", text="search jazz")
+    found = (await bot.slack.wait_for("response_url", 5, within=180))[4]
+    assert found.args["text"].startswith("Best matches for 'jazz'") and "I love jazz and blues" in found.args["text"]
 
 
 async def test_forget_command_asks_first_and_the_button_forgets(bot: SlackBot, llm_server: FakeLLMServer) -> None:
@@ -632,7 +637,7 @@ async def test_forget_about_shows_the_matches_and_the_button_forgets_them(
     await bot.texts(2)
 
     assert await bot.command("/forget", tag="ask", text="about: penicillin") == (200, "")
-    [question] = await bot.slack.wait_for("response_url")
+    [question] = await bot.slack.wait_for("response_url", within=60)
     assert question.args["response_type"] == "ephemeral"
     assert (
         "About 'penicillin' I hold " in question.args["text"]
@@ -646,7 +651,7 @@ async def test_forget_about_shows_the_matches_and_the_button_forgets_them(
     assert agent is not None and await bot.runtime.store.count_passages(agent.id) == 1  # nothing deleted yet
 
     assert (await bot.click(FORGET_ABOUT, tag="confirm", value=buttons[0]["value"]))[0] == 200
-    done = (await bot.slack.wait_for("response_url", 2))[1]
+    done = (await bot.slack.wait_for("response_url", 2, within=60))[1]
     assert done.args["replace_original"] is True and done.args["text"].startswith("Forgotten: ")
     assert "1 saved passage" in done.args["text"]
     assert await bot.runtime.store.count_passages(agent.id) == 0

@@ -98,7 +98,7 @@ class LedgerView(discord.ui.View):
 
 
 async def show_memory(
-    bot: BotPort, interaction: discord.Interaction, page: int = 1, forget: str = "", share: str = ""
+    bot: BotPort, interaction: discord.Interaction, page: int = 1, forget: str = "", share: str = "", search: str = ""
 ) -> None:
     """`/memory [page] [forget]`: one page of the ledger with its buttons, or one
     item forgotten by id (the text way to a button), only for the person who asked."""
@@ -107,6 +107,10 @@ async def show_memory(
     await interaction.response.defer(ephemeral=True, thinking=True)
     user_id = str(interaction.user.id)
     try:
+        if search.strip():
+            for text in split_message(await bot.search_memory_for(PLATFORM, user_id, search), MESSAGE_LIMIT)[:2]:
+                await interaction.followup.send(text, ephemeral=True)
+            return
         if forget.strip() or share.strip():
             act, item = (bot.forget_memory_item, forget) if forget.strip() else (bot.share_memory_item, share)
             await interaction.followup.send(await act(PLATFORM, user_id, item.strip()), ephemeral=True)
@@ -182,6 +186,7 @@ class ForgetAboutView(ForgetView):
     def __init__(self, bot: BotPort, user_id: int, about: str, *, timeout: float = FORGET_TIMEOUT) -> None:
         super().__init__(bot, user_id, timeout=timeout)
         self.about = about
+        self.confirm.label = "Delete all of this"  # type: ignore[attr-defined]
 
     async def forget(self) -> str:
         return await self.bot.forget_memories_about(PLATFORM, str(self.user_id), self.about)
@@ -221,10 +226,13 @@ def add_commands(tree: app_commands.CommandTree, bot: BotPort, *, forget_timeout
         page="which page of items",
         forget="the id of one item to forget, e.g. passage:12",
         share="the id of a note to let be known everywhere",
+        search="words to search your memory for, as I search it",
     )
     @app_commands.allowed_contexts(guilds=True, dms=True, private_channels=False)
-    async def memory(interaction: discord.Interaction, page: int = 1, forget: str = "", share: str = "") -> None:
-        await show_memory(bot, interaction, page, forget, share)
+    async def memory(
+        interaction: discord.Interaction, page: int = 1, forget: str = "", share: str = "", search: str = ""
+    ) -> None:
+        await show_memory(bot, interaction, page, forget, share, search)
 
     @tree.command(name="forget", description="Delete what I remember about you, or only about a topic (asks first).")
     @app_commands.describe(about="only what is about this topic, e.g. 'my diagnosis'")

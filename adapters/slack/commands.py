@@ -13,8 +13,9 @@ commands only call the bot's port.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
@@ -152,11 +153,14 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
     """Register `/memory`, `/forget` and the two buttons on the Bolt app."""
 
     async def memory(ack: AsyncAck, command: dict[str, Any], respond: AsyncRespond) -> None:
-        """`/memory`, `/memory page N`, `/memory forget <id>` (the text way to a button)."""
+        """`/memory`, `/memory page N`, `/memory search <words>`, `/memory forget|share <id>`."""
         await ack()
         user_id = f"{command.get('team_id')}:{command.get('user_id')}"
         verb, _, rest = str(command.get("text") or "").strip().partition(" ")
         try:
+            if verb.lower() == "search":
+                _later(search(user_id, rest, respond))
+                return
             if verb.lower() in ("forget", "share") and rest.strip():
                 act = bot.forget_memory_item if verb.lower() == "forget" else bot.share_memory_item
                 answer = await act(PLATFORM, user_id, rest.strip())
@@ -182,6 +186,10 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
             )
             return
         user_id = f"{command.get('team_id')}:{command.get('user_id')}"
+        # Searching may load the embedding model: the answer goes through response_url, after the ack.
+        _later(preview(user_id, about, respond))
+
+    async def preview(user_id: str, about: str, respond: AsyncRespond) -> None:
         try:
             preview = await bot.preview_forget_about(PLATFORM, user_id, about)
         except Exception:
@@ -193,6 +201,14 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
             return
         blocks = forget_about_blocks(preview, about)
         await _respond(respond, text=escape(preview)[:3000], blocks=blocks, response_type="ephemeral")
+
+    async def search(user_id: str, query: str, respond: AsyncRespond) -> None:
+        try:
+            answer = await bot.search_memory_for(PLATFORM, user_id, query)
+        except Exception:
+            log.exception("slack: /memory search failed for %s", user_id)
+            answer = MEMORY_FAILED
+        await _respond(respond, text=escape(answer)[:3000], response_type="ephemeral")
 
     def item_button(act: Callable[[str, str, str], Awaitable[str]]) -> Callable[..., Awaitable[None]]:
         """A /memory button ("Forget this", "Share everywhere"): its value is the item id,
@@ -213,8 +229,9 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
 
     async def forget_about(ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
         await ack()
-        user_id = _clicker(body)
-        about = str(((body.get("actions") or [{}])[0]).get("value") or "")
+        _later(forget_topic(_clicker(body), str(((body.get("actions") or [{}])[0]).get("value") or ""), respond))
+
+    async def forget_topic(user_id: str, about: str, respond: AsyncRespond) -> None:
         try:
             answer = await bot.forget_memories_about(PLATFORM, user_id, about)
         except Exception:
@@ -262,6 +279,17 @@ def add_commands(app: AsyncApp, bot: BotPort) -> None:
     app.action(FORGET_ABOUT)(forget_about)
     if callable(getattr(bot, "checkin_command", None)):  # a bot without check-ins leaves the command unanswered
         app.command("/checkin")(checkin)
+
+
+# Slash-command work that may outlast Slack's 3 seconds (a search, a selective forget),
+# answered through response_url once done; held here so it is not collected mid-way.
+_background: set[asyncio.Task[None]] = set()
+
+
+def _later(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
 
 
 async def _respond(respond: AsyncRespond, **message: Any) -> None:

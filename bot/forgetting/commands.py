@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from bot.events import agent_key
 from bot.forgetting.erasing import Receipt
-from bot.forgetting.ledger import LedgerPage, UnknownItem, describe_found, forget_item, ledger_page
+from bot.forgetting.ledger import Item, LedgerPage, UnknownItem, describe_found, forget_item, ledger_page
 from bot.forgetting.matching import Found
 from bot.forgetting.service import find_about, forget_about
 from memory.types import Block
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from memory.store import Store
 
 log = logging.getLogger(__name__)
+
+SEARCH_RESULTS = 5  # of each kind, for /memory search
 
 
 class LedgerCommands:
@@ -82,7 +84,29 @@ class LedgerCommands:
             return str(error)
         return "Shared: I now know this wherever we talk."
 
+    async def search_memory(self, key: str, query: str, limit: int = SEARCH_RESULTS) -> str:
+        """`/memory search <words>`: the person's own memory searched as the agent
+        searches it (conversation search's ranking, archival search's hybrid)."""
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None or not query.strip():
+                return "I hold nothing on you." if record is None else "Search for what? /memory search <words>"
+            messages = (await self.services.recall.search(record.id, query, limit)).items
+            passages = []
+            if await self.store.count_passages(record.id):
+                found = await self.services.archival.search(record.id, query, limit)
+                passages = [p for p, _ in found.items if getattr(p, "collection", None) is None]
+        items = [Item("", "message", m.content or m.searchable_text(), m.place, m.created_at) for m in messages]
+        items += [Item(f"passage:{p.id}", "passage", p.text, p.place, p.created_at) for p in passages]
+        if not items:
+            return f"Nothing held matches {query!r}."
+        lines = [f"Best matches for {query!r} (messages, then saved passages):"]
+        return "\n".join([*lines, *(item.line(n) for n, item in enumerate(items, 1))])
+
     # -- the port's (bot/ports.py) -------------------------------------------
+    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
+        return await self.search_memory(agent_key(platform, user_id), query)
+
     async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
         return await self.share_note(agent_key(platform, user_id), item_id)
 

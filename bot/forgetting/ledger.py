@@ -10,7 +10,7 @@ and `/memory forget <id>` and `memgpt-bot memory forget --item <id>` type it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 
 from bot.forgetting.erasing import Receipt
@@ -33,6 +33,7 @@ class Item:
     place: str
     at: datetime | None
     shared: bool = False  # a note the person made visible everywhere
+    place_name: str = ""  # "#general", when the place's conversation has one
 
     @property
     def shareable(self) -> bool:
@@ -45,7 +46,7 @@ class Item:
         when = f", {self.at:%Y-%m-%d %H:%M} UTC" if self.at else ""
         shared = ", shared everywhere" if self.shared else ""
         name = f" [{self.id}]" if self.id else ""
-        return f"{number}. {KIND_LABELS[self.kind]}: {text} ({where(self.place)}{when}{shared}){name}"
+        return f"{number}. {KIND_LABELS[self.kind]}: {text} ({where(self.place, self.place_name)}{when}{shared}){name}"
 
 
 KIND_LABELS = {"note": "Note", "passage": "Saved", "summary": "Summary", "messages": "Messages", "message": "Message"}
@@ -112,7 +113,8 @@ async def ledger_items(store: Store, agent_id: str) -> list[Item]:
         messages = await store.count_messages(agent_id, visible=only(conversation.place))
         if messages:
             items.append(Item("", "messages", plural(messages, "message"), conversation.place, None))
-    return items
+    names = {conversation.place: conversation.name for conversation in conversations if conversation.name}
+    return [replace(item, place_name=names.get(item.place, "")) for item in items]
 
 
 async def ledger_page(store: Store, agent_id: str, page: int = 1) -> LedgerPage:
