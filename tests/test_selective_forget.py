@@ -147,7 +147,10 @@ async def check_forgotten(runtime: Runtime, llm_server: FakeLLMServer, agent_id:
     assert replies[-1].text == "I remember you love hiking."
     later = llm_server.requests[after:]
     assert len(later) >= 2
-    leaking = [n for n, body in enumerate(later) if SECRET.search(json.dumps(body))]
+    # The bytes the server received, as sent: the parsed bodies are only what found them.
+    raw = [rec.raw_body.decode() for rec in llm_server.raw_requests if any(rec.body is body for body in later)]
+    assert len(raw) == len(later)
+    leaking = [n for n, body in enumerate(raw) if SECRET.search(body)]
     assert leaking == [], f"{len(leaking)} of {len(later)} requests after the forget still carry the words"
     assert "hiking" in json.dumps(later[-1])  # what was not forgotten is still there
 
