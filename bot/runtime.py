@@ -336,7 +336,11 @@ class Runtime(LedgerCommands):
             "user": key,
             "agent_id": record.id,
             "created_at": record.created_at.isoformat(),
-            "working_context": {b.label: {"value": b.value, "limit": b.limit} for b in blocks},
+            # Each line with where and when it was written: a restore keeps who may read it.
+            "working_context": {
+                b.label: {"value": b.value, "limit": b.limit, "lines": [line.record() for line in b.lines]}
+                for b in blocks
+            },
             "summary": next((c.summary for c in conversations if c.place == DM_KEY), ""),
             "conversations": [
                 {"place": c.place, "name": c.name, "summary": c.summary, "queue_start_seq": c.queue_start_seq}

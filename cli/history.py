@@ -23,7 +23,8 @@ from bot.reports import plural
 from cli.args import User
 from cli.common import EXIT_OK, CLIError, embed_recall, open_runtime, write
 from memory.search.conversation import embeddable
-from memory.types import Block, Message, Passage, Role
+from memory.types import Block, BlockLine, Message, Passage, Role, utc_now
+from memory.working_context import lines_from_before_places
 
 if TYPE_CHECKING:
     from bot.runtime import Runtime
@@ -157,10 +158,19 @@ def _restore(path: Path, exported: dict[str, Any]) -> History:
             where = f"working context block {label!r}"
             if not isinstance(block, dict) or not isinstance(block.get("value"), str):
                 raise ValueError("value must be a string")
-            history.blocks.append(Block(label=label, value=block["value"], limit=int(block["limit"])))
+            history.blocks.append(_block(label, block))
     except (ValueError, KeyError, TypeError) as error:
         raise CLIError(f"{path}: {where}: {error}; nothing was imported") from None
     return history
+
+
+def _block(label: str, exported: dict[str, Any]) -> Block:
+    """An exported block; one from before lines had places counts as written in the DM (the safe side)."""
+    if "lines" not in exported:
+        written = lines_from_before_places(exported["value"], utc_now())
+        return Block(label, limit=int(exported["limit"]), lines=written)
+    lines = [BlockLine.from_record(record) for record in exported["lines"]]
+    return Block(label, limit=int(exported["limit"]), lines=lines)
 
 
 def message_key(message: Message) -> tuple[str, str, str, int]:

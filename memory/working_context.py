@@ -5,7 +5,7 @@ BlockLine), and a place is shown only the lines it may read (memory/places.py
 Visibility): a DM every line; a private channel its own lines and public
 ones; a public channel only what was written in public places. A fact the
 model writes into `human` while answering a DM is a DM fact until the person
-shares it (`share`, `share_line`): which block the model picks keeps no
+shares it (`everywhere`, `share_line`): which block the model picks keeps no
 secret, the store does. The `private` block is shown, and editable, only in
 DMs. The operator's text (the default persona, placeholders) is shown
 everywhere.
@@ -41,6 +41,12 @@ PLACEHOLDERS = {"human": DEFAULT_HUMAN}
 PRIVATE_ELSEWHERE = (
     "The private block can be edited only in a direct message with the person, where it is shown; "
     "here others may read along. Keep this for their next DM, or save what is not private in human."
+)
+
+
+PRIVATE_UNSHARED = (
+    "The private block is shown only in DMs and cannot be shared everywhere. If the person wants this known "
+    "everywhere, save it in human with everywhere=true."
 )
 
 
@@ -82,9 +88,11 @@ class WorkingContext:
             raise MemoryEditError(f"No memory block named {name!r}. Blocks are: {known}.")
         return block
 
-    def _editable(self, name: str, place: Place) -> Block:
+    def _shareable(self, name: str, place: Place, everywhere: bool) -> Block:
         if name == PRIVATE_BLOCK and not place.is_dm:
             raise MemoryEditError(PRIVATE_ELSEWHERE)
+        if name == PRIVATE_BLOCK and everywhere:
+            raise MemoryEditError(PRIVATE_UNSHARED)
         return self.get(name)
 
     # -- what a place reads --------------------------------------------------
@@ -112,19 +120,25 @@ class WorkingContext:
         return "\n".join(parts)
 
     # -- edits (each returns the edited block; `commit` adopts it once stored) --
-    def append(self, name: str, content: str, place: Place) -> Block:
-        block = self._editable(name, place)
-        added = text_lines(content.strip(), place.key)
+    def append(self, name: str, content: str, place: Place, *, everywhere: bool = False) -> Block:
+        """`content` as new lines written from `place`; shown in every place if
+        `everywhere` (the person asked for it to be known)."""
+        block = self._shareable(name, place, everywhere)
+        added = [with_fields(line, shared=everywhere) for line in text_lines(content.strip(), place.key)]
         if not added:
             raise MemoryEditError("Nothing to append: content is empty.")
         # The placeholder goes once something real is written.
         kept = [line for line in block.lines if not is_placeholder(block, line)]
         return self._set(block, kept + added, place)
 
-    def replace(self, name: str, old_content: str, new_content: str, place: Place) -> Block:
+    def replace(
+        self, name: str, old_content: str, new_content: str, place: Place, *, everywhere: bool = False
+    ) -> Block:
         """Replace `old_content` in the lines `place` can see; the rewritten
-        lines are written from `place` (what is new was said here)."""
-        block = self._editable(name, place)
+        lines are written from `place` (what is new was said here). With
+        `everywhere` the lines it touches are shown in every place: replacing
+        a line's text with itself shares it."""
+        block = self._shareable(name, place, everywhere)
         if not old_content:
             raise MemoryEditError("old_content is empty; give the exact text to replace.")
         visible = Visibility.of(place)
@@ -150,10 +164,10 @@ class WorkingContext:
             for n, new_text in enumerate(new_texts):
                 old = old_lines[n] if n < len(old_lines) else None
                 if old is not None and old.text == new_text:
-                    lines.append(old)
+                    lines.append(with_fields(old, shared=True) if everywhere else old)
                 else:
                     line_id = old.id if old is not None else new_line_id()
-                    lines.append(BlockLine(new_text, place.key, now, line_id))
+                    lines.append(BlockLine(new_text, place.key, now, line_id, shared=everywhere))
             rewritten[seen[first]] = lines
             dropped.update(seen[k] for k in range(first, last + 1))
         result: list[BlockLine] = []
@@ -162,28 +176,6 @@ class WorkingContext:
             if index not in dropped:
                 result.append(line)
         return self._set(block, result, place)
-
-    def share(self, name: str, content: str, place: Place) -> Block:
-        """Show everywhere the one line, seen from `place`, that contains `content`
-        (the model's way, when the person asks for it to be known)."""
-        block = self._editable(name, place)
-        if name == PRIVATE_BLOCK:
-            raise MemoryEditError(
-                "The private block is shown only in DMs and cannot be shared. If the person wants this known "
-                "everywhere, save it in human with core_memory_append, then share that line."
-            )
-        visible = Visibility.of(place)
-        matches = [line for line in block.lines if sees(visible, line) and content and content in line.text]
-        if not matches:
-            raise MemoryEditError(
-                f"No line of block {name!r} as shown here contains that content. Copy part of the line exactly."
-            )
-        if len(matches) > 1:
-            raise MemoryEditError(f"{len(matches)} lines contain that content; give more of the one line to share.")
-        line = matches[0]
-        if line.shared or line.place == OPERATOR_KEY or line.place.startswith("public:"):
-            raise MemoryEditError("That line is already shown in every place.")
-        return self._shared(block, line.id)
 
     def share_line(self, name: str, line_id: str) -> Block:
         """Show line `line_id` of block `name` everywhere (the person's own way, from /memory)."""

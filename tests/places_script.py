@@ -7,7 +7,7 @@ what the agent does in each place:
 - ``CMD save <text>``     archival_memory_insert(text)
 - ``CMD private <text>``  core_memory_append("private", text)
 - ``CMD human <text>``    core_memory_append("human", text) (``CMD persona``: the persona block)
-- ``CMD share <text>``    core_memory_share("human", text)
+- ``CMD share <text>``    core_memory_replace("human", text, text, everywhere=true)
 - ``CMD find <query>``    conversation_search, conversation_search_date
   (yesterday to tomorrow: every recent message the store lets through) and
   archival_memory_search, all at once
@@ -78,7 +78,11 @@ def scripted_model(request: dict[str, Any]) -> Reply:
         )
     if verb == "share":
         return reply_tool_calls(
-            tool_call("core_memory_share", {"name": "human", "content": text, "request_heartbeat": True})
+            tool_call(
+                "core_memory_replace",
+                {"name": "human", "old_content": text, "new_content": text}
+                | {"everywhere": True, "request_heartbeat": True},
+            )
         )
     if verb == "find":
         return reply_tool_calls(*search_everything(text))

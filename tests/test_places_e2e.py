@@ -48,6 +48,7 @@ __all__ = ["fake_slack", "start_bot"]  # fixtures, imported to be found here
 DIAGNOSIS, CODEWORD = "hypothyroidism", "pumpernickel"  # said in the DM only
 TEAM_SECRET = "quillwort"  # said in the private channel
 THEIRS = "heliotrope"  # in another person's line in the public channel, before the mention
+MINE = "I'll bring the cake"  # the person's own line there, not addressed to the bot
 ASK = "what is my codeword? search your memory"
 
 REMEMBER = re.compile(r"remember: ([^\n]*)")
@@ -86,7 +87,8 @@ def say(text: str) -> Reply:
 
 def story_model(request: dict[str, Any]) -> Reply:
     """The person's words, taken as a helpful model would: "remember: X" saves X
-    to archival memory and to the private block; "what is my W?" runs every
+    to archival memory, to the private block and to human (the MemGPT move that
+    leaked a DM fact into every channel before lines had places); "what is my W?" runs every
     search for W, then answers with each line of the results that names W (so
     whatever the store let through is in the reply); anything else is heard."""
     messages = request.get("messages") or []
@@ -110,6 +112,7 @@ def story_model(request: dict[str, Any]) -> Reply:
         return reply_tool_calls(
             tool_call("archival_memory_insert", {"content": fact, "request_heartbeat": True}),
             tool_call("core_memory_append", {"name": "private", "content": fact, "request_heartbeat": True}),
+            tool_call("core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True}),
         )
     return say("Heard you.")
 
@@ -190,8 +193,17 @@ def check(story: Story, database: Path, public_channel: str) -> None:
     for _, text in story.public_asks.replies:
         assert "I found:" in text and not any(word in text for word in (DIAGNOSIS, CODEWORD, TEAM_SECRET))
 
-    # Other people's lines are read with the mention and kept nowhere.
+    # The DM facts the model put in human are in the DM's working context, and only there.
+    human = re.findall(r"<human[^>]*>[^<]*", system_prompt(story.dm_asks))
+    assert human and DIAGNOSIS in human[0] and TEAM_SECRET in human[0]
+    assert TEAM_SECRET in re.findall(r"<human[^>]*>[^<]*", system_prompt(story.team_asks))[0]
+
+    # Other people's lines are read with the mention and kept nowhere; the person's own
+    # line there is marked as theirs, the others' are not.
     assert THEIRS in story.public_asks.bodies[0]
+    context = json.loads(story.public_asks.bodies[0])["messages"][-1]["content"]
+    assert re.search(rf"\(this person\): {re.escape(MINE)}", context), context
+    assert re.search(rf"\] [^\n(]+: my locker code is {THEIRS}", context), context
     assert story.dm_asks.holding(THEIRS) == []
     assert tables_containing(database, THEIRS) == set()
 
@@ -243,6 +255,7 @@ async def test_slack_a_dm_stays_in_the_dm(start_bot: Start, fake_slack: FakeSlac
     team_asks = await slack_turn(bot, llm_server, slack_mention(fake_slack, TEAM_ID, ASK))
     fake_slack.add_message(PUBLIC_ID, "U2", f"my locker code is {THEIRS}, don't tell")
     fake_slack.add_message(PUBLIC_ID, "U3", "lunch at noon?")
+    fake_slack.add_message(PUBLIC_ID, "U1", MINE)
     public_asks = await slack_turn(bot, llm_server, slack_mention(fake_slack, PUBLIC_ID, ASK))
     dm_asks = await slack_turn(bot, llm_server, dm("what is my codeword?"))
 
@@ -328,6 +341,7 @@ async def test_discord_a_dm_stays_in_the_dm(guild: Guild, llm_server: FakeLLMSer
     )
     team_asks = await discord_turn(llm_server, guild.mention(ASK), team, alice)
     backend.make_message(f"my locker code is {THEIRS}, don't tell", bob, general)
+    backend.make_message(MINE, alice, general)
     await dpytest.run_all_events()
     public_asks = await discord_turn(llm_server, guild.mention(ASK), general, alice)
     dm_asks = await discord_turn(llm_server, "what is my codeword?", direct, alice)

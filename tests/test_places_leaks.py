@@ -192,12 +192,12 @@ async def test_a_line_is_shown_everywhere_once_shared(runtime: Runtime, llm_serv
     kept, tomatoes = talk.scan.secret(DM), new_value()
     await talk.say(DM, f"CMD human keeps {kept} to themself")
     await talk.say(DM, f"CMD human grows tomatoes {tomatoes}")
-    answer = dumps(await talk.say(DM, f"CMD share tomatoes {tomatoes}"))
-    assert "now shown in every place" in answer
+    await talk.say(DM, f"CMD share tomatoes {tomatoes}")
     public = system_text(await talk.say(PUBLIC, "CMD say hi"))
     assert tomatoes in public and kept not in public
-    refused = dumps(await talk.say(PUBLIC, f"CMD share tomatoes {tomatoes}"))
-    assert "already shown in every place" in refused
+    # A channel cannot share what it may not read, nor learn that it exists.
+    refused = dumps(await talk.say(PUBLIC, "CMD share to themself"))
+    assert "not found in block 'human' as shown here" in refused
     assert not talk.scan.leaking_requests()
 
     # The person shares the other line from /memory, by its id.

@@ -138,26 +138,35 @@ def test_the_private_block_is_for_dms_only() -> None:
             wc.append(PRIVATE_BLOCK, "a confidence", place)
     edit(wc, wc.append(PRIVATE_BLOCK, "a confidence", DM))
     with pytest.raises(MemoryEditError, match="cannot be shared"):
-        wc.share(PRIVATE_BLOCK, "confidence", DM)
+        wc.replace(PRIVATE_BLOCK, "confidence", "confidence", DM, everywhere=True)
+    with pytest.raises(MemoryEditError, match="cannot be shared"):
+        wc.share_line(PRIVATE_BLOCK, wc.get(PRIVATE_BLOCK).lines[0].id)
 
 
 def test_sharing_a_line() -> None:
     wc = context()
     edit(wc, wc.append("human", "grows tomatoes", DM))
     edit(wc, wc.append("human", "grows basil", DM))
-    with pytest.raises(MemoryEditError, match="2 lines contain"):
-        wc.share("human", "grows", DM)
-    edit(wc, wc.share("human", "tomatoes", DM))
+    # A line replaced by itself everywhere is shared, as it was written (its id and place kept).
+    before = wc.get("human").lines[0]
+    edit(wc, wc.replace("human", "tomatoes", "tomatoes", DM, everywhere=True))
+    after = wc.get("human").lines[0]
+    assert (after.id, after.place, after.text, after.shared) == (before.id, DM.key, before.text, True)
     assert human_shown(wc, PUBLIC) == "grows tomatoes"
-    with pytest.raises(MemoryEditError, match="already shown in every place"):
-        wc.share("human", "tomatoes", DM)
     # A channel cannot share what it cannot see (and is not told it exists).
     with pytest.raises(MemoryEditError, match="as shown here"):
-        wc.share("human", "basil", PUBLIC)
-    # A private channel's own line can be shared from there.
+        wc.replace("human", "basil", "basil", PUBLIC, everywhere=True)
+    # A private channel's own line can be shared from there; a new line can be written everywhere.
     edit(wc, wc.append("human", "leads the team", TEAM))
-    edit(wc, wc.share("human", "leads", TEAM))
-    assert "leads the team" in human_shown(wc, OTHER_PUBLIC)
+    edit(wc, wc.replace("human", "leads the team", "leads the team since May", TEAM, everywhere=True))
+    edit(wc, wc.append("human", "just got a new job", DM, everywhere=True))
+    assert human_shown(wc, OTHER_PUBLIC).splitlines() == [
+        "grows tomatoes",
+        "leads the team since May",
+        "just got a new job",
+    ]
+    with pytest.raises(MemoryEditError, match="cannot be shared"):
+        wc.append(PRIVATE_BLOCK, "a confidence", DM, everywhere=True)
 
 
 def test_share_and_forget_by_line_id() -> None:

@@ -43,18 +43,24 @@ async def send_message(agent: Agent, args: dict[str, Any]) -> str:
     return "Sent."
 
 
+# Lines written in a DM (or a private channel) are shown only where they may be read;
+# this shows the lines an edit touches everywhere: a line replaced by itself is shared
+# (memory/working_context.py).
+EVERYWHERE = {"type": "boolean", "description": "Share in every place (only if the person asks)."}
+
 CORE_MEMORY_APPEND = function_schema(
     "core_memory_append",
-    "Append a line to a working context block. It is shown where it may be read: written in a DM, only in DMs.",
+    "Append a line to a working context block.",
     {"name": BLOCK_NAME, "content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
     ["name", "content", "request_heartbeat"],
 )
 
 
 async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
-    block = _edited(lambda: agent.working_context.append(args["name"], args["content"], agent.place))
+    context = agent.working_context
+    block = _edited(lambda: context.append(args["name"], args["content"], agent.place))
     await agent.save_block(block)
-    return f"Appended. {block.label}: {agent.working_context.usage(block.label, agent.place)} chars."
+    return f"Appended. {block.label}: {context.usage(block.label, agent.place)} chars.{_where_shown(agent)}"
 
 
 CORE_MEMORY_REPLACE = function_schema(
@@ -64,6 +70,7 @@ CORE_MEMORY_REPLACE = function_schema(
         "name": BLOCK_NAME,
         "old_content": {"type": "string", "description": "Exact text to replace."},
         "new_content": {"type": "string"},
+        "everywhere": EVERYWHERE,
         "request_heartbeat": HEARTBEAT,
     },
     ["name", "old_content", "new_content", "request_heartbeat"],
@@ -71,29 +78,21 @@ CORE_MEMORY_REPLACE = function_schema(
 
 
 async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
-    context = agent.working_context
-    block = _edited(lambda: context.replace(args["name"], args["old_content"], args["new_content"], agent.place))
+    context, everywhere = agent.working_context, bool(args.get("everywhere", False))
+    old, new = args["old_content"], args["new_content"]
+    block = _edited(lambda: context.replace(args["name"], old, new, agent.place, everywhere=everywhere))
     await agent.save_block(block)
-    return f"Replaced. {block.label}: {context.usage(block.label, agent.place)} chars."
+    shown = "" if everywhere else _where_shown(agent)
+    return f"Replaced. {block.label}: {context.usage(block.label, agent.place)} chars.{shown}"
 
 
-CORE_MEMORY_SHARE = function_schema(
-    "core_memory_share",
-    "Show a working context line written here (a DM, a private channel) in every place. Only when the person "
-    "asks for it to be known everywhere.",
-    {
-        "name": BLOCK_NAME,
-        "content": {"type": "string", "description": "Exact text from the one line to share."},
-        "request_heartbeat": HEARTBEAT,
-    },
-    ["name", "content", "request_heartbeat"],
-)
-
-
-async def core_memory_share(agent: Agent, args: dict[str, Any]) -> str:
-    block = _edited(lambda: agent.working_context.share(args["name"], args["content"], agent.place))
-    await agent.save_block(block)
-    return f"Shared: that line of {block.label} is now shown in every place."
+def _where_shown(agent: Agent) -> str:
+    """Where a line written from here is shown, for a place that does not show it everywhere."""
+    if agent.place.is_dm:
+        return " Shown in DMs only (everywhere=true on core_memory_replace shares it, if the person asks)."
+    if agent.place.kind == "private":
+        return " Shown in this channel and DMs only."
+    return ""
 
 
 def _edited(edit: Callable[[], Block]) -> Block:
@@ -189,7 +188,6 @@ CORE_FUNCTIONS: list[tuple[dict[str, Any], Implementation]] = [
     (SEND_MESSAGE, send_message),
     (CORE_MEMORY_APPEND, core_memory_append),
     (CORE_MEMORY_REPLACE, core_memory_replace),
-    (CORE_MEMORY_SHARE, core_memory_share),
     (CONVERSATION_SEARCH, conversation_search),
     (CONVERSATION_SEARCH_DATE, conversation_search_date),
     (ARCHIVAL_MEMORY_INSERT, archival_memory_insert),

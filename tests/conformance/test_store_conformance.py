@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from memory.store import Store
-from memory.types import AgentRecord, Block, Message, Passage
+from memory.types import AgentRecord, Block, BlockLine, Message, Passage
 
 T0 = datetime(2024, 5, 17, 9, 30, 15, 123456, tzinfo=UTC)
 
@@ -118,20 +118,39 @@ async def test_delete_unknown_agent_is_harmless(store: Store) -> None:
 async def test_blocks_round_trip_and_keep_their_order(store: Store) -> None:
     agent = await new_agent(store)
     when = datetime(2024, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
-    await store.save_block(agent.id, Block("notes", "likes tea", 300, updated_at=when))
+    notes = Block("notes", "likes tea", 300, updated_at=when)
+    await store.save_block(agent.id, notes)
     blocks = await store.load_blocks(agent.id)
     assert [b.label for b in blocks] == ["persona", "human", "notes"]
-    assert blocks[2] == Block("notes", "likes tea", 300, updated_at=when)
+    assert blocks[2] == notes
     assert_utc(blocks[2].updated_at)
+
+
+async def test_block_lines_keep_their_place_time_id_and_sharing(store: Store) -> None:
+    agent = await new_agent(store)
+    lines = [
+        BlockLine("diagnosed with hypothyroidism", "dm", T0),
+        BlockLine("works on the atlas project", "private:G1", T0 + timedelta(microseconds=1)),
+        BlockLine("grows tomatoes, café au lait", "dm", T0 + timedelta(hours=1), shared=True),
+        BlockLine("likes the lunch place", "public:C1", T0 + timedelta(days=1)),
+    ]
+    await store.save_block(agent.id, Block("human", limit=2000, lines=lines, updated_at=T0))
+    [loaded] = [b for b in await store.load_blocks(agent.id) if b.label == "human"]
+    assert loaded.lines == lines
+    assert all(line.written_at.utcoffset() == timedelta(0) for line in loaded.lines)
+    await store.save_block(agent.id, Block("human", limit=2000, lines=lines[1:], updated_at=T0))
+    [loaded] = [b for b in await store.load_blocks(agent.id) if b.label == "human"]
+    assert loaded.lines == lines[1:], "a save replaces the block's lines whole"
 
 
 async def test_save_block_replaces_whole_block_in_place(store: Store) -> None:
     agent = await new_agent(store)
     later = T0 + timedelta(hours=1)
-    await store.save_block(agent.id, Block("persona", "I am terse.", 150, updated_at=later))
+    terse = Block("persona", "I am terse.", 150, updated_at=later)
+    await store.save_block(agent.id, terse)
     blocks = await store.load_blocks(agent.id)
     assert [b.label for b in blocks] == ["persona", "human"]
-    assert blocks[0] == Block("persona", "I am terse.", 150, updated_at=later)
+    assert blocks[0] == terse
 
 
 # -- FIFO queue state ------------------------------------------------------
