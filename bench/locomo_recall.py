@@ -15,16 +15,24 @@ The latency target is for an agent of 10,000 messages: --scale N imports the
 four conversations repeated (each copy a year later) into one agent of N
 messages and times every question against it.
 
-    python bench/locomo_recall.py [--data DIR] [--mongodb URI] [--scale 10000] [--no-scale]
+--path cli runs the same questions through the operator's command line
+instead: each conversation is written as JSON lines, loaded with
+`memgpt-bot memory import` and searched with `memgpt-bot memory search
+--recall - --json` (real processes on a fresh data folder), so its recall@k
+can be set beside the agent's (they must be equal).
+
+    python bench/locomo_recall.py [--data DIR] [--mongodb URI] [--scale 10000] [--no-scale] [--path agent|cli|both]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -135,6 +143,36 @@ async def run_backend(
     return scores, latencies
 
 
+def run_cli(conversations: list[Conversation], folder: Path) -> Scores:
+    """recall@k of `memgpt-bot memory import` then `memory search --recall`, as processes."""
+    scores = Scores()
+    command = [sys.executable, "-m", "cli.main"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for number, conversation in enumerate(conversations):
+        data = folder / f"cli-{number}"
+        data.mkdir()
+        history = data / "history.jsonl"
+        history.write_text(
+            "".join(
+                json.dumps({"role": t.role, "content": t.content, "timestamp": t.at.isoformat()}) + "\n"
+                for t in conversation.turns
+            ),
+            encoding="utf-8",
+        )
+        user = ["--data-dir", str(data), "--user", "locomo"]
+        subprocess.run([*command, "memory", "import", *user, str(history)], check=True, cwd=data, env=env)
+        questions = "".join(question.text.replace("\n", " ") + "\n" for question in conversation.questions)
+        search = [*command, "memory", "search", *user, "--recall", "-", "--json", "--limit", str(max(K))]
+        answered = subprocess.run(search, input=questions, capture_output=True, text=True, cwd=data, env=env)
+        if answered.returncode:
+            raise SystemExit(f"memory search failed: {answered.stderr.strip()}")
+        answers = [json.loads(line) for line in answered.stdout.splitlines() if line.strip()]
+        by_seq = {n: turn.dia_id for n, turn in enumerate(conversation.turns, start=1)}
+        for question, answer in zip(conversation.questions, answers, strict=True):
+            scores.add(question.category, [by_seq[item["seq"]] for item in answer["results"]], question.evidence)
+    return scores
+
+
 async def scale_latency(
     backend: str, conversations: list[Conversation], embedder: Embedder, mongodb: str | None, folder: Path, size: int
 ) -> list[float]:
@@ -200,6 +238,12 @@ async def main() -> None:
     parser.add_argument("--mongodb", help="also run against this MongoDB (a database per conversation, dropped after)")
     parser.add_argument("--scale", type=int, default=10_000, help="messages in the latency agent")
     parser.add_argument("--no-scale", action="store_true", help="skip the large-agent latency run")
+    parser.add_argument(
+        "--path",
+        choices=("agent", "cli", "both"),
+        default="agent",
+        help="search as the agent does (RecallMemory), through `memgpt-bot memory import/search`, or both",
+    )
     args = parser.parse_args()
 
     conversations = load(args.data)
@@ -210,10 +254,12 @@ async def main() -> None:
 
     embedder = Embedder()
     await embedder.warm_up()
-    backends = ["sqlite", *(["mongodb"] if args.mongodb else [])]
+    backends = ["sqlite", *(["mongodb"] if args.mongodb else [])] if args.path != "cli" else []
     results: dict[str, Scores] = {}
     timings: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        if args.path != "agent":
+            results["cli"] = await asyncio.to_thread(run_cli, conversations, Path(tmp))
         for backend in backends:
             results[backend], timings[backend] = await run_backend(
                 backend, conversations, embedder, args.mongodb, Path(tmp)

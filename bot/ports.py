@@ -8,6 +8,7 @@ from pathlib import PurePath
 from typing import Any, Protocol
 
 from bot.events import Delivery, Event, Redo, Reply
+from bot.forgetting.ledger import LedgerPage
 from memory.ingest.documents import document_kind
 
 
@@ -33,6 +34,31 @@ class BotPort(Protocol):
 
     async def forget_user(self, platform: str, user_id: str) -> bool:
         """Delete everything held on this user (for /forget); whether there was anything."""
+        ...
+
+    # The memory ledger (bot/forgetting/): what is held, item by item, and selective forget.
+    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
+        """One page of the items held on this user (for /memory); None if nothing."""
+        ...
+
+    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        """Forget one item by its ledger id; the answer to show (a receipt, or why not)."""
+        ...
+
+    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
+        """`/memory search <words>`: the person's memory searched as the agent searches it; the answer."""
+        ...
+
+    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        """Show one note (a working-context line) everywhere, the person's choice; the answer."""
+        ...
+
+    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
+        """What forgetting `about` would delete, to confirm (for /forget about:); None if nothing."""
+        ...
+
+    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
+        """Forget everything about `about`, everywhere; the receipt."""
         ...
 
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:

@@ -24,7 +24,9 @@ from bot.durable.leases import Leases, leases_for
 from bot.durable.outbox import NOTICE_SUFFIX, Outbox, outbox_entry, unconfirmed
 from bot.durable.store_wait import StoreWait
 from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
+from bot.forgetting.commands import LedgerCommands
 from bot.functions.core import build_core_functions
+from bot.functions.forget import register_forget_functions
 from bot.limits import UsageLimits
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
@@ -55,7 +57,7 @@ def default_store(settings: Settings) -> Store:
     return open_store(sqlite_url(Path(settings.data_dir) / "memgpt.sqlite3"))
 
 
-class Runtime:
+class Runtime(LedgerCommands):
     def __init__(
         self,
         settings: Settings,
@@ -109,6 +111,7 @@ class Runtime:
         self.checkin_settings = checkin_settings or settings.checkins
         self.schedules = store.schedules
         # Registered before any agent loads: each agent counts the schemas once.
+        register_forget_functions(self.services.functions)  # selective forget in chat (bot/functions/forget.py)
         register_checkin_functions(
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
         )

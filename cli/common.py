@@ -154,3 +154,15 @@ def fixed_prompt_tokens(runtime: Runtime) -> int:
         + counter.count(blocks.render())
         + 64  # section headings, the memory status line and the message wrappers
     )
+
+
+async def embed_recall(runtime: Runtime, agent_id: str, total: int | None = None) -> int:
+    """Embed every message of the agent still without a vector before going on
+    (after an import, before a search: results as complete as the agent's own
+    a day later), with a progress bar on a terminal's standard error."""
+    from tqdm import tqdm
+
+    with tqdm(
+        total=total, desc="embed", unit="message", file=sys.stderr, delay=2.0, disable=not isatty(sys.stderr)
+    ) as bar:
+        return await runtime.recall.embed_all(agent_id, bar.update)

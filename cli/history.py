@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, get_args
 from bot.config import Settings
 from bot.reports import plural
 from cli.args import User
-from cli.common import EXIT_OK, CLIError, open_runtime, write
+from cli.common import EXIT_OK, CLIError, embed_recall, open_runtime, write
+from memory.search.conversation import embeddable
 from memory.types import Block, BlockLine, Message, Passage, Role, utc_now
 from memory.working_context import lines_from_before_places
 
@@ -195,6 +196,10 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
                 fresh.append(message)
         count = await runtime.import_history(user.key, fresh)
         restored = await _restore_archive(runtime, user.key, history, new_user=record is None)
+        agent = await runtime.store.find_agent(user.key)
+        if count and agent is not None:
+            # Searchable by meaning when this returns, not only after the agent's next searches.
+            await embed_recall(runtime, agent.id, sum(1 for message in fresh if embeddable(message)))
     finally:
         await runtime.close()
     skipped = len(history.messages) - len(fresh)

@@ -2,10 +2,10 @@
 place that turns every failure into one line.
 
     memgpt-bot [--data-dir PATH] [--env-file PATH] [-v] chat --user NAME
-    memgpt-bot memory show   --user NAME [--json]
-    memgpt-bot memory search --user NAME (--recall QUERY | --archival QUERY) [--limit K] [--json]
+    memgpt-bot memory show   --user NAME [--page N] [--json]
+    memgpt-bot memory search --user NAME (--recall QUERY | --archival QUERY) [--limit K] [--place P] [--json]
     memgpt-bot memory export --user NAME
-    memgpt-bot memory forget --user NAME [--yes]
+    memgpt-bot memory forget --user NAME [--about WORDS | --item ID] [--yes]
     memgpt-bot memory import --user NAME FILE
     memgpt-bot limits show|exempt|unexempt|reset USER
     memgpt-bot --version

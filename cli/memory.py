@@ -13,9 +13,22 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bot.config import Settings
+from bot.forgetting.ledger import PAGE_SIZE, Item, UnknownItem, describe_found, ledger_items
 from bot.reports import plural, render_description
 from cli.args import User
-from cli.common import EXIT_ERROR, EXIT_OK, CLIError, dumps, isatty, iso, open_runtime, read_line, unknown, write
+from cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    CLIError,
+    dumps,
+    embed_recall,
+    isatty,
+    iso,
+    open_runtime,
+    read_line,
+    unknown,
+    write,
+)
 from memory.places import Place, Visibility
 from memory.types import Message, Passage
 
@@ -50,8 +63,15 @@ def add_memory_commands(
 ) -> None:
     """`show`, `search`, `export` and `forget` under `memory`; `parents` carry
     the global options and `--user`."""
-    show = actions.add_parser("show", parents=parents, help="working context, summary and counts")
+    show = actions.add_parser(
+        "show",
+        parents=parents,
+        help="what is held, item by item, with where and when each was learned",
+        description="Working context, summaries and counts, then every item held (notes, saved passages, "
+        "summaries, messages per place) with its id for `memory forget --item`.",
+    )
     show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--page", type=_positive, metavar="N", help="only page N of the items (10 a page)")
     show.set_defaults(func=cmd_show)
 
     search = actions.add_parser(
@@ -63,7 +83,9 @@ def add_memory_commands(
         "Results are listed best first, numbered by rank.",
     )
     where = search.add_mutually_exclusive_group(required=True)
-    where.add_argument("--recall", metavar="QUERY", help="search every past message by words")
+    where.add_argument(
+        "--recall", metavar="QUERY", help="search every past message as the agent does (meaning, words, context, time)"
+    )
     where.add_argument("--archival", metavar="QUERY", help="search saved passages by meaning")
     search.add_argument("--limit", type=_positive, default=10, metavar="K", help="results per query (default 10)")
     search.add_argument(
@@ -85,8 +107,16 @@ def add_memory_commands(
     forget = actions.add_parser(
         "forget",
         parents=parents,
-        help="delete everything held on the user",
-        description="Asks for confirmation at a terminal; without one (a pipe, a script) --yes is required.",
+        help="delete everything held on the user, one item, or everything about a topic",
+        description="Without --about or --item, deletes everything. With --about, finds the messages, passages, "
+        "notes and summaries about the topic (the agent's own search), shows them, and deletes them and "
+        "rewrites the summaries. Asks for confirmation at a terminal; without one (a pipe, a script) --yes "
+        "is required.",
+    )
+    what = forget.add_mutually_exclusive_group()
+    what.add_argument("--about", metavar="WORDS", help="forget everything about this topic, everywhere")
+    what.add_argument(
+        "--item", metavar="ID", help="forget one item of `memory show` (note:..., passage:N, summary:PLACE)"
     )
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     forget.set_defaults(func=cmd_forget)
@@ -107,8 +137,29 @@ async def held_on(settings: Settings, user: User, read: Callable[[Runtime], Awai
 
 async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     user: User = args.user
-    description = await held_on(settings, user, lambda runtime: runtime.describe(user.key))
-    write(dumps(description, indent=2) if args.json else render_description(description))
+
+    async def read(runtime: Runtime) -> tuple[dict[str, Any], list[Item]] | None:
+        description = await runtime.describe(user.key)
+        record = await runtime.store.find_agent(user.key)
+        if description is None or record is None:
+            return None
+        if args.page:
+            page = await runtime.ledger(user.key, args.page)
+            return description, page.items if page else []
+        return description, await ledger_items(runtime.store, record.id)
+
+    description, items = await held_on(settings, user, read)
+    if args.json:
+        description["items"] = [
+            {"id": i.id, "kind": i.kind, "text": i.text, "place": i.place, "at": iso(i.at)} for i in items
+        ]
+        write(dumps(description, indent=2))
+        return EXIT_OK
+    first = ((args.page or 1) - 1) * PAGE_SIZE + 1
+    listing = [item.line(first + n) for n, item in enumerate(items)]
+    write(
+        render_description(description) + "\n\nItems held (forget one: memory forget --item ID):\n" + "\n".join(listing)
+    )
     return EXIT_OK
 
 
@@ -156,6 +207,8 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
         if has_passages:
             # Passages a crash left without a vector become searchable first.
             await runtime.archival.resume_pending(record.id)
+        if not archival:
+            await embed_recall(runtime, record.id)  # every message ranked by meaning too, as after a day of use
 
         async def answer(text: str) -> dict[str, Any]:
             results: list[dict[str, Any]] = []
@@ -166,7 +219,8 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
                     results = [passage_json(p, score, rank) for rank, (p, score) in enumerate(found.items, 1)]
                     total = found.total
             else:
-                page = await runtime.store.search_messages(record.id, text, args.limit, visible=visible)
+                # The agent's own conversation search (meaning, stemmed keywords, context, speaker, time).
+                page = await runtime.recall.search(record.id, text, args.limit, visible=visible)
                 results = [message_json(message, rank) for rank, message in enumerate(page.items, 1)]
                 total = page.total
             return {"query": text, "store": "archival" if archival else "recall", "total": total, "results": results}
@@ -217,11 +271,20 @@ async def cmd_export(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+async def confirmed(question: str) -> bool:
+    sys.stderr.write(f"{question} This cannot be undone. [y/N] ")
+    sys.stderr.flush()
+    answer = await read_line(sys.stdin)
+    return (answer or "").strip().lower() in ("y", "yes")
+
+
 async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
     user: User = args.user
     if not args.yes and not isatty(sys.stdin):
         # Piped input is no answer: `echo no | ... forget` must not delete, nor must `yes |`.
         raise CLIError(f"refusing to delete {user.spec}'s memory without a terminal to confirm at: add --yes")
+    if args.about is not None or args.item is not None:
+        return await forget_some(args, user, settings)
     runtime = await open_runtime(settings)
     try:
         record = await runtime.store.find_agent(user.key)
@@ -230,13 +293,9 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
         messages = await runtime.store.count_messages(record.id)
         passages = await runtime.store.count_passages(record.id)
         held = f"{plural(messages, 'message')}, {plural(passages, 'passage')} and the working context"
-        if not args.yes:
-            sys.stderr.write(f"Delete everything held on {user.key} ({held})? This cannot be undone. [y/N] ")
-            sys.stderr.flush()
-            answer = await read_line(sys.stdin)
-            if (answer or "").strip().lower() not in ("y", "yes"):
-                write("Nothing deleted.")
-                return EXIT_ERROR
+        if not args.yes and not await confirmed(f"Delete everything held on {user.key} ({held})?"):
+            write("Nothing deleted.")
+            return EXIT_ERROR
         deleted = await runtime.forget(user.key)
     finally:
         await runtime.close()
@@ -244,4 +303,37 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
         raise unknown(user)
     log.info("forgot %s (%s)", user.key, held)
     write(f"Forgot {user.key}: deleted {held}.")
+    return EXIT_OK
+
+
+async def forget_some(args: argparse.Namespace, user: User, settings: Settings) -> int:
+    """`forget --about WORDS` (shown first, then confirmed) or `forget --item ID`."""
+    runtime = await open_runtime(settings)
+    try:
+        if await runtime.store.find_agent(user.key) is None:
+            raise unknown(user)
+        if args.item is not None:
+            if not args.yes and not await confirmed(f"Delete item {args.item} of {user.key}?"):
+                write("Nothing deleted.")
+                return EXIT_ERROR
+            try:
+                receipt = await runtime.forget_one(user.key, args.item)
+            except UnknownItem as error:
+                raise CLIError(str(error)) from None
+        else:
+            about = str(args.about).strip()
+            if not about:
+                raise CLIError("--about needs words: what to forget")
+            found = await runtime.preview_forget(user.key, about)
+            write(describe_found(found, shown=50))
+            if found.empty:
+                return EXIT_OK
+            if not args.yes and not await confirmed(f"Delete all of this for {user.key}, everywhere?"):
+                write("Nothing deleted.")
+                return EXIT_ERROR
+            receipt = await runtime.forget_topic(user.key, about)
+    finally:
+        await runtime.close()
+    log.info("selective forget for %s: %s", user.key, receipt)
+    write(receipt.text())
     return EXIT_OK

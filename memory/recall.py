@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from memory.embeddings import Embedder
 from memory.places import Visibility
@@ -60,6 +61,19 @@ class RecallMemory:
         if more:
             self._embed_later(agent_id)
         return await self.store.search_messages(agent_id, query, limit, offset, query_vector=vector, visible=visible)
+
+    async def embed_all(self, agent_id: str, progress: Callable[[int], None] | None = None) -> int:
+        """Embed every message of the agent still without a vector, BATCH at a
+        time, before returning (an import: the next search is complete at once);
+        `progress` is told how many each batch embedded. Returns the total."""
+        done: set[int] = set()
+        while True:
+            before = len(done)
+            more = await self._embed_batch(agent_id, done)
+            if progress is not None and len(done) > before:
+                progress(len(done) - before)
+            if not more:
+                return len(done)
 
     async def _embed_batch(self, agent_id: str, done: set[int] | None = None) -> bool:
         """Embed the agent's newest BATCH unembedded messages; True if more may

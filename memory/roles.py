@@ -150,6 +150,12 @@ class MessageStore(Protocol):
     ) -> SearchPage:
         """Messages with start <= created_at < end, oldest first."""
 
+    async def delete_messages(self, agent_id: str, seqs: Sequence[int]) -> int:
+        """Selective forget: delete the agent's messages with these seqs, with
+        their keyword-index entries and embeddings; returns how many went. The
+        other seqs stay as they are (gaps are allowed); counts and searches
+        see only what is left."""
+
     async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
         """The seq of the agent's message recorded for `event_id` (Message.event_id),
         if any: how a redone event knows its message is already in recall."""

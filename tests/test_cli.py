@@ -184,7 +184,9 @@ def test_memory_search_recall_single_and_from_stdin(alice: Chatted) -> None:
     answers = [json.loads(line) for line in out.splitlines()]
     assert [answer["query"] for answer in answers] == ["remember cat", "unicorn spaceship", "Alice"]
     assert any("Do you remember my cat?" in (item["content"] or "") for item in answers[0]["results"])
-    assert answers[1]["results"] == [] and answers[1]["total"] == 0
+    # Ranked by meaning as the agent ranks, a query about nothing said still answers its nearest
+    # messages, none of which holds its words.
+    assert not [item for item in answers[1]["results"] if "unicorn" in (item["content"] or "")]
     assert 1 <= len(answers[2]["results"]) <= 2
 
 
@@ -375,8 +377,10 @@ def test_platform_users_keep_separate_memories(llm_server: FakeLLMServer, tmp_pa
             for answer in map(json.loads, out.splitlines())
         }
         own = next(word for word in hits if word in line)
-        assert len(hits[own]) == 1 and line in hits[own][0]
-        assert all(hits[word] == [] for word in hits if word != own)
+        assert line in hits[own][0]  # ranked as the agent ranks: the own line first
+        # Ranked by meaning too, every query answers with something: never another user's words.
+        others = [text for user_, text in said.items() if user_ != user]
+        assert not [item for items in hits.values() for item in items if any(o in (item or "") for o in others)]
     exported = json.loads(ok(memgpt("memory", "export", "--user", "slack:T1:U2", env=env, cwd=tmp_path)))
     assert exported["user"] == "slack:T1:U2"
 

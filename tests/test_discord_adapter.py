@@ -46,7 +46,7 @@ from bot.events import ScheduledTick
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.dpytest_guild import guild_channel, guild_member, the_guild
-from tests.fake_llm import FakeLLMServer, Reply, say
+from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, say, tool_call
 
 FENCE_LINE = re.compile(r"^[ \t]*```[^\n]*$", re.MULTILINE)
 snowflakes = itertools.count(1_300_000_000_000_000_000)
@@ -575,14 +575,33 @@ async def test_memory_answers_only_the_asker_with_what_the_bot_holds(discord_bot
     assert discord_bot.http.texts() == [NOTHING_HELD]
     assert all(call.ephemeral for call in discord_bot.http.calls)
 
-    discord_bot.llm.set_handler(lambda request: say("Noted."))
-    await dpytest.message("I grow tomatoes", channel=await alice.create_dm(), member=alice)
+    discord_bot.llm.script(
+        reply_tool_calls(
+            tool_call(
+                "core_memory_append", {"name": "human", "content": "Grows tomatoes.", "request_heartbeat": False}
+            ),
+            tool_call("send_message", {"message": "Noted."}),
+        )
+    )
+    dm = await alice.create_dm()
+    await dpytest.message("I grow tomatoes", channel=dm, member=alice)
     sent()
     discord_bot.http.calls.clear()
-    await discord_bot.slash("memory", alice, await alice.create_dm())
+    await discord_bot.slash("memory", alice, dm)
     [report] = discord_bot.http.texts()
-    assert f"User discord:{alice.id}" in report and "Recall storage:" in report
-    assert [call.ephemeral for call in discord_bot.http.calls] == [True, True]  # the deferral, then the report
+    assert report.startswith("What I hold on you: ") and "Messages: " in report
+    [note] = [line for line in report.splitlines() if "Note: Grows tomatoes." in line]
+    assert "learned in your DMs" in note
+    assert [call.ephemeral for call in discord_bot.http.calls] == [True, True]  # the deferral, then the ledger
+
+    # Each item has its button; pressing one forgets that item only.
+    number = note.split(".", 1)[0]
+    await discord_bot.press(f"Forget {number}", alice, dm)
+    assert discord_bot.http.texts()[-1].startswith("Forgotten: 0 messages, 0 saved passages, 1 note")
+    agent_id = await discord_bot.agent_id(alice)
+    assert agent_id is not None
+    blocks = await discord_bot.runtime.store.load_blocks(agent_id)
+    assert "tomatoes" not in " ".join(block.value for block in blocks)
 
 
 async def test_checkin_sets_a_schedule_delivered_to_the_dm(discord_bot: Harness) -> None:
@@ -618,6 +637,28 @@ async def test_forget_asks_first_and_deletes_only_on_confirmation(discord_bot: H
     await discord_bot.press("Delete everything", alice, dm)
     assert discord_bot.http.texts() == [FORGET_QUESTION, FORGET_WORKING, FORGET_DONE]
     assert await discord_bot.agent_id(alice) is None
+
+
+async def test_forget_about_shows_the_matches_and_deletes_only_them_on_confirmation(discord_bot: Harness) -> None:
+    discord_bot.llm.set_handler(lambda request: say("Noted."))
+    alice = discord_bot.member("alice")
+    dm = await alice.create_dm()
+    await dpytest.message("my passport number is XK-88213", channel=dm, member=alice)
+    await dpytest.message("I like roses", channel=dm, member=alice)
+    sent()
+
+    await discord_bot.slash("forget", alice, dm, about="passport XK-88213")
+    await settle()
+    [question] = discord_bot.http.texts()
+    assert question.startswith("About 'passport XK-88213' I hold ") and "XK-88213" in question
+    assert set(discord_bot.http.buttons()[1]) == {"Delete all of this", "Cancel"}
+    agent_id = await discord_bot.agent_id(alice)
+    assert agent_id is not None
+    await discord_bot.press("Delete all of this", alice, dm)
+    await settle()
+    assert discord_bot.http.texts()[-1].startswith("Forgotten: ")
+    left = [m.searchable_text() for m in await discord_bot.runtime.store.messages_since(agent_id, 0)]
+    assert not [text for text in left if "XK-88213" in text] and any("roses" in text for text in left)
 
 
 @pytest.mark.parametrize("discord_bot", [0.05], indirect=True)  # the view's timeout, in seconds

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from bot.checkins.functions import register_checkin_functions
 from bot.functions.core import build_core_functions
+from bot.functions.forget import register_forget_functions
 from memory.schedules import CheckinPrefs, Schedule
 
 GOLDEN = Path(__file__).parent / "golden" / "function_schemas.json"
@@ -30,6 +31,7 @@ class _NoSchedules:
 
 def test_the_tool_list_is_byte_identical_to_the_golden_copy() -> None:
     functions = build_core_functions()
+    register_forget_functions(functions)  # in the runtime's order
     register_checkin_functions(functions, _NoSchedules())  # type: ignore[arg-type]
     assert json.dumps(functions.schemas) == GOLDEN.read_text(encoding="utf-8")
 

@@ -85,7 +85,9 @@ async def test_searches_take_the_in_process_and_bm25_paths(store: MongoStore) ->
     await store.append_messages(agent.id, [Message("user", "the Zoo is CLOSED"), Message("user", "zoos")])
     raw = await store._c("messages").find_one({"agent_id": agent.id, "seq": 1})
     assert raw is not None and raw["terms"] == ["closed", "is", "the", "zoo"]  # what the terms index holds
-    page = await store.search_messages(agent.id, "zoo", 5)
+    page = await store.search_messages(agent.id, "zoo", 5)  # stemmed, as conversation search ranks
+    assert sorted(m.content for m in page.items) == ["the Zoo is CLOSED", "zoos"]
+    page = await store.search_messages(agent.id, "the is", 5)  # stop words only: the terms index
     assert [m.content for m in page.items] == ["the Zoo is CLOSED"]
 
 

@@ -25,9 +25,12 @@ import pytest
 
 from adapters.slack import (
     APOLOGY,
+    FORGET_ABOUT,
     FORGET_CANCEL,
     FORGET_CONFIRM,
+    FORGET_ITEM,
     REPLY_LIMIT,
+    SHARE_ITEM,
     SlackAdapter,
     SlackConfig,
 )
@@ -131,7 +134,9 @@ class SlackBot:
         body = json.dumps(envelope(event, team=team, event_id=event_id))
         return (await self.post(body, "application/json", headers))[0]
 
-    async def command(self, command: str, *, user: str = "U1", team: str = "T1", tag: str = "cmd") -> tuple[int, str]:
+    async def command(
+        self, command: str, *, user: str = "U1", team: str = "T1", tag: str = "cmd", text: str = ""
+    ) -> tuple[int, str]:
         fields = {
             "token": "legacy",
             "team_id": team,
@@ -141,14 +146,16 @@ class SlackBot:
             "user_id": user,
             "user_name": user.lower(),
             "command": command,
-            "text": "",
+            "text": text,
             "api_app_id": "A1",
             "response_url": self.slack.response_url(tag),
             "trigger_id": "1.2.3",
         }
         return await self.post(urlencode(fields), "application/x-www-form-urlencoded")
 
-    async def click(self, action_id: str, *, user: str = "U1", team: str = "T1", tag: str = "click") -> tuple[int, str]:
+    async def click(
+        self, action_id: str, *, user: str = "U1", team: str = "T1", tag: str = "click", value: str = "x"
+    ) -> tuple[int, str]:
         payload = {
             "type": "block_actions",
             "team": {"id": team, "domain": "test"},
@@ -164,7 +171,7 @@ class SlackBot:
                     "type": "button",
                     "action_id": action_id,
                     "block_id": "memgpt_forget",
-                    "value": "x",
+                    "value": value,
                     "action_ts": next_ts(),
                 }
             ],
@@ -547,8 +554,30 @@ async def test_memory_command_answers_privately(bot: SlackBot, llm_server: FakeL
     await bot.command("/memory", tag="after")
     report = (await bot.slack.wait_for("response_url", 2))[1]
     assert report.args["tag"] == "after" and report.args["response_type"] == "ephemeral"
-    assert report.args["text"].startswith("```\nUser slack:T1:U1")
-    assert "Loves jazz &amp; &lt;b&gt;blues&lt;/b&gt;." in report.args["text"]
+    assert report.args["text"].startswith("What I hold on you: ")
+    blocks = report.args["blocks"]
+    [at] = [n for n, block in enumerate(blocks) if block["type"] == "section" and "jazz" in block["text"]["text"]]
+    assert "Note: Loves jazz &amp; &lt;b&gt;blues&lt;/b&gt;. (learned in your DMs, " in blocks[at]["text"]["text"]
+    button, share = blocks[at + 1]["elements"]  # the note's buttons, under it
+    assert button["action_id"] == FORGET_ITEM and button["text"]["text"] == "Forget this"
+    assert share["action_id"] == SHARE_ITEM and share["value"] == button["value"]  # a DM note may be shared
+
+    # The button forgets that one note, for whoever clicks it.
+    assert (await bot.click(FORGET_ITEM, tag="item", value=button["value"]))[0] == 200
+    answer = (await bot.slack.wait_for("response_url", 3))[2]
+    assert answer.args["text"].startswith("Forgotten: 0 messages, 0 saved passages, 1 note")
+    agent = await bot.runtime.store.find_agent("slack:T1:U1")
+    assert agent is not None
+    assert "jazz" not in " ".join(block.value for block in await bot.runtime.store.load_blocks(agent.id))
+    # The text command does the same, and says so when the id is gone.
+    await bot.command("/memory", tag="again", text=f"forget {button['value']}")
+    again = (await bot.slack.wait_for("response_url", 4))[3]
+    assert again.args["text"].startswith("No item")
+    # `/memory search` searches as the agent does (the message is still held); a generous bound: the
+    # first search of the session waits for the embedding model to load.
+    await bot.command("/memory", tag="search", text="search jazz")
+    found = (await bot.slack.wait_for("response_url", 5, within=180))[4]
+    assert found.args["text"].startswith("Best matches for 'jazz'") and "I love jazz and blues" in found.args["text"]
 
 
 async def test_forget_command_asks_first_and_the_button_forgets(bot: SlackBot, llm_server: FakeLLMServer) -> None:
@@ -573,6 +602,44 @@ async def test_forget_command_asks_first_and_the_button_forgets(bot: SlackBot, l
     done = (await bot.slack.wait_for("response_url", 3))[2]
     assert done.args["replace_original"] is True and "forgotten everything" in done.args["text"]
     assert await bot.runtime.store.find_agent("slack:T1:U1") is None
+
+
+async def test_forget_about_shows_the_matches_and_the_button_forgets_them(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(
+        reply_tool_calls(
+            tool_call("archival_memory_insert", {"content": "Allergic to penicillin.", "request_heartbeat": False}),
+            tool_call("send_message", {"message": "Noted."}),
+        ),
+        say("Nice weather."),
+    )
+    await bot.event(dm("I am allergic to penicillin"))
+    await bot.event(dm("the weather is nice"))
+    await bot.texts(2)
+
+    assert await bot.command("/forget", tag="ask", text="about: penicillin") == (200, "")
+    [question] = await bot.slack.wait_for("response_url", within=60)
+    assert question.args["response_type"] == "ephemeral"
+    assert (
+        "About 'penicillin' I hold " in question.args["text"]
+        and "Saved: Allergic to penicillin." in question.args["text"]
+    )
+    buttons = [
+        element for block in question.args["blocks"] if block["type"] == "actions" for element in block["elements"]
+    ]
+    assert [button["action_id"] for button in buttons] == [FORGET_ABOUT, FORGET_CANCEL]
+    agent = await bot.runtime.store.find_agent("slack:T1:U1")
+    assert agent is not None and await bot.runtime.store.count_passages(agent.id) == 1  # nothing deleted yet
+
+    assert (await bot.click(FORGET_ABOUT, tag="confirm", value=buttons[0]["value"]))[0] == 200
+    done = (await bot.slack.wait_for("response_url", 2, within=60))[1]
+    assert done.args["replace_original"] is True and done.args["text"].startswith("Forgotten: ")
+    assert "1 saved passage" in done.args["text"]
+    assert await bot.runtime.store.count_passages(agent.id) == 0
+    left = [m.searchable_text() for m in await bot.runtime.store.messages_since(agent.id, 0)]
+    assert left and not [text for text in left if "penicillin" in text.lower()]
+    assert any("weather" in text for text in left)
 
 
 async def test_checkin_command_manages_check_ins_delivered_to_the_dm(start_bot: Start) -> None:

@@ -82,7 +82,7 @@ class MessageIndexes:
         messages: AsyncCollection[Any],
         agent_id: str,
         query: str,
-        query_vector: Sequence[float],
+        query_vector: Sequence[float] | None,
         limit: int,
         offset: int,
         visible: Visibility | None = None,

@@ -41,14 +41,13 @@ in the middle of insert_many keeps the batch's first messages and leaves the
 rest of its seqs unused: a gap, which nothing relies on (seqs stay unique and
 ordered, the queue is still a suffix). See docs/mongodb.md.
 
-Search. Recall: each message stores its distinct folded words (`terms`, a
-multikey index); a query fetches the agent's messages sharing a word and ranks
-them with BM25 in Python. Given a query vector (conversation search), the
-agent's messages and the embeddings recall search stores lazily on them
-(memory/recall.py) are ranked in memory, as the SQLite store ranks them
-(memory/mongo/recall.py, memory/search/conversation.py). `$text` is not used even where it exists: its
-textScore has no inverse document frequency (a rare word does not outweigh a
-common one) and it stems, both of which the shared conformance suite rejects.
+Search. Recall: the agent's messages and the embeddings recall search stores
+lazily on them (memory/recall.py) are ranked in memory by conversation search,
+as the SQLite store ranks them (memory/mongo/recall.py, memory/search/
+conversation.py), with or without a query vector. Each message also stores its
+distinct folded words (`terms`, a multikey index) for queries made only of stop
+words, ranked by BM25 in Python. `$text` is not used even where it exists: its
+textScore has no inverse document frequency.
 Archival: hybrid like the SQLite store, cosine plus a keyword bonus
 (memory.search.hybrid) whose BM25 side comes from the passages' `terms` the same way
 (memory/mongo/keywords.py). The cosine comes from `$vectorSearch` when a ready
@@ -78,14 +77,15 @@ from memory.mongo.blocks import block_fields, block_from_doc, upgrade_block_line
 from memory.mongo.capabilities import detect, guarded, scrub
 from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
+from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.journal import MongoJournal
 from memory.mongo.keywords import upgrade_passage_terms
-from memory.mongo.recall import MessageIndexes
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
 from memory.mongo.usage import MongoUsage
 from memory.places import DM_KEY, Visibility
+from memory.search.analysis import query_terms
 from memory.search.vector_index import check_dimension, embedding_matrix
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
@@ -152,7 +152,7 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
     return int(end), int(newest.get("tok_total") or 0)
 
 
-class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, Store):
+class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, MongoForgetting, Store):
     serves_many_processes = True  # the backend for several bot processes
 
     @functools.cached_property
@@ -372,8 +372,9 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         query_vector: Sequence[float] | None = None,
         visible: Visibility | None = None,
     ) -> SearchPage:
-        if query_vector is not None:
+        if query_vector is not None or query_terms(query):  # keywords alone too: conversation search's ranking
             return await self._hybrid_messages(agent_id, query, query_vector, limit, max(offset, 0), visible)
+        # A query of stop words only ("what was it?"): BM25 over their plain words.
         terms = list(dict.fromkeys(words(query)))[:_MAX_QUERY_TERMS]
         ranked, _ = await self._bm25_messages(agent_id, terms, visible)
         page = ranked[max(offset, 0) : max(offset, 0) + max(limit, 0)]
@@ -411,15 +412,11 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         )
         return sorted(hits, key=lambda hit: (-hit[0], hit[1].seq)), idf_total
 
-    @functools.cached_property
-    def _conversations(self) -> MessageIndexes:
-        return MessageIndexes(int(self._indexes.maxsize))
-
     async def _hybrid_messages(
         self,
         agent_id: str,
         query: str,
-        query_vector: Sequence[float],
+        query_vector: Sequence[float] | None,
         limit: int,
         offset: int,
         visible: Visibility | None,

@@ -267,8 +267,12 @@ class ConversationIndex:
             seen = np.fromiter(map(visible.sees, self._places), dtype=bool, count=size)
         signals = self.features(query, query_vector, now, seen)
         score = sum(getattr(weights, name) * value for name, value in signals.items())
-        has_vector = self._mask() if query_vector is not None else np.zeros(size, dtype=bool)
-        candidate = has_vector | (signals["keywords"] > 0) | (signals["context"] > 0) | (signals["time"] > 0)
+        if query_vector is None:
+            # Keywords alone (no embedding to be had): the messages holding a
+            # query term, ranked by every signal; a neighbour's words only lift.
+            candidate = signals["keywords"] > 0
+        else:
+            candidate = self._mask() | (signals["keywords"] > 0) | (signals["context"] > 0) | (signals["time"] > 0)
         if seen is not None:
             candidate &= seen
         positions = np.flatnonzero(candidate)

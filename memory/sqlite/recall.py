@@ -94,16 +94,33 @@ class SQLiteRecall(SQLiteBase):
             # After the commit, and on the worker thread that owns the cache.
             await self.run_in_db(lambda _: self._recall.added(agent_id, [seqs[n] for n in updated], matrix[updated]))
 
+    async def delete_messages(self, agent_id: str, seqs: Sequence[int]) -> int:
+        if not seqs:
+            return 0
+        wanted = json.dumps(sorted({int(seq) for seq in seqs}))
+
+        def delete(conn: sqlite3.Connection) -> int:
+            # The FTS row goes with its message (trigger messages_fts_delete), the embedding is in the row.
+            return conn.execute(
+                "DELETE FROM messages WHERE agent_id = ? AND seq IN (SELECT value FROM json_each(?))",
+                (agent_id, wanted),
+            ).rowcount
+
+        deleted = await self.run_in_db(delete, write=True)
+        # The in-memory index only ever appends: rebuilt from what is left on the next search.
+        await self.run_in_db(lambda _: self._recall.forget(agent_id))
+        return int(deleted)
+
     async def _hybrid_messages(
         self,
         agent_id: str,
         query: str,
-        query_vector: Sequence[float],
+        query_vector: Sequence[float] | None,
         limit: int,
         offset: int,
         visible: Visibility | None = None,
     ) -> SearchPage:
-        vector = np.asarray(query_vector, dtype=_F32)
+        vector = None if query_vector is None else np.asarray(query_vector, dtype=_F32)
 
         def search(conn: sqlite3.Connection) -> tuple[list[Any], list[int], int]:
             seqs, total = self._recall.search(conn, agent_id, query, vector, limit, max(offset, 0), visible)
@@ -181,7 +198,7 @@ class MessageSearch:
         conn: sqlite3.Connection,
         agent_id: str,
         text: str,
-        query: npt.NDArray[np.float32],
+        query: npt.NDArray[np.float32] | None,
         limit: int,
         offset: int,
         visible: Visibility | None = None,

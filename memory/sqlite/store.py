@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 
 from memory.places import Visibility
+from memory.search.analysis import query_terms
 from memory.search.ann_index import ANN_THRESHOLD
 from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
@@ -239,10 +240,9 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         if where:
             sql = f"SELECT count(*) FROM messages WHERE agent_id = ?{where}"
             return int((await self._rows(sql, agent_id, *args))[0][0])
-        # Seqs are gap-free 1..N and messages are never deleted one by one, so
-        # max(seq) is the count: one index probe instead of a scan that grows
-        # with the history (this runs for the memory status line every step).
-        sql = "SELECT coalesce(max(seq), 0) FROM messages WHERE agent_id = ?"
+        # Rows, not the last seq: a selective forget leaves gaps. The count
+        # walks the agent's entries of the (agent_id, seq) key only.
+        sql = "SELECT count(*) FROM messages WHERE agent_id = ?"
         return int((await self._rows(sql, agent_id))[0][0])
 
     async def search_messages(
@@ -255,8 +255,10 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         query_vector: Sequence[float] | None = None,
         visible: Visibility | None = None,
     ) -> SearchPage:
-        if query_vector is not None:
+        if query_vector is not None or query_terms(query):
+            # Keywords alone too are conversation search's ranking (stemmed, stop words out).
             return await self._hybrid_messages(agent_id, query, query_vector, limit, offset, visible)
+        # A query of stop words only ("what was it?"): their plain FTS5 matches.
         terms = fts_terms(query)
         if terms is None:
             return SearchPage(items=[], total=0)
@@ -457,3 +459,6 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
                 (agent_id, json.dumps(ids)),
             ).rowcount
         self._search.removed(agent_id, ids, deleted)
+        if self._search.ann_path(agent_id).exists():
+            # An ANN file may keep a removed vector's bytes: dropped, rebuilt from the rows left.
+            self._search.forget(agent_id)

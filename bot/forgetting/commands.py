@@ -1,0 +1,127 @@
+"""The runtime's memory-ledger calls (a mixin of Runtime): the ledger, one
+item forgotten, a topic shown and then forgotten, for the CLI and, through
+the port (bot/ports.py), the platforms' `/memory` and `/forget`. Each waits for
+the person's agent to be idle (lease, then lane) and drops the loaded agent
+after a change, so its next event reads what is left."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from bot.events import agent_key
+from bot.forgetting.erasing import Receipt
+from bot.forgetting.ledger import Item, LedgerPage, UnknownItem, describe_found, forget_item, ledger_page
+from bot.forgetting.matching import Found
+from bot.forgetting.service import find_about, forget_about
+from memory.types import Block
+from memory.working_context import MemoryEditError
+
+if TYPE_CHECKING:
+    from bot.agent import Agent
+    from bot.durable.lanes import Lanes
+    from bot.durable.leases import Leases
+    from bot.services import AgentServices
+    from memory.store import Store
+
+log = logging.getLogger(__name__)
+
+SEARCH_RESULTS = 5  # of each kind, for /memory search
+
+
+class LedgerCommands:
+    store: Store
+    services: AgentServices
+    leases: Leases
+    _lanes: Lanes
+    _agents: dict[str, Agent]
+    # Runtime's (the lease, the lane, the loaded agent reloaded): key, label, line id.
+    share_line: Callable[[str, str, str], Awaitable[Block]]
+
+    async def ledger(self, key: str, page: int = 1) -> LedgerPage | None:
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            return None if record is None else await ledger_page(self.store, record.id, page)
+
+    async def forget_one(self, key: str, item_id: str) -> Receipt:
+        """Forget one ledger item; UnknownItem when there is none by that id."""
+        async with self.leases.hold(key), self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None:
+                raise UnknownItem("I hold nothing on you.")
+            receipt = await forget_item(self.store, record.id, item_id)
+            self._agents.pop(key, None)
+            return receipt
+
+    async def preview_forget(self, key: str, about: str) -> Found:
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            return Found(about) if record is None else await find_about(self.services, record.id, about)
+
+    async def forget_topic(self, key: str, about: str) -> Receipt:
+        async with self.leases.hold(key), self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None:
+                return Receipt()
+            _, receipt = await forget_about(self.services, record.id, about)
+            self._agents.pop(key, None)
+            log.info("%s: selective forget: %s", key, receipt)
+            return receipt
+
+    async def share_note(self, key: str, item_id: str) -> str:
+        """Show one note (working-context line) everywhere, by its ledger id; the answer."""
+        kind, _, line_id = item_id.strip().partition(":")
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            blocks = await self.store.load_blocks(record.id) if record else []
+        label = next((b.label for b in blocks for line in b.lines if line.id == line_id), None)
+        if kind != "note" or label is None:
+            return f"No note {item_id!r} (it may be forgotten already): /memory lists the ids."
+        try:
+            await self.share_line(key, label, line_id)
+        except MemoryEditError as error:
+            return str(error)
+        return "Shared: I now know this wherever we talk."
+
+    async def search_memory(self, key: str, query: str, limit: int = SEARCH_RESULTS) -> str:
+        """`/memory search <words>`: the person's own memory searched as the agent
+        searches it (conversation search's ranking, archival search's hybrid)."""
+        async with self._lanes.hold(key):
+            record = await self.store.find_agent(key)
+            if record is None or not query.strip():
+                return "I hold nothing on you." if record is None else "Search for what? /memory search <words>"
+            messages = (await self.services.recall.search(record.id, query, limit)).items
+            passages = []
+            if await self.store.count_passages(record.id):
+                found = await self.services.archival.search(record.id, query, limit)
+                passages = [p for p, _ in found.items if getattr(p, "collection", None) is None]
+        items = [Item("", "message", m.content or m.searchable_text(), m.place, m.created_at) for m in messages]
+        items += [Item(f"passage:{p.id}", "passage", p.text, p.place, p.created_at) for p in passages]
+        if not items:
+            return f"Nothing held matches {query!r}."
+        lines = [f"Best matches for {query!r} (messages, then saved passages):"]
+        return "\n".join([*lines, *(item.line(n) for n, item in enumerate(items, 1))])
+
+    # -- the port's (bot/ports.py) -------------------------------------------
+    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
+        return await self.search_memory(agent_key(platform, user_id), query)
+
+    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        return await self.share_note(agent_key(platform, user_id), item_id)
+
+    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
+        return await self.ledger(agent_key(platform, user_id), page)
+
+    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        try:
+            return (await self.forget_one(agent_key(platform, user_id), item_id)).text()
+        except UnknownItem as error:
+            return str(error)
+
+    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
+        found = await self.preview_forget(agent_key(platform, user_id), about)
+        return None if found.empty else describe_found(found)
+
+    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
+        return (await self.forget_topic(agent_key(platform, user_id), about)).text()
