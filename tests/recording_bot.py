@@ -45,6 +45,25 @@ class RecordingBot:
     async def forget_user(self, platform: str, user_id: str) -> bool:
         return False
 
+    # The memory ledger: this bot holds nothing, so there is nothing to list, share or forget.
+    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> None:
+        return None
+
+    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        return "I hold nothing on you."
+
+    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+        return "I hold nothing on you."
+
+    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
+        return "I hold nothing on you."
+
+    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
+        return None
+
+    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
+        return "I hold nothing on you."
+
     def messages(self) -> list[UserMessage]:
         return [event for event in self.events if isinstance(event, UserMessage)]
 

@@ -105,7 +105,7 @@ def scripted(rewrite_keeps_the_topic: bool) -> Any:
                         code = found.group(1)
                         break
             assert code is not None, "the code must be in the queue until the confirmation"
-            return reply_tool_calls(tool_call("forget_memories_confirm", {"code": code, "request_heartbeat": True}))
+            return reply_tool_calls(tool_call("forget_memories", {"code": code, "request_heartbeat": True}))
         return _send("I remember you love hiking.")
 
     return model
@@ -117,7 +117,7 @@ def forget_confirm_answered(body: dict[str, Any]) -> bool:
         call["id"]
         for message in body["messages"]
         for call in message.get("tool_calls") or []
-        if call["function"]["name"] == "forget_memories_confirm"
+        if call["function"]["name"] == "forget_memories" and "code" in json.loads(call["function"]["arguments"])
     }
     return any(message.get("tool_call_id") in calls for message in body["messages"])
 
@@ -190,7 +190,7 @@ async def test_a_confirmation_in_the_asking_chain_is_refused(
             found = re.search(r"with code '([0-9a-f]+)'", last["content"])
             if found:
                 return reply_tool_calls(
-                    tool_call("forget_memories_confirm", {"code": found.group(1), "request_heartbeat": True})
+                    tool_call("forget_memories", {"code": found.group(1), "request_heartbeat": True})
                 )
             result = json.loads(last["content"])["result"]
             return reply_text("(waiting)") if result == "Sent." else _send(f"Result: {result}")

@@ -1,4 +1,4 @@
-"""`forget_memories` and `forget_memories_confirm`: the person asks, in chat,
+"""`forget_memories`: the person asks, in chat,
 to have something forgotten ("forget what I told you about my diagnosis").
 
 Two steps, so that nothing is deleted on the model's word alone:
@@ -6,7 +6,7 @@ Two steps, so that nothing is deleted on the model's word alone:
 1. `forget_memories(topic)` finds what the topic matches (bot/forgetting/),
    deletes nothing, and answers with the matches and a one-time code. The
    model shows the person what it found and asks them to confirm.
-2. `forget_memories_confirm(code)` deletes it, only if the code is the one
+2. `forget_memories(topic, code)` deletes it, only if the code is the one
    handed out, at most CONFIRM_WITHIN later, and only while a *later* message
    of the person is being answered (their reply to the question): a model
    cannot confirm in the same chain of steps that asked. The topic is
@@ -34,23 +34,18 @@ if TYPE_CHECKING:
     from bot.agent import Agent
 
 CONFIRM_WITHIN = timedelta(minutes=15)
-CONFIRM_NAME = "forget_memories_confirm"
 
+NAME = "forget_memories"
 FORGET_MEMORIES = function_schema(
-    "forget_memories",
-    "The person asks you to forget something: find what you hold about it. Deletes nothing; "
-    "show them the matches and ask them to confirm.",
+    NAME,
+    "Forget a topic the person asks you to. Topic alone: shows matches, deletes nothing. "
+    "With the code, after their yes in a new message: deletes.",
     {
-        "topic": {"type": "string", "description": "Their words, plus the specifics you hold on it."},
+        "topic": {"type": "string", "description": "Their words plus the specifics you hold."},
+        "code": {"type": "string", "description": "To confirm: the code alone."},
         "request_heartbeat": HEARTBEAT,
     },
-    ["topic", "request_heartbeat"],
-)
-FORGET_CONFIRM = function_schema(
-    CONFIRM_NAME,
-    "Delete what forget_memories found, once the person said yes in a new message.",
-    {"code": {"type": "string", "description": "The code forget_memories gave."}, "request_heartbeat": HEARTBEAT},
-    ["code", "request_heartbeat"],
+    ["request_heartbeat"],
 )
 
 
@@ -66,7 +61,9 @@ def register_forget_functions(functions: FunctionSet) -> None:
     proposals: dict[str, Proposal] = {}  # by agent id; one open question per person
 
     async def forget_memories(agent: Agent, arguments: dict[str, Any]) -> str:
-        topic = str(arguments["topic"]).strip()
+        if str(arguments.get("code") or "").strip():
+            return await confirm(agent, arguments)
+        topic = str(arguments.get("topic") or "").strip()
         if not topic:
             raise FunctionError("topic is empty: say what the person wants forgotten, in their words.")
         found = await find_about(agent.services, agent.id, topic)
@@ -89,18 +86,18 @@ def register_forget_functions(functions: FunctionSet) -> None:
             listing += " (What was said in private places is included but not listed here.)"
         return (
             f"{listing}\nNothing is deleted yet. Show the person what you found and ask whether to forget it "
-            f"everywhere. Only if they say yes in their reply, call {CONFIRM_NAME} with code {code!r}."
+            f"everywhere. Only if they say yes in their reply, call forget_memories again with code {code!r}."
         )
 
-    async def forget_memories_confirm(agent: Agent, arguments: dict[str, Any]) -> str:
+    async def confirm(agent: Agent, arguments: dict[str, Any]) -> str:
         proposal = proposals.get(agent.id)
         if proposal is None or str(arguments["code"]).strip() != proposal.code:
-            raise FunctionError("No such code: call forget_memories with the topic first.")
+            raise FunctionError("No such code: call forget_memories with the topic alone first.")
         event = agent.current_event
         if not isinstance(event, UserMessage) or event.event_id == proposal.asked_in:
             raise FunctionError(
                 "The person has not answered yet: ask them and wait for their reply; "
-                f"call {CONFIRM_NAME} only after they say yes."
+                "confirm with the code only after they say yes."
             )
         if utc_now() - proposal.at > CONFIRM_WITHIN:
             proposals.pop(agent.id, None)
@@ -113,7 +110,6 @@ def register_forget_functions(functions: FunctionSet) -> None:
         return receipt.text()
 
     functions.register(FORGET_MEMORIES, forget_memories)
-    functions.register(FORGET_CONFIRM, forget_memories_confirm)
 
 
 def _under_way(agent: Agent) -> frozenset[int]:
@@ -121,7 +117,7 @@ def _under_way(agent: Agent) -> frozenset[int]:
     results come after, so it stays (a result without its call is refused)."""
     for message in reversed([entry.message for entry in agent.queue.entries]):
         if message.role == "assistant" and any(
-            call.get("function", {}).get("name") == CONFIRM_NAME for call in message.tool_calls or []
+            call.get("function", {}).get("name") == NAME for call in message.tool_calls or []
         ):
             return frozenset({message.seq})
     return frozenset()
