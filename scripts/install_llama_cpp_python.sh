@@ -17,9 +17,11 @@ version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 bin_dir="${MEMGPT_TOOLS_DIR:-$HOME/.cache/memgpt-bot/bin}"
 venv="$(dirname "$bin_dir")/llama-cpp-python-$version"
 python="$venv/bin/python"
+# Written last: a venv still being built (or half built) is never taken as ready.
+marker="$venv/.memgpt-bot-ready"
 
 ready() {
-    [[ -x "$python" ]] && "$python" -c 'import llama_cpp.server' >/dev/null 2>&1
+    [[ -f "$marker" && -x "$python" ]] && "$python" -c 'import llama_cpp.server' >/dev/null 2>&1
 }
 if ready; then
     echo "$python"
@@ -41,9 +43,10 @@ rm -rf "$venv"
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS:-2}"
 "$python" -m pip install -q "llama-cpp-python[server]==$version" >&2
-if ! ready; then
+if ! "$python" -c 'import llama_cpp.server' >/dev/null 2>&1; then
     echo "install_llama_cpp_python: installed, but 'import llama_cpp.server' fails in $venv" >&2
     exit 1
 fi
+touch "$marker"
 echo "install_llama_cpp_python: ready in $((SECONDS - started)) s" >&2
 echo "$python"
