@@ -16,29 +16,31 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from bot.channel_context import render_channel_context
 from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation, seen_from
 from bot.durable.outbox import outbox_entry, unconfirmed
 from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
-from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
+from bot.llm_calls import AgentCalls
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
 from memory.queue_manager import (
-    PRESSURE_MARKER,
     ContextOverflowError,
     QueueManager,
-    render_transcript,
 )
 from memory.store import Store, StoreError
-from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import AgentRecord, Block, Message, Passage, utc_now
 from memory.working_context import WorkingContext
 
 log = logging.getLogger(__name__)
 
+# The note for a person whose message got no answer from the model (the chain
+# ended, or reached the step cap, without sending anything).
+NO_ANSWER = (
+    "I'm having trouble: I could not put an answer together for your message. "
+    "Your message is saved; please try again shortly."
+)
 NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
@@ -89,6 +91,10 @@ class Agent:
         self.current_event: Event | None = None
         # The channel's recent lines for this event's calls only (bot/channel_context.py).
         self._channel_context = ""
+        # Every LLM call of this agent (bot/llm_calls.py), and the best plain text
+        # the model wrote during the current event (sent if nothing else was).
+        self.calls = AgentCalls(self)
+        self._best_text = ""
 
     @property
     def id(self) -> str:
@@ -203,11 +209,12 @@ class Agent:
             self._channel_context = render_channel_context(
                 event.channel_context, event.place, self.services.counter, self.services.channel_context_tokens
             )
+        self.calls.start_event()
+        self._best_text = ""
         while True:
             result.steps += 1
             try:
-                await self._make_room()
-                completion = await self._step_call()
+                completion = await self.calls.step()
             except LLMUnavailableError as error:
                 log.error("agent %s: LLM unavailable: %s", self.id, error)
                 result.trouble = error.user_message
@@ -219,7 +226,7 @@ class Agent:
                     "Your message is saved; please try again later."
                 )
                 break
-            heartbeat = await self._execute(completion)
+            heartbeat = await self._execute(completion, first_step=result.steps == 1)
             if not heartbeat:
                 break
             if result.steps >= self.services.max_steps:
@@ -230,16 +237,16 @@ class Agent:
                     self.services.max_steps,
                     event.event_id,
                 )
-                if not self._outbox:
-                    # The chain never reached the person (endless heartbeats, plain text
-                    # after every nudge): they get a note instead of silence.
-                    result.trouble = (
-                        "I'm having trouble: I got stuck working on your message and stopped. "
-                        "Your message is saved; please try again shortly."
-                    )
                 break
-        if result.trouble and not self._outbox and self._awaits_answer():
-            await self.send(result.trouble)
+        if not self._outbox and self._awaits_answer():
+            # A person's message never ends in silence: the model's own words if it
+            # wrote any (plain text it was nudged to send), else one honest note.
+            if self._best_text:
+                result.trouble = None
+                await self.send(self._best_text)
+            else:
+                result.trouble = result.trouble or NO_ANSWER
+                await self.send(result.trouble)
         result.replies = list(self._outbox)
         return result
 
@@ -276,9 +283,18 @@ class Agent:
         await self.record_messages(messages, await self.conversation_for(event.place))
         return True
 
-    async def _execute(self, completion: Completion) -> bool:
+    async def _execute(self, completion: Completion, *, first_step: bool = False) -> bool:
         """Run one step's function calls in order; returns whether to go on."""
         calls = completion.tool_calls
+        text = (completion.content or "").strip()
+        if not calls and text and self._awaits_answer() and not self._outbox:
+            if first_step and self.services.plain_text_replies:
+                # Answered in plain text, not in a heartbeat chain: that text is the
+                # answer (small local models rarely call send_message every time).
+                await self.record_messages([Message(role="assistant", content=completion.content)])
+                await self.send(text)
+                return False
+            self._best_text = text
         assistant = Message(
             role="assistant",
             content=completion.content,
@@ -329,101 +345,8 @@ class Agent:
     def _awaits_answer(self) -> bool:
         return self.current_event is None or self.current_event.kind in ANSWERED_KINDS
 
-    # -- queue management --------------------------------------------------
-    async def _make_room(self) -> None:
-        status = self.status_line()
-        if self.queue.needs_warning(status):
-            used = round(100 * self.queue.pressure())
-            await self.record_messages(
-                [
-                    Message(
-                        role="user",
-                        name="system_alert",
-                        content=(
-                            f"[system alert] {PRESSURE_MARKER} Your context is {used}% full. The oldest "
-                            "messages will soon leave your queue (they stay in recall storage). Save "
-                            "anything important to working context or archival storage now."
-                        ),
-                    )
-                ]
-            )
-            self.queue.warned = True
-        for _ in range(MAX_FLUSHES_PER_STEP):
-            status = self.status_line()
-            if not self.queue.needs_flush(status):
-                return
-            eviction = await self.queue.evict(status, self._summarize)
-            await self.conversation.flushed(self.store, eviction)
-            log.info(
-                "agent %s: evicted %d messages (summary by %s)",
-                self.id,
-                len(eviction.evicted),
-                "LLM" if eviction.summarized_by_llm else "truncation",
-            )
-        self.queue.fits_or_raise(self.status_line())
-
     async def _summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
-        counter = self.services.counter
-        max_words = max(40, int(budget * 0.6))
-        if not self.services.summary_model:
-            # The chat model summarizes from the prompt it just read (cached by
-            # the provider): the agent's own request up to the evicted messages.
-            tools = self.services.functions.schemas
-            messages = self.queue.summary_prompt(evicted, SUMMARY_REQUEST.format(max_words=max_words))
-            # (Within the limit every step keeps to, so the answer has its reserve.)
-            if messages and counter.count_request(messages, tools) <= self.queue.flush_limit:
-                completion = await self._complete(messages, tools, call_functions=False)
-                return (completion.content or "").strip()
-        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max_words)
-        header = f"Previous summary:\n{previous or '(none)'}\n\nMessages leaving memory:\n"
-        room = (
-            self.queue.flush_limit
-            - counter.count_request([{"role": "system", "content": system}, {"role": "user", "content": header}])
-            - 16
-        )
-        transcript = counter.truncate(render_transcript(evicted), max(0, room))
-        completion = await self._complete(
-            [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}],
-            model=self.services.summary_model or None,
-        )
-        return (completion.content or "").strip()
-
-    # -- every LLM call, metered ---------------------------------------------
-    async def _step_call(self) -> Completion:
-        status = self.status_line()
-        # The queue manager's cached total (an upper bound of a full recount,
-        # function schemas included) spares re-tokenizing the whole prompt.
-        return await self._complete(
-            self.queue.compile(status), self.services.functions.schemas, self.queue.total_tokens(status)
-        )
-
-    async def _complete(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        prompt_tokens: int = 0,
-        *,
-        model: str | None = None,
-        call_functions: bool = True,
-    ) -> Completion:
-        """The one way the agent calls the LLM, so each call's cost is counted
-        here, with the model's tokenizer (the daily budget, bot/limits.py):
-        the prompt with its function schemas, plus the completion. Never the
-        server's token counts, which a proxy or local server may not send or
-        may get wrong; only its word on how much of the prompt it served from
-        its cache, which nothing local can know, and which at most lowers a
-        cached token's weight (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails
-        counts nothing."""
-        completion = await self.services.llm.complete(messages, tools, model=model, call_functions=call_functions)
-        counter = self.services.counter
-        prompt = prompt_tokens or counter.count_request(messages, tools or ())
-        answer = counter.count(completion.content or "")
-        for call in completion.tool_calls:
-            answer += TOKENS_PER_MESSAGE + counter.count(call.name) + counter.count(call.arguments)
-        cached = min(prompt, completion.cached_tokens)
-        self.usage.add(TokenUsage(prompt, cached, answer))
-        self.tokens_used += prompt - cached + round(cached * self.services.cached_token_weight) + answer
-        return completion
+        return await self.calls.summarize(previous, evicted, budget)
 
     def status_line(self) -> str:
         """What changes on every call: it rides in the request's last message

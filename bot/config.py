@@ -106,6 +106,12 @@ class Settings:
     unlimited_users: tuple[str, ...] = ()  # agent keys exempt from both limits
     llm_timeout: float = 60.0
     llm_max_retries: int = 3
+    # Requests in flight to the LLM endpoint at once (0: no cap); the server's slot count.
+    llm_concurrency: int = 4
+    # Seconds all LLM calls of one message may take, steps and retries together (0: no budget).
+    message_time_budget: float = 300.0
+    # A model's plain-text answer (no function call) outside a heartbeat chain is sent as the reply.
+    plain_text_replies: bool = True
     embedding_model: str = ""  # empty: the bundled all-MiniLM-L6-v2
     # Load the embedding model in the background at start (run, and chat at a
     # terminal), so the first search rarely waits for it.
@@ -389,6 +395,9 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_UNLIMITED_USERS", "unlimited_users", users),
     Spec("MEMGPT_LLM_TIMEOUT", "llm_timeout", number(1, 3_600)),
     Spec("MEMGPT_LLM_MAX_RETRIES", "llm_max_retries", whole(0, 20)),
+    Spec("MEMGPT_LLM_CONCURRENCY", "llm_concurrency", whole(1, 256, zero="no cap")),
+    Spec("MEMGPT_MESSAGE_TIME_BUDGET", "message_time_budget", number(5, 86_400, zero="no budget")),
+    Spec("MEMGPT_PLAIN_TEXT_REPLIES", "plain_text_replies", switch),
     Spec("MEMGPT_EMBEDDING_MODEL", "embedding_model", text),
     Spec("MEMGPT_WARM_UP", "warm_up", switch),
     Spec("MONGODB_URI", "mongodb_uri", text),

@@ -150,7 +150,8 @@ class UsageLimits:
         return result
 
     async def charge(self, key: str, tokens: int, parts: TokenUsage | None = None) -> None:
-        if tokens <= 0 or not self.daily_budget:
+        # Counted with the budget off too: `limits show` reports usage either way.
+        if tokens <= 0:
             return
         now = self.clock()
         try:

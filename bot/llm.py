@@ -1,63 +1,36 @@
-"""The LLM client: any OpenAI-compatible chat-completions endpoint.
+"""The LLM client: any OpenAI-compatible chat-completions endpoint (OpenAI,
+llama.cpp's servers, Ollama, vLLM).
 
-Retries with exponential backoff on 429, 5xx, timeouts and dropped connections
-are the `openai` client's own (it honours Retry-After); this module adds one
-error type with a message a person can act on, and reads the answer defensively:
-whatever the server sends, the agent gets a `Completion` of plain strings or an
-`LLMUnavailableError`, never another exception.
+Whatever the server does, the agent gets a `Completion` of plain strings
+(bot/completion.py) or an `LLMUnavailableError` with a message a person can
+act on, never another exception. How one request is shaped, sent and repaired
+is bot/request_run.py; what the client learns about its endpoint (refused
+parameters, the server's token ratio and context limit) is bot/endpoint.py.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import openai
-from openai.types.chat import ChatCompletion
 
 from bot import metrics
-from bot.sanitize import fix_surrogates
+from bot.completion import (
+    SAVED,
+    Completion,
+    ContextLimitError,
+    LLMUnavailableError,
+    ToolCall,
+    trouble,
+)
+from bot.endpoint import Endpoint, ModelLimits
+from bot.request_run import RequestRun
 
 log = logging.getLogger(__name__)
-
-
-# Every note the person gets says: what is wrong, that their message is kept, and
-# that they can try again (tests/test_llm_fault_property.py checks all three).
-SAVED = "Your message is saved; please try again"
-
-
-def trouble(what: str, when: str = "shortly") -> str:
-    return f"I'm having trouble: {what}. {SAVED} {when}."
-
-
-class LLMUnavailableError(Exception):
-    """The model could not be reached or answered garbage, after retries."""
-
-    def __init__(self, reason: str, user_message: str) -> None:
-        super().__init__(reason)
-        self.user_message = user_message
-
-
-@dataclass(slots=True)
-class ToolCall:
-    id: str
-    name: str
-    arguments: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass(slots=True)
-class Completion:
-    content: str | None
-    tool_calls: list[ToolCall] = field(default_factory=list)
-    # Prompt tokens the server says it served from its prompt cache
-    # (`usage.prompt_tokens_details.cached_tokens`: OpenAI, vLLM); 0 if it does not say.
-    cached_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -84,6 +57,21 @@ class TokenUsage:
 
 
 class LLMClient:
+    """One OpenAI-compatible endpoint. Each request is shaped for every common
+    server (bot/request_shape.py), carries a `max_tokens`, waits for a free slot
+    when the endpoint's concurrency is capped, and is bounded in time: by the
+    per-request timeout (MEMGPT_LLM_TIMEOUT) times the tries it may take, and
+    by the caller's deadline (the message's time budget).
+
+    A timed-out request is never re-sent: a server that answers one request at a
+    time is still working on it, and a second copy would only queue behind the
+    first. The request is given the time of its retries instead (one wait of
+    timeout x (1 + retries)), then abandoned (its connection closed, which lets
+    llama.cpp stop). Errors that mean the server did not take the request
+    (refused connections, 429, 5xx outages) are retried by the `openai` client,
+    which honours Retry-After. Refusals of the request itself are repaired
+    (bot/refusals.py says what each means)."""
+
     def __init__(
         self,
         model: str,
@@ -92,9 +80,13 @@ class LLMClient:
         base_url: str | None = None,
         timeout: float = 60.0,
         max_retries: int = 3,
+        concurrency: int = 0,
     ) -> None:
         self.model = model
         self._api_key = api_key
+        self.timeout = timeout
+        self.max_retries = max_retries
+        self.endpoint = Endpoint(concurrency=concurrency)
         request_timeout = openai.Timeout(timeout, connect=min(timeout, 10.0))
         self.client = openai.AsyncOpenAI(
             api_key=api_key or "not-set",
@@ -112,15 +104,25 @@ class LLMClient:
         *,
         model: str | None = None,
         call_functions: bool = True,
+        max_tokens: int = 0,
+        deadline: float | None = None,
+        prompt_tokens: int = 0,
     ) -> Completion:
-        """One chat completion; `model` overrides the client's (a cheaper summarizer)."""
+        """One chat completion; `model` overrides the client's (a cheaper summarizer).
+        `max_tokens`: the answer's cap (0: none sent); `deadline`: a time.monotonic()
+        by which to give up; `prompt_tokens`: our count of the request, compared
+        with the server's to learn its ratio (bot/endpoint.py)."""
         started = time.perf_counter()
+        model = model or self.model
         try:
-            completion = await self._complete(messages, tools, model or self.model, call_functions)
+            completion = await self._bounded(messages, tools, model, call_functions, max_tokens, deadline)
             metrics.record_llm_call(time.perf_counter() - started, ok=True)
-            return completion
         except LLMUnavailableError as error:
             metrics.record_llm_call(time.perf_counter() - started, ok=False)
+            if isinstance(error, ContextLimitError):
+                self.endpoint.learn_context_limit(model, error.limit)
+                if error.server_prompt_tokens and prompt_tokens:
+                    self.endpoint.observe(model, error.server_prompt_tokens, prompt_tokens)
             # Some OpenAI-compatible servers and proxies quote the key they refused
             # in the error body, which our error text (logged) carries along.
             reason = str(error)
@@ -128,130 +130,86 @@ class LLMClient:
                 raise
             # `from None`: the SDK's own exception in the chain holds the key too.
             raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
+        if prompt_tokens and completion.server_prompt_tokens and not completion.repaired:
+            self.endpoint.observe(model, completion.server_prompt_tokens, prompt_tokens)
+        return completion
 
-    async def _complete(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, model: str, call_functions: bool
+    def limits(self, model: str | None = None) -> ModelLimits:
+        """What the endpoint taught about `model`: its token ratio and context limit."""
+        return self.endpoint.limits(model or self.model)
+
+    async def _bounded(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        model: str,
+        call_functions: bool,
+        max_tokens: int,
+        deadline: float | None,
     ) -> Completion:
-        kwargs: dict[str, Any] = {"model": model, "messages": messages}
-        if tools:
-            kwargs["tools"] = tools
-            kwargs["tool_choice"] = "auto" if call_functions else "none"
+        wait = self.timeout * (1 + self.max_retries)
+        if deadline is not None:
+            wait = min(wait, deadline - time.monotonic())
+        if wait <= 0:
+            late = trouble("my language model is not answering in time")
+            raise LLMUnavailableError("out of time for this message", late)
+        slots = self.endpoint.slots()
+
+        async def call() -> Completion:
+            # The request itself never times out first: the wait below decides.
+            timeout = openai.Timeout(wait + 5.0, connect=min(self.timeout, 10.0))
+            request = RequestRun(self, model, tools, call_functions, max_tokens, timeout)
+            if slots is None:
+                return await request.run(messages)
+            async with slots:
+                return await request.run(messages)
+
         try:
-            # The low-level post keeps the client's retries, auth and error types but
-            # skips its typed-params transform, which walks every message of the
-            # request in Python and cost ~10 ms per call on a full context. Our
-            # messages are already plain API-shaped dicts.
-            response = await self.client.post("/chat/completions", body=kwargs, cast_to=ChatCompletion)
-        except openai.AuthenticationError as error:
+            return await asyncio.wait_for(call(), wait)
+        except TimeoutError:
             raise LLMUnavailableError(
+                f"no answer within {wait:.0f} s", trouble("my language model is not answering in time")
+            ) from None
+
+    def unavailable(self, error: Exception, model: str) -> LLMUnavailableError:
+        """The error a person can act on, for an exception of the `openai` client."""
+        if isinstance(error, openai.AuthenticationError):
+            return LLMUnavailableError(
                 f"authentication failed: {error}",
                 trouble("my language model refused my API key (an admin needs to check OPENAI_API_KEY)", "later"),
-            ) from error
-        except openai.NotFoundError as error:
-            raise LLMUnavailableError(
+            )
+        if isinstance(error, openai.NotFoundError):
+            return LLMUnavailableError(
                 f"model or endpoint not found: {error}",
                 trouble(f"my language model server does not know the model '{model}'", "later"),
-            ) from error
-        except openai.RateLimitError as error:
-            raise LLMUnavailableError(
-                f"rate limited after retries: {error}",
-                trouble("my language model is rate-limiting me", "in a minute"),
-            ) from error
-        except openai.APITimeoutError as error:
-            raise LLMUnavailableError(
-                "timed out after retries",
-                trouble("my language model is not answering in time"),
-            ) from error
-        except openai.APIConnectionError as error:
-            raise LLMUnavailableError(
-                f"connection failed after retries: {error}",
-                trouble("I can't connect to my language model right now"),
-            ) from error
-        except (openai.APIError, json.JSONDecodeError, ValueError) as error:
-            # APIStatusError (5xx and other statuses) and bodies that are not JSON.
-            raise LLMUnavailableError(
-                f"bad answer from the LLM server: {type(error).__name__}: {error}",
-                trouble("my language model answered with an error"),
-            ) from error
-        completion = _parse(response)
-        # Counted once parsed: a body that does not parse is counted by complete() as an error.
-        metrics.record_tokens(getattr(response, "usage", None))
-        return completion
+            )
+        if isinstance(error, openai.RateLimitError):
+            return LLMUnavailableError(
+                f"rate limited after retries: {error}", trouble("my language model is rate-limiting me", "in a minute")
+            )
+        if isinstance(error, openai.APITimeoutError):
+            return LLMUnavailableError("timed out after retries", trouble("my language model is not answering in time"))
+        if isinstance(error, openai.APIConnectionError):
+            return LLMUnavailableError(
+                f"connection failed after retries: {error}", trouble("I can't connect to my language model right now")
+            )
+        # APIStatusError (5xx and other statuses) and bodies that are not JSON.
+        return LLMUnavailableError(
+            f"bad answer from the LLM server: {type(error).__name__}: {error}",
+            trouble("my language model answered with an error"),
+        )
 
     async def close(self) -> None:
         await self.client.close()
 
 
-def _parse(response: Any) -> Completion:
-    """The first choice's message, as plain strings. The client does not validate a 200
-    body: an HTML page arrives as a str, `{}` as a ChatCompletion with `choices=None`, and
-    fields can hold any JSON type. A body with no message is an error; odd fields are
-    coerced, so the agent's functions see strings and report bad calls to the model."""
-    choices = _field(response, "choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    message = _field(choice, "message")
-    if message is None or isinstance(message, str | int | float | list):
-        error = _field(response, "error")
-        detail = f"an error with status 200: {error!r:.200}" if error else f"no message in {response!r:.200}"
-        raise LLMUnavailableError(
-            f"unreadable answer from the LLM server: {detail}",
-            trouble("my language model sent an answer I can't read"),
-        )
-    raw_calls = _field(message, "tool_calls")
-    calls = []
-    for index, call in enumerate(raw_calls if isinstance(raw_calls, list) else []):
-        function = _field(call, "function")
-        if function is None or isinstance(function, str | int | float | list):
-            continue  # not a function call (an unknown call type, or garbage): nothing to run
-        call_id = _field(call, "id")
-        calls.append(
-            ToolCall(
-                id=_text(call_id) if call_id not in (None, "") else f"call_{index}",
-                name=fix_surrogates(_text(_field(function, "name"))),
-                arguments=fix_surrogates(_text(_field(function, "arguments"))),
-            )
-        )
-    content = _field(message, "content")
-    # Model output is stored as is: a lone surrogate would make it unstorable.
-    text = None if content is None else fix_surrogates(_content_text(content))
-    return Completion(content=text, tool_calls=calls, cached_tokens=_cached_tokens(response))
-
-
-def _cached_tokens(response: Any) -> int:
-    """`usage.prompt_tokens_details.cached_tokens`, if the server sent a
-    sensible one (OpenAI and vLLM do; most others send no details): else 0."""
-    details = _field(_field(response, "usage"), "prompt_tokens_details")
-    cached = _field(details, "cached_tokens")
-    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0 else 0
-
-
-def _field(obj: Any, name: str) -> Any:
-    """`obj.name` of a parsed model, or `obj[name]` of a raw dict the client left
-    unconverted because it did not match the expected type; None if absent."""
-    if isinstance(obj, dict):
-        return obj.get(name)
-    return getattr(obj, name, None)
-
-
-def _text(value: Any) -> str:
-    """A string field (id, name, arguments) as a string. Some servers send the arguments
-    as a JSON object instead of a JSON string: encode it back rather than fail the call."""
-    if value is None:
-        return ""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return str(value)
-
-
-def _content_text(content: Any) -> str:
-    """Content as text; a list of content parts (`[{"type": "text", "text": ...}]`)
-    is joined, anything else stringified."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [_field(part, "text") if not isinstance(part, str) else part for part in content]
-        return "".join(part for part in parts if isinstance(part, str))
-    return _text(content)
+__all__ = [
+    "SAVED",
+    "Completion",
+    "ContextLimitError",
+    "LLMClient",
+    "LLMUnavailableError",
+    "TokenUsage",
+    "ToolCall",
+    "trouble",
+]

@@ -94,6 +94,8 @@ class Runtime:
             cached_token_weight=settings.cached_token_weight,
             summary_model=settings.summary_model,
             channel_context_tokens=settings.channel_context_tokens,
+            plain_text_replies=settings.plain_text_replies,
+            message_time_budget=settings.message_time_budget,
         )
         self._agents: dict[str, Agent] = {}
         # One event (or admin call) per agent at a time in this process, in arrival order.
@@ -142,6 +144,7 @@ class Runtime:
             base_url=settings.openai_base_url,
             timeout=settings.llm_timeout,
             max_retries=settings.llm_max_retries,
+            concurrency=settings.llm_concurrency,
         )
         return cls(settings, store, llm, embedder or Embedder(settings.embedding_model))
 

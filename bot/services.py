@@ -37,3 +37,7 @@ class AgentServices:
     cached_token_weight: float = 1.0
     summary_model: str = ""  # MEMGPT_SUMMARY_MODEL; empty: the chat model
     channel_context_tokens: int = 0  # MEMGPT_CHANNEL_CONTEXT_TOKENS; 0: none shown
+    # MEMGPT_PLAIN_TEXT_REPLIES: a first step's plain text (no function call) is the answer.
+    plain_text_replies: bool = True
+    # MEMGPT_MESSAGE_TIME_BUDGET: seconds all LLM calls of one event may take; 0: no budget.
+    message_time_budget: float = 0.0

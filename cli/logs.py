@@ -19,7 +19,19 @@ from cli.common import PROG, CLIError
 LOG_FILE = "memgpt-bot.log"
 # Loggers that say something on every request or at every start that no
 # operator needs: at WARNING unless MEMGPT_LOG_LEVEL=DEBUG.
-NOISY_LIBRARIES = ("httpx", "httpcore", "openai", "discord", "slack_bolt", "slack_sdk", "urllib3", "pymongo")
+# The openai client logs every request through httpx2 (its fork of httpx) and httpcore2.
+NOISY_LIBRARIES = (
+    "httpx",
+    "httpx2",
+    "httpcore",
+    "httpcore2",
+    "openai",
+    "discord",
+    "slack_bolt",
+    "slack_sdk",
+    "urllib3",
+    "pymongo",
+)
 # Said once at every start, about features the bot does not use (voice).
 UNUSED_FEATURE_NOTES = ("PyNaCl is not installed", "davey is not installed")
 

@@ -84,19 +84,16 @@ class QueueManager:
         self.tools = list(tools)
         self.context_window = context_window
         self.evict_fraction = evict_fraction
-        self.flush_limit = int(context_window * flush_threshold) - response_reserve
-        self.warning_limit = int(context_window * warning_threshold) - response_reserve
+        self.flush_threshold = flush_threshold
         self.warning_threshold = warning_threshold
+        self.configured_reserve = response_reserve
+        self._max_item_setting = max_item_tokens
+        self._fitted = (context_window, 1.0)
+        self._set_limits(context_window, 1.0)
         # MEMGPT_QUEUE_TOKENS: the queue may hold at most this many tokens (0:
         # as many as the window leaves), so a message costs a bounded prompt
         # even on a model with a very large window.
         self.queue_cap = max(0, queue_tokens)
-        # A single queue item may take at most this share of the window in the
-        # prompt; a longer one is shown shortened (it stays whole in recall).
-        # Configurable (MEMGPT_MAX_MESSAGE_TOKENS), but never over half the
-        # window: the newest item is never evicted, so it must leave room.
-        automatic = self.flush_limit // 4
-        self.max_item_tokens = max(64, min(max_item_tokens or automatic, self.flush_limit // 2))
         self.fixed_tokens = (
             TOKENS_PER_REQUEST
             + TOKENS_PER_MESSAGE
@@ -115,6 +112,33 @@ class QueueManager:
         self.working_context_tokens = 0
         self.warned = False
         self._last_status = ("", 0)
+
+    def _set_limits(self, window: int, ratio: float) -> None:
+        # `window` and the reserve are the server's tokens; our counts are
+        # `ratio` times fewer, so the limits (in our tokens) shrink by it.
+        self.window = window
+        self.response_reserve = self.configured_reserve
+        if window < self.context_window:  # as the default reserve: an eighth of a small window
+            self.response_reserve = min(self.configured_reserve, max(64, window // 8))
+        self.flush_limit = int((int(window * self.flush_threshold) - self.response_reserve) / ratio)
+        self.warning_limit = int((int(window * self.warning_threshold) - self.response_reserve) / ratio)
+        # A single queue item may take at most this share of the window in the
+        # prompt; a longer one is shown shortened (it stays whole in recall).
+        # Configurable (MEMGPT_MAX_MESSAGE_TOKENS), but never over half the
+        # window: the newest item is never evicted, so it must leave room.
+        automatic = self.flush_limit // 4
+        self.max_item_tokens = max(64, min(self._max_item_setting or automatic, self.flush_limit // 2))
+
+    def fit_server(self, context_limit: int, ratio: float) -> None:
+        """The server's word wins over ours: its context limit (0: unknown, ours
+        holds) when smaller than the configured window, and its token count,
+        `ratio` times ours (its tokenizer and chat template): the prompt is kept
+        that much smaller. Cheap when nothing changed (called before every step)."""
+        window = min(self.context_window, context_limit) if context_limit > 0 else self.context_window
+        ratio = max(1.0, ratio)
+        if (window, ratio) != self._fitted:
+            self._fitted = (window, ratio)
+            self._set_limits(window, ratio)
 
     # -- state ------------------------------------------------------------
     def load(self, summary: str, messages: Sequence[Message], working_context: str) -> None:
@@ -213,7 +237,7 @@ class QueueManager:
 
     # -- eviction ---------------------------------------------------------
     def summary_budget(self) -> int:
-        return max(64, self.context_window // 10)
+        return max(64, self.window // 10)
 
     def queue_room(self, status_line: str) -> int:
         """Tokens the queue may fill before a flush: what the window leaves
@@ -298,7 +322,7 @@ class QueueManager:
         if total > self.flush_limit:
             raise ContextOverflowError(
                 f"prompt needs {total} tokens but only {self.flush_limit} are available "
-                f"(window {self.context_window}); shrink working context limits or raise MEMGPT_CONTEXT_WINDOW"
+                f"(window {self.window}); shrink working context limits or raise MEMGPT_CONTEXT_WINDOW"
             )
         return total
 

@@ -126,15 +126,32 @@ async def test_malformed_call_returns_error_and_agent_recovers(
     assert "x" * 100 not in agent.working_context.get("human").value
 
 
-async def test_reply_without_a_function_call_is_nudged(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
+async def test_reply_without_a_function_call_is_nudged_when_plain_text_replies_are_off(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
     llm_server.script(
         reply_text("Hello there (but not through send_message)"),
         reply_tool_calls(tool_call("send_message", {"message": "Hello there!"})),
     )
-    runtime = await make_runtime()
+    runtime = await make_runtime(plain_text_replies=False)
     replies = await runtime.handle(say("hi"))
     assert [reply.text for reply in replies] == ["Hello there!"]
     assert "called no function" in llm_server.requests[1]["messages"][-1]["content"]
+
+
+async def test_a_plain_text_answer_is_sent_as_the_reply(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(reply_text("  Hello there, in plain text.  "))
+    runtime = await make_runtime()
+    replies = await runtime.handle(say("hi"))
+    assert [reply.text for reply in replies] == ["Hello there, in plain text."]
+    assert len(llm_server.requests) == 1  # no nudge, no second step
+    # The model sees its own answer in the next prompt, as an assistant message.
+    llm_server.script(reply_text("again"))
+    await runtime.handle(say("and now?"))
+    sent = llm_server.requests[-1]["messages"]
+    assert {"role": "assistant", "content": "  Hello there, in plain text.  "} in sent
 
 
 async def test_core_memory_replace_edits_and_persists(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:

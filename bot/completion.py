@@ -1,0 +1,147 @@
+"""What an LLM server answered, read defensively: whatever it sends, the agent
+gets a `Completion` of plain strings or an `LLMUnavailableError`, never another
+exception; and the errors a person is told about."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from bot.sanitize import fix_surrogates
+
+# Every note the person gets says: what is wrong, that their message is kept, and
+# that they can try again (tests/test_llm_fault_property.py checks all three).
+SAVED = "Your message is saved; please try again"
+
+
+def trouble(what: str, when: str = "shortly") -> str:
+    return f"I'm having trouble: {what}. {SAVED} {when}."
+
+
+class LLMUnavailableError(Exception):
+    """The model could not be reached or answered garbage, after retries."""
+
+    def __init__(self, reason: str, user_message: str) -> None:
+        super().__init__(reason)
+        self.user_message = user_message
+
+
+@dataclass(slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass(slots=True)
+class Completion:
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    # Prompt tokens the server says it served from its prompt cache
+    # (`usage.prompt_tokens_details.cached_tokens`: OpenAI, vLLM); 0 if it does not say.
+    cached_tokens: int = 0
+    # The server's count of the prompt (`usage.prompt_tokens`); 0 if it does not say.
+    server_prompt_tokens: int = 0
+    finish_reason: str = ""
+    # What was sent differs from what was asked (a repair, bot/request_run.py).
+    repaired: bool = False
+
+
+class ContextLimitError(LLMUnavailableError):
+    """The server said the prompt is over its context limit (bot/refusals.py)."""
+
+    def __init__(self, reason: str, limit: int | None, server_prompt_tokens: int | None) -> None:
+        super().__init__(reason, trouble("my memory is too full for my language model", "in a moment"))
+        self.limit = limit
+        self.server_prompt_tokens = server_prompt_tokens
+
+
+def parse_completion(response: Any) -> Completion:
+    """The first choice's message, as plain strings. The client does not validate a 200
+    body: an HTML page arrives as a str, `{}` as a ChatCompletion with `choices=None`, and
+    fields can hold any JSON type. A body with no message is an error; odd fields are
+    coerced, so the agent's functions see strings and report bad calls to the model."""
+    choices = _field(response, "choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    message = _field(choice, "message")
+    if message is None or isinstance(message, str | int | float | list):
+        error = _field(response, "error")
+        detail = f"an error with status 200: {error!r:.200}" if error else f"no message in {response!r:.200}"
+        raise LLMUnavailableError(
+            f"unreadable answer from the LLM server: {detail}",
+            trouble("my language model sent an answer I can't read"),
+        )
+    raw_calls = _field(message, "tool_calls")
+    calls = []
+    for index, call in enumerate(raw_calls if isinstance(raw_calls, list) else []):
+        function = _field(call, "function")
+        if function is None or isinstance(function, str | int | float | list):
+            continue  # not a function call (an unknown call type, or garbage): nothing to run
+        call_id = _field(call, "id")
+        calls.append(
+            ToolCall(
+                id=_text(call_id) if call_id not in (None, "") else f"call_{index}",
+                name=fix_surrogates(_text(_field(function, "name"))),
+                arguments=fix_surrogates(_text(_field(function, "arguments"))),
+            )
+        )
+    content = _field(message, "content")
+    # Model output is stored as is: a lone surrogate would make it unstorable.
+    text = None if content is None else fix_surrogates(_content_text(content))
+    finish = _field(choice, "finish_reason")
+    return Completion(
+        content=text,
+        tool_calls=calls,
+        cached_tokens=_cached_tokens(response),
+        server_prompt_tokens=_usage_count(response, "prompt_tokens"),
+        finish_reason=finish if isinstance(finish, str) else "",
+    )
+
+
+def _usage_count(response: Any, name: str) -> int:
+    count = _field(_field(response, "usage"), name)
+    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+
+def _cached_tokens(response: Any) -> int:
+    """`usage.prompt_tokens_details.cached_tokens`, if the server sent a
+    sensible one (OpenAI and vLLM do; most others send no details): else 0."""
+    details = _field(_field(response, "usage"), "prompt_tokens_details")
+    cached = _field(details, "cached_tokens")
+    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0 else 0
+
+
+def _field(obj: Any, name: str) -> Any:
+    """`obj.name` of a parsed model, or `obj[name]` of a raw dict the client left
+    unconverted because it did not match the expected type; None if absent."""
+    if isinstance(obj, dict):
+        return obj.get(name)
+    return getattr(obj, name, None)
+
+
+def _text(value: Any) -> str:
+    """A string field (id, name, arguments) as a string. Some servers send the arguments
+    as a JSON object instead of a JSON string: encode it back rather than fail the call."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _content_text(content: Any) -> str:
+    """Content as text; a list of content parts (`[{"type": "text", "text": ...}]`)
+    is joined, anything else stringified."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [_field(part, "text") if not isinstance(part, str) else part for part in content]
+        return "".join(part for part in parts if isinstance(part, str))
+    return _text(content)

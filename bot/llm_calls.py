@@ -1,0 +1,206 @@
+"""Every LLM call one agent makes: the step's call, the summaries that make room
+for it, and their metering.
+
+- Before each step the queue is fitted to what the server taught (its context
+  limit, its token count per ours: bot/endpoint.py), then flushed as needed.
+- A step the server refuses as over its context flushes harder (the limits
+  learned from the refusal, or one more eviction) and is sent again.
+- Every call carries a `max_tokens` for its purpose (a step: the response
+  reserve; a summary: its budget) and the deadline of the message's time budget.
+- Every call's tokens are counted here, with the model's tokenizer (the daily
+  budget, bot/limits.py); see `complete`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from bot.llm import Completion, ContextLimitError, TokenUsage
+from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
+from memory.queue_manager import PRESSURE_MARKER, render_transcript
+from memory.tokens import TOKENS_PER_MESSAGE
+from memory.types import Message
+
+if TYPE_CHECKING:
+    from bot.agent import Agent
+
+log = logging.getLogger(__name__)
+
+MAX_FLUSHES_PER_STEP = 3
+# Tries of a step the server refuses as over its context, each after a harder flush.
+CONTEXT_RETRIES = 3
+# A refusal that gave no token count: the margin grows by this much.
+UNCOUNTED_MARGIN = 1.15
+MAX_RATIO = 4.0
+
+
+class AgentCalls:
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        # time.monotonic() by which the current event's calls must be done (None: no budget).
+        self.deadline: float | None = None
+
+    def start_event(self) -> None:
+        budget = self.agent.services.message_time_budget
+        self.deadline = time.monotonic() + budget if budget > 0 else None
+
+    # -- the step -------------------------------------------------------------
+    async def step(self) -> Completion:
+        agent = self.agent
+        for attempt in range(CONTEXT_RETRIES):
+            self.fit_server()
+            await self.make_room()
+            try:
+                return await self._step_call()
+            except ContextLimitError as error:
+                if attempt == CONTEXT_RETRIES - 1:
+                    raise
+                limits = agent.services.llm.limits()
+                if not error.server_prompt_tokens:
+                    limits.ratio = min(MAX_RATIO, limits.ratio * UNCOUNTED_MARGIN)
+                before = agent.queue.flush_limit
+                self.fit_server()
+                log.warning(
+                    "agent %s: the LLM server refused the prompt as over its context (%s); limit %d -> %d tokens, "
+                    "flushing and retrying",
+                    agent.id,
+                    error,
+                    before,
+                    agent.queue.flush_limit,
+                )
+                if not agent.queue.needs_flush(agent.status_line()):
+                    await self._evict()
+        raise AssertionError("unreachable")
+
+    def fit_server(self) -> None:
+        limits = self.agent.services.llm.limits()
+        self.agent.queue.fit_server(limits.context_limit, limits.ratio)
+
+    async def _step_call(self) -> Completion:
+        agent = self.agent
+        status = agent.status_line()
+        # The queue manager's cached total (an upper bound of a full recount,
+        # function schemas included) spares re-tokenizing the whole prompt.
+        return await self.complete(
+            agent.queue.compile(status),
+            agent.services.functions.schemas,
+            agent.queue.total_tokens(status),
+            max_tokens=agent.queue.response_reserve,
+        )
+
+    # -- queue management --------------------------------------------------
+    async def make_room(self) -> None:
+        agent = self.agent
+        queue = agent.queue
+        status = agent.status_line()
+        if queue.needs_warning(status):
+            used = round(100 * queue.pressure())
+            await agent.record_messages(
+                [
+                    Message(
+                        role="user",
+                        name="system_alert",
+                        content=(
+                            f"[system alert] {PRESSURE_MARKER} Your context is {used}% full. The oldest "
+                            "messages will soon leave your queue (they stay in recall storage). Save "
+                            "anything important to working context or archival storage now."
+                        ),
+                    )
+                ]
+            )
+            queue.warned = True
+        for _ in range(MAX_FLUSHES_PER_STEP):
+            if not queue.needs_flush(agent.status_line()):
+                return
+            await self._evict()
+        queue.fits_or_raise(agent.status_line())
+
+    async def _evict(self) -> None:
+        agent = self.agent
+        eviction = await agent.queue.evict(agent.status_line(), self.summarize)
+        await agent.conversation.flushed(agent.store, eviction)
+        log.info(
+            "agent %s: evicted %d messages (summary by %s)",
+            agent.id,
+            len(eviction.evicted),
+            "LLM" if eviction.summarized_by_llm else "truncation",
+        )
+
+    async def summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
+        agent = self.agent
+        counter, queue = agent.services.counter, agent.queue
+        max_words = max(40, int(budget * 0.6))
+        # The answer's cap: the budget, and a little over (the queue cuts a longer
+        # summary to the budget); a model that runs on stops there, not at the window.
+        max_tokens = budget + 32
+        if not agent.services.summary_model:
+            # The chat model summarizes from the prompt it just read (cached by
+            # the provider): the agent's own request up to the evicted messages.
+            tools = agent.services.functions.schemas
+            messages = queue.summary_prompt(evicted, SUMMARY_REQUEST.format(max_words=max_words))
+            if messages:
+                tokens = counter.count_request(messages, tools)
+                # Within the limit every step keeps to, so the answer has at least
+                # the reserve; the prompt and the cap together stay in the window.
+                room = queue.flush_limit + queue.response_reserve - tokens
+                if tokens <= queue.flush_limit:
+                    cap = max(64, min(max_tokens, room))
+                    completion = await self.complete(messages, tools, tokens, call_functions=False, max_tokens=cap)
+                    return (completion.content or "").strip()
+        system = SUMMARIZER_INSTRUCTIONS.format(max_words=max_words)
+        header = f"Previous summary:\n{previous or '(none)'}\n\nMessages leaving memory:\n"
+        room = (
+            queue.flush_limit
+            - max(0, max_tokens - queue.response_reserve)
+            - counter.count_request([{"role": "system", "content": system}, {"role": "user", "content": header}])
+            - 16
+        )
+        transcript = counter.truncate(render_transcript(evicted), max(0, room))
+        completion = await self.complete(
+            [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}],
+            model=agent.services.summary_model or None,
+            max_tokens=max_tokens,
+        )
+        return (completion.content or "").strip()
+
+    # -- every LLM call, metered ---------------------------------------------
+    async def complete(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        prompt_tokens: int = 0,
+        *,
+        model: str | None = None,
+        call_functions: bool = True,
+        max_tokens: int = 0,
+    ) -> Completion:
+        """The one way the agent calls the LLM, so each call's cost is counted
+        here, with the model's tokenizer (the daily budget, bot/limits.py):
+        the prompt with its function schemas, plus the completion. Never the
+        server's token counts for the budget, which a proxy or local server may
+        not send or may get wrong (they teach the client its margin, bot/endpoint.py);
+        only its word on how much of the prompt it served from its cache, which
+        nothing local can know, and which at most lowers a cached token's weight
+        (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails counts nothing."""
+        agent = self.agent
+        counter = agent.services.counter
+        prompt = prompt_tokens or counter.count_request(messages, tools or ())
+        completion = await agent.services.llm.complete(
+            messages,
+            tools,
+            model=model,
+            call_functions=call_functions,
+            max_tokens=max_tokens,
+            deadline=self.deadline,
+            prompt_tokens=prompt,
+        )
+        answer = counter.count(completion.content or "")
+        for call in completion.tool_calls:
+            answer += TOKENS_PER_MESSAGE + counter.count(call.name) + counter.count(call.arguments)
+        cached = min(prompt, completion.cached_tokens)
+        agent.usage.add(TokenUsage(prompt, cached, answer))
+        agent.tokens_used += prompt - cached + round(cached * agent.services.cached_token_weight) + answer
+        return completion

@@ -1,0 +1,175 @@
+"""One request to the LLM server, sent until it is taken or cannot be.
+
+The messages go in the shape every server accepts (bot/request_shape.py),
+without what the endpoint already refused (bot/endpoint.py). When the server
+refuses the request (bot/refusals.py says what a refusal means):
+
+- a parameter it does not take is dropped (or renamed, max_tokens to
+  max_completion_tokens) and the request sent again; the endpoint remembers;
+- a prompt over its context limit is the caller's to shrink: ContextLimitError;
+- anything else about the request is its shape: the request is repaired, level
+  by level (the messages the refusal names dropped, then function calls as
+  text, then the newest message alone), each sent once without the client's
+  retries. What made it pass is remembered for the endpoint's later requests,
+  and the operator is told once. A refusal no repair lifts is an
+  LLMUnavailableError with one clear note for the person; nothing of it stays
+  in what the next request sends, so the next message can succeed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import openai
+from openai._types import RequestOptions
+from openai.types.chat import ChatCompletion
+
+from bot import metrics, request_shape
+from bot.completion import Completion, ContextLimitError, LLMUnavailableError, parse_completion, trouble
+from bot.refusals import Refusal, classify
+
+if TYPE_CHECKING:
+    from bot.llm import LLMClient
+
+log = logging.getLogger(__name__)
+
+MAX_PARAMETER_FIXES = 3
+
+
+@dataclass(slots=True)
+class RequestRun:
+    client: LLMClient
+    model: str
+    tools: list[dict[str, Any]] | None
+    call_functions: bool
+    max_tokens: int
+    timeout: openai.Timeout
+    # The refusal a repair answered, and what to remember once the repair passes.
+    _refusal: Refusal | None = field(default=None, init=False)
+    _pending: tuple[int, set[str]] = field(default_factory=lambda: (0, set()), init=False)
+
+    async def run(self, messages: list[dict[str, Any]]) -> Completion:
+        shaped = request_shape.portable(messages)
+        attempt, levels, level, fixes = self._known_repairs(shaped), list(request_shape.LEVELS), 0, 0
+        while True:
+            body = self._body(attempt)
+            try:
+                # The low-level post keeps the client's retries, auth and error types but
+                # skips its typed-params transform, which walks every message of the
+                # request in Python and cost ~10 ms per call on a full context. Our
+                # messages are already plain API-shaped dicts. A repair is sent once.
+                options: RequestOptions = {"timeout": self.timeout}
+                if level:
+                    options["max_retries"] = 0
+                response = await self.client.client.post(
+                    "/chat/completions", body=body, cast_to=ChatCompletion, options=options
+                )
+            except openai.APIStatusError as error:
+                refusal = classify(error, body)
+                if refusal is None:
+                    raise self.client.unavailable(error, self.model) from error
+                if refusal.over_context:
+                    raise ContextLimitError(
+                        f"over the server's context: {refusal.text[:300]}",
+                        refusal.context_limit,
+                        refusal.server_prompt_tokens,
+                    ) from error
+                if refusal.parameter and fixes < MAX_PARAMETER_FIXES:
+                    fixes += 1
+                    self._without_parameter(refusal)
+                    continue
+                repaired = None
+                while repaired is None and levels:
+                    level = levels.pop(0)
+                    repaired = request_shape.repair(attempt, level, refusal.text)
+                if repaired is None:
+                    raise self._refused(refusal) from error
+                log.info("LLM server refused a request (%s); retrying it repaired", refusal_summary(refusal))
+                self._remember(level, attempt, repaired, refusal)
+                attempt = repaired
+                continue
+            except (openai.APIError, json.JSONDecodeError, ValueError) as error:
+                raise self.client.unavailable(error, self.model) from error
+            completion = parse_completion(response)
+            completion.repaired = attempt is not shaped
+            # Counted once parsed: a body that does not parse is counted by complete() as an error.
+            metrics.record_tokens(getattr(response, "usage", None))
+            if level:
+                self._learned(level)
+            return completion
+
+    # -- what the endpoint learned ---------------------------------------------
+    def _known_repairs(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        endpoint = self.client.endpoint
+        if endpoint.dropped_messages:
+            drop = [i for i, m in enumerate(messages) if request_shape.fingerprint(m) in endpoint.dropped_messages]
+            if drop:
+                messages = request_shape.drop_messages(messages, drop)
+        if endpoint.tools_as_text:
+            messages = request_shape.tools_as_text(messages)
+        return messages
+
+    def _remember(
+        self, level: int, before: list[dict[str, Any]], after: list[dict[str, Any]], refusal: Refusal
+    ) -> None:
+        """Noted now, kept for the endpoint only if the repaired request passes."""
+        self._refusal = refusal
+        kept = {request_shape.fingerprint(m) for m in after}
+        gone = {request_shape.fingerprint(m) for m in before} - kept if level == request_shape.DROP_NAMED else set()
+        self._pending = (level, gone)
+
+    def _learned(self, level: int) -> None:
+        """The repair at `level` passed: later requests get it up front (the newest-only
+        repair is for this request alone: sent always, it would forget the conversation)."""
+        endpoint = self.client.endpoint
+        pending_level, gone = self._pending
+        if pending_level == request_shape.DROP_NAMED:
+            endpoint.dropped_messages.update(gone)
+        elif pending_level == request_shape.TOOLS_AS_TEXT:
+            endpoint.tools_as_text = True
+        endpoint.tell_once(
+            f"repair:{level}",
+            f"the LLM server refused requests ({refusal_summary(self._refusal)}); "
+            f"repaired: {request_shape.LEVEL_NAMES[level]} (recall storage keeps every message)",
+        )
+
+    def _without_parameter(self, refusal: Refusal) -> None:
+        endpoint = self.client.endpoint
+        name = refusal.parameter or ""
+        if name == "max_tokens" and "max_completion_tokens" in refusal.text.lower():
+            endpoint.renamed_parameters["max_tokens"] = "max_completion_tokens"
+            what = "sends max_completion_tokens instead of max_tokens"
+        else:
+            endpoint.dropped_parameters.add(name)
+            what = f"no longer sends {name}"
+        endpoint.tell_once(
+            f"parameter:{name}", f"the LLM server refused the parameter {name} ({refusal.text[:160]}); the bot {what}"
+        )
+
+    def _body(self, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        endpoint = self.client.endpoint
+        body: dict[str, Any] = {"model": self.model, "messages": messages}
+        tool_choice_ok = "tool_choice" not in endpoint.dropped_parameters
+        # A summary (no function calls wanted) goes without tools where tool_choice "none" is refused.
+        if self.tools and (self.call_functions or tool_choice_ok):
+            body["tools"] = self.tools
+            if tool_choice_ok:
+                body["tool_choice"] = "auto" if self.call_functions else "none"
+        if self.max_tokens > 0:
+            name = endpoint.renamed_parameters.get("max_tokens", "max_tokens")
+            if name not in endpoint.dropped_parameters:
+                body[name] = self.max_tokens
+        return body
+
+    def _refused(self, refusal: Refusal) -> LLMUnavailableError:
+        return LLMUnavailableError(
+            f"the LLM server refused the request, also repaired ({refusal_summary(refusal)})",
+            trouble("my language model refused my request, even simplified (an admin can see why in the log)"),
+        )
+
+
+def refusal_summary(refusal: Refusal | None) -> str:
+    return "" if refusal is None else f"HTTP {refusal.status}: {' '.join(refusal.text.split())[:200]}"
