@@ -137,9 +137,10 @@ async def ask(question: Question, env: dict[str, str], embedder: Embedder) -> tu
     return answer, result.tokens_used, result.steps, seconds, result.trouble is not None
 
 
-async def run(args: argparse.Namespace, base_url: str, model: str) -> list[Answered]:
+async def run(args: argparse.Namespace, base_url: str, model: str, embedder: Embedder | None = None) -> list[Answered]:
     conversations = [c for c in load(args.data) if not args.conversations or c.name in args.conversations]
-    embedder = Embedder()
+    own_embedder = embedder is None
+    embedder = embedder or Embedder()
     judge_client = (
         openai.AsyncOpenAI(base_url=args.judge_base_url, api_key=os.environ.get("JUDGE_API_KEY") or args.api_key)
         if args.judge_model
@@ -185,7 +186,8 @@ async def run(args: argparse.Namespace, base_url: str, model: str) -> list[Answe
                     f"  {tokens} tokens, {steps} steps, {seconds:.1f} s  Q: {question.text!r}  A: {answer[:120]!r}",
                     flush=True,
                 )
-    await embedder.close()
+    if own_embedder:
+        await embedder.close()
     return answered
 
 
