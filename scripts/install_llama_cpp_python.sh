@@ -36,8 +36,8 @@ fi
 
 echo "install_llama_cpp_python: building llama-cpp-python[server]==$version into $venv (about 30 minutes the first time)" >&2
 started=$SECONDS
-rm -rf "$venv"
-"$base_python" -m venv "$venv"
+# An interrupted install is resumed: pip skips what the venv already has.
+[[ -x "$python" ]] || "$base_python" -m venv "$venv"
 "$python" -m pip install -q --upgrade pip >&2
 # Only what the server needs: no multimodal (mtmd) library, no tests/examples/tools.
 export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON}"
