@@ -80,7 +80,7 @@ class Agent:
         self.conversations: dict[str, Conversation] = {dm.key: dm}
         # The conversation of the event being handled (the DM's between events).
         self.conversation = dm
-        # Tokens of every LLM call this agent made, counted locally (_complete):
+        # Tokens of every LLM call this agent made, counted locally (bot/llm_calls.py):
         # what the daily budget charges (cached tokens at their weight), and the
         # parts (prompt, the share the server said it cached, completion).
         self.tokens_used = 0
@@ -200,6 +200,7 @@ class Agent:
         try:
             return await self._run(event, result)
         finally:
+            self.queue.protected_seq = None
             self.current_event, self.conversation, self._channel_context = None, self.conversations[DM.key], ""
 
     async def _run(self, event: Event, result: EventResult) -> EventResult:
@@ -211,6 +212,9 @@ class Agent:
             )
         self.calls.start_event()
         self._best_text = ""
+        # A flush keeps this event's message if it can (memory/queue_manager.py).
+        ours = [e.message.seq for e in self.queue.entries if e.message.event_id == event.event_id]
+        self.queue.protected_seq = ours[0] if ours else None
         while True:
             result.steps += 1
             try:
@@ -286,7 +290,7 @@ class Agent:
     async def _execute(self, completion: Completion, *, first_step: bool = False) -> bool:
         """Run one step's function calls in order; returns whether to go on."""
         calls = completion.tool_calls
-        text = (completion.content or "").strip()
+        text = (completion.content or "").strip() if completion.content_is_text else ""
         if not calls and text and self._awaits_answer() and not self._outbox:
             if first_step and self.services.plain_text_replies:
                 # Answered in plain text, not in a heartbeat chain: that text is the

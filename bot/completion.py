@@ -49,6 +49,7 @@ class Completion:
     finish_reason: str = ""
     # What was sent differs from what was asked (a repair, bot/request_run.py).
     repaired: bool = False
+    content_is_text: bool = True
 
 
 class ContextLimitError(LLMUnavailableError):
@@ -99,6 +100,10 @@ def parse_completion(response: Any) -> Completion:
         cached_tokens=_cached_tokens(response),
         server_prompt_tokens=_usage_count(response, "prompt_tokens"),
         finish_reason=finish if isinstance(finish, str) else "",
+        # A number or an object where the text belongs is coerced for the queue,
+        # but it is no answer to send a person.
+        content_is_text=isinstance(content, str)
+        or (isinstance(content, list) and all(isinstance(part, dict) for part in content)),
     )
 
 

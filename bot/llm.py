@@ -147,29 +147,44 @@ class LLMClient:
         max_tokens: int,
         deadline: float | None,
     ) -> Completion:
+        late = trouble("my language model is not answering in time")
+        slots = self.endpoint.slots()
+        if slots is None:
+            return await self._timed(messages, tools, model, call_functions, max_tokens, deadline)
+        # Waiting for a free slot is our queue, not the server's slowness: bounded by
+        # the message's deadline only, and the request's own time starts once it is sent.
+        try:
+            async with asyncio.timeout(None if deadline is None else max(0.0, deadline - time.monotonic())):
+                await slots.acquire()
+        except TimeoutError:
+            raise LLMUnavailableError("out of time waiting for a free LLM slot", late) from None
+        try:
+            return await self._timed(messages, tools, model, call_functions, max_tokens, deadline)
+        finally:
+            slots.release()
+
+    async def _timed(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        model: str,
+        call_functions: bool,
+        max_tokens: int,
+        deadline: float | None,
+    ) -> Completion:
         wait = self.timeout * (1 + self.max_retries)
         if deadline is not None:
             wait = min(wait, deadline - time.monotonic())
+        late = trouble("my language model is not answering in time")
         if wait <= 0:
-            late = trouble("my language model is not answering in time")
             raise LLMUnavailableError("out of time for this message", late)
-        slots = self.endpoint.slots()
-
-        async def call() -> Completion:
-            # The request itself never times out first: the wait below decides.
-            timeout = openai.Timeout(wait + 5.0, connect=min(self.timeout, 10.0))
-            request = RequestRun(self, model, tools, call_functions, max_tokens, timeout)
-            if slots is None:
-                return await request.run(messages)
-            async with slots:
-                return await request.run(messages)
-
+        # The request itself never times out first: the wait below decides.
+        timeout = openai.Timeout(wait + 5.0, connect=min(self.timeout, 10.0))
+        request = RequestRun(self, model, tools, call_functions, max_tokens, timeout)
         try:
-            return await asyncio.wait_for(call(), wait)
+            return await asyncio.wait_for(request.run(messages), wait)
         except TimeoutError:
-            raise LLMUnavailableError(
-                f"no answer within {wait:.0f} s", trouble("my language model is not answering in time")
-            ) from None
+            raise LLMUnavailableError(f"no answer within {wait:.0f} s", late) from None
 
     def unavailable(self, error: Exception, model: str) -> LLMUnavailableError:
         """The error a person can act on, for an exception of the `openai` client."""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from bot.llm import Completion, ContextLimitError, TokenUsage
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
-from memory.queue_manager import PRESSURE_MARKER, render_transcript
+from memory.queue_manager import PRESSURE_MARKER, ContextOverflowError, render_transcript
 from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import Message
 
@@ -71,8 +71,12 @@ class AgentCalls:
                     before,
                     agent.queue.flush_limit,
                 )
-                if not agent.queue.needs_flush(agent.status_line()):
-                    await self._evict()
+                if agent.queue.flush_limit == before and not agent.queue.needs_flush(agent.status_line()):
+                    # Nothing learned (no count, no limit in the refusal): one more eviction.
+                    try:
+                        await self._evict()
+                    except ContextOverflowError:
+                        raise error from None
         raise AssertionError("unreachable")
 
     def fit_server(self) -> None:
@@ -145,9 +149,8 @@ class AgentCalls:
                 tokens = counter.count_request(messages, tools)
                 # Within the limit every step keeps to, so the answer has at least
                 # the reserve; the prompt and the cap together stay in the window.
-                room = queue.flush_limit + queue.response_reserve - tokens
                 if tokens <= queue.flush_limit:
-                    cap = max(64, min(max_tokens, room))
+                    cap = max(64, min(max_tokens, queue.answer_room(tokens)))
                     completion = await self.complete(messages, tools, tokens, call_functions=False, max_tokens=cap)
                     return (completion.content or "").strip()
         system = SUMMARIZER_INSTRUCTIONS.format(max_words=max_words)
@@ -159,10 +162,13 @@ class AgentCalls:
             - 16
         )
         transcript = counter.truncate(render_transcript(evicted), max(0, room))
+        request = [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}]
+        tokens = counter.count_request(request)
         completion = await self.complete(
-            [{"role": "system", "content": system}, {"role": "user", "content": header + transcript}],
+            request,
+            prompt_tokens=tokens,
             model=agent.services.summary_model or None,
-            max_tokens=max_tokens,
+            max_tokens=max(64, min(max_tokens, queue.answer_room(tokens))),
         )
         return (completion.content or "").strip()
 

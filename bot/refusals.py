@@ -11,12 +11,16 @@ Each server words a refusal its own way; these are the ones seen in the wild:
     size (4096 tokens)" with `n_prompt_tokens` and `n_ctx` in the error object
     (type `exceed_context_size_error`); older ones: "the request exceeds the
     available context size";
+  - llama-cpp-python's own words under its OpenAI-style ones: "Requested tokens
+    (2723) exceed context window of 2560";
   - others: "context_length_exceeded", "prompt is too long", "input is too long";
 - a parameter the server does not take: "Unsupported parameter: 'max_tokens' ...
   Use 'max_completion_tokens' instead" (OpenAI's reasoning models), "Unrecognized
   request argument supplied: tool_choice", pydantic's "Extra inputs are not
   permitted" at `('body', 'parallel_tool_calls')`, vLLM's "\"auto\" tool choice
-  requires --enable-auto-tool-choice";
+  requires --enable-auto-tool-choice"; tools themselves: llama-server's "tools param
+  requires --jinja flag", Ollama's "model does not support tools" (then the model
+  answers in plain text, which is sent as its answer);
 - the request's shape: any other 400 or 422, and a 500 whose words are a
   validation's (llama-cpp-python answers its schema's "7 validation errors" with
   500; llama.cpp's chat templates raise "Conversation roles must alternate").
@@ -32,6 +36,7 @@ import openai
 
 # Parameters the bot sends that a request can do without.
 OPTIONAL_PARAMETERS = ("max_tokens", "max_completion_tokens", "tool_choice", "parallel_tool_calls")
+# (`tools` too, by its own words below: "tools" alone is in too many refusals.)
 
 _CONTEXT_WORDS = re.compile(
     r"maximum context length|context length|context size|context window|context_length_exceeded|"
@@ -43,6 +48,7 @@ _LIMIT = [
     re.compile(r"available context size \((\d+)", re.IGNORECASE),
     re.compile(r"context (?:length|size|window) (?:of|is) (\d+)", re.IGNORECASE),
     re.compile(r"exceeds limit of (\d+)", re.IGNORECASE),
+    re.compile(r"exceed context window of (\d+)", re.IGNORECASE),
 ]
 _PROMPT = [
     re.compile(r"\((\d+) in the messages", re.IGNORECASE),
@@ -50,6 +56,7 @@ _PROMPT = [
     re.compile(r"request has (\d+) input tokens", re.IGNORECASE),
     re.compile(r"request \((\d+) tokens\)", re.IGNORECASE),
     re.compile(r"prompt \((\d+) tokens\)", re.IGNORECASE),
+    re.compile(r"requested tokens \((\d+)\)", re.IGNORECASE),
 ]
 _VALIDATION_WORDS = re.compile(
     r"validation error|input should be|field required|extra inputs|not permitted|invalid|must be|"
@@ -108,6 +115,9 @@ def classify(error: openai.APIStatusError, sent: dict[str, Any]) -> Refusal | No
                 return refusal
     if "auto" in lowered and "tool choice" in lowered and "tool_choice" in sent:
         refusal.parameter = "tool_choice"
+        return refusal
+    if "tools" in sent and ("--jinja" in lowered or "tools param" in lowered or "does not support tools" in lowered):
+        refusal.parameter = "tools"  # llama-server without --jinja; Ollama models without tool support
         return refusal
     if status >= 500 and not _VALIDATION_WORDS.search(text):
         return None

@@ -50,10 +50,15 @@ class RequestRun:
     # The refusal a repair answered, and what to remember once the repair passes.
     _refusal: Refusal | None = field(default=None, init=False)
     _pending: tuple[int, set[str]] = field(default_factory=lambda: (0, set()), init=False)
+    _dropped: bool = field(default=False, init=False)
 
     async def run(self, messages: list[dict[str, Any]]) -> Completion:
-        shaped = request_shape.portable(messages)
-        attempt, levels, level, fixes = self._known_repairs(shaped), list(request_shape.LEVELS), 0, 0
+        attempt, levels, level, fixes = (
+            self._known_repairs(request_shape.portable(messages)),
+            list(request_shape.LEVELS),
+            0,
+            0,
+        )
         while True:
             body = self._body(attempt)
             try:
@@ -89,12 +94,14 @@ class RequestRun:
                     raise self._refused(refusal) from error
                 log.info("LLM server refused a request (%s); retrying it repaired", refusal_summary(refusal))
                 self._remember(level, attempt, repaired, refusal)
+                self._dropped = self._dropped or level != request_shape.TOOLS_AS_TEXT
                 attempt = repaired
                 continue
             except (openai.APIError, json.JSONDecodeError, ValueError) as error:
                 raise self.client.unavailable(error, self.model) from error
             completion = parse_completion(response)
-            completion.repaired = attempt is not shaped
+            # Messages left out: our count of the prompt is not the server's to compare.
+            completion.repaired = self._dropped
             # Counted once parsed: a body that does not parse is counted by complete() as an error.
             metrics.record_tokens(getattr(response, "usage", None))
             if level:
@@ -108,6 +115,7 @@ class RequestRun:
             drop = [i for i, m in enumerate(messages) if request_shape.fingerprint(m) in endpoint.dropped_messages]
             if drop:
                 messages = request_shape.drop_messages(messages, drop)
+                self._dropped = True
         if endpoint.tools_as_text:
             messages = request_shape.tools_as_text(messages)
         return messages
@@ -154,7 +162,8 @@ class RequestRun:
         body: dict[str, Any] = {"model": self.model, "messages": messages}
         tool_choice_ok = "tool_choice" not in endpoint.dropped_parameters
         # A summary (no function calls wanted) goes without tools where tool_choice "none" is refused.
-        if self.tools and (self.call_functions or tool_choice_ok):
+        tools_ok = "tools" not in endpoint.dropped_parameters
+        if self.tools and tools_ok and (self.call_functions or tool_choice_ok):
             body["tools"] = self.tools
             if tool_choice_ok:
                 body["tool_choice"] = "auto" if self.call_functions else "none"

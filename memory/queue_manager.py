@@ -112,6 +112,8 @@ class QueueManager:
         self.working_context_tokens = 0
         self.warned = False
         self._last_status = ("", 0)
+        # Messages from this seq on (the current event's) leave only if nothing else can.
+        self.protected_seq: int | None = None
 
     def _set_limits(self, window: int, ratio: float) -> None:
         # `window` and the reserve are the server's tokens; our counts are
@@ -128,6 +130,13 @@ class QueueManager:
         # window: the newest item is never evicted, so it must leave room.
         automatic = self.flush_limit // 4
         self.max_item_tokens = max(64, min(self._max_item_setting or automatic, self.flush_limit // 2))
+
+    def answer_room(self, prompt_tokens: int) -> int:
+        """Tokens an answer may take beside a prompt of `prompt_tokens` (ours, a
+        recount): what the server's window leaves, with 3% slack for the ratio,
+        which was learned against our cached upper bounds."""
+        ratio = self._fitted[1]
+        return int(self.window * self.flush_threshold - prompt_tokens * ratio * 1.03)
 
     def fit_server(self, context_limit: int, ratio: float) -> None:
         """The server's word wins over ours: its context limit (0: unknown, ours
@@ -256,6 +265,12 @@ class QueueManager:
         valid = [i for i, e in enumerate(self.entries) if e.message.role != "tool" and i > 0]
         if not valid:
             raise ContextOverflowError("the queue has no point where it can be cut")
+        # The current event's messages stay when a cut before them exists: a flush
+        # that a pressure alert set off must not take the message the model is to answer.
+        protected = self.protected_seq
+        if protected is not None:
+            before = [i for i in valid if (self.entries[i].message.seq or 0) <= protected]
+            valid = before or valid
         # The low-water mark is within the room, so reaching it also makes the
         # prompt fit the window with the summary at its full budget.
         low_water = max(0, int(self.queue_room(status_line) * (1 - self.evict_fraction)))

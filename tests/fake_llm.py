@@ -162,8 +162,10 @@ class CompletionReply(Reply):
         }
 
     def _rough_usage(self, request: JSONDict) -> JSONDict:
-        # Deliberately rough (~4 chars per token); the product must never trust it.
-        prompt = len(json.dumps(request.get("messages", []))) // 4
+        # Deliberately rough and low (~8 chars per token, the tools not counted): the
+        # bot learns a server/our token ratio from it only above 1, so this count
+        # never teaches one. tests/strict_llm.py reports a server's real count.
+        prompt = len(json.dumps(request.get("messages", []))) // 8
         out = len(self.content or "") + sum(len(t.name) + len(t.arguments) for t in self.tool_calls)
         completion = out // 4 + 1
         return {
@@ -456,21 +458,30 @@ class _Handler(BaseHTTPRequestHandler):
         if body.get("stream"):
             self.send_api_error(400, "fake_llm: streaming (stream=true) is not supported", retry=False)
             return
+        strict = self.fake_server.strict
+        if strict is not None:  # a strict server's checks, slots and token counts (tests/strict_llm.py)
+            strict.serve(self, body)
+            return
+        self.serve_next(body)
+
+    def next_reply(self, body: JSONDict) -> Reply:
+        """The scripted reply; a loud 500 (not retried) if the handler raised or the script ran out."""
+        no_retry = {"x-should-retry": "false"}
         try:
             reply = self.fake_server._next_reply(body)
         except Exception:
-            self.send_api_error(500, f"fake_llm: handler raised:\n{traceback.format_exc()}", retry=False)
-            return
+            message = f"fake_llm: handler raised:\n{traceback.format_exc()}"
+            return StatusFault(500, _error_body(message, "server_error"), no_retry)
         if reply is None:
-            self.send_api_error(
-                500,
+            message = (
                 "fake_llm: script ran out: no scripted reply left and no handler set "
-                f"(request #{len(self.fake_server.requests)})",
-                retry=False,
-                code="fake_llm_script_exhausted",
+                f"(request #{len(self.fake_server.requests)})"
             )
-            return
-        reply.respond(self, body)
+            return StatusFault(500, _error_body(message, "server_error", "fake_llm_script_exhausted"), no_retry)
+        return reply
+
+    def serve_next(self, body: JSONDict) -> None:
+        self.next_reply(body).respond(self, body)
 
 
 class _HTTPServer(ThreadingHTTPServer):
@@ -504,6 +515,8 @@ class FakeLLMServer:
         self.stopping = threading.Event()
         self._httpd: _HTTPServer | None = None
         self._thread: threading.Thread | None = None
+        # A strict server's behaviour (tests/strict_llm.py); None: accept anything.
+        self.strict: Any = None
 
     # -- lifecycle --
 
@@ -581,6 +594,7 @@ class FakeLLMServer:
         with self._lock:
             self._queue.clear()
             self._handler = None
+            self.strict = None
             self.requests.clear()
             self.raw_requests.clear()
 

@@ -460,3 +460,12 @@ async def test_terminal_adapter_interactive_keeps_prompts_off_stdout() -> None:
     assert "you> " in stderr.getvalue() and "Chatting as bob" in stderr.getvalue()
     expected = [("terminal", "bob", "terminal", "bob")] * 2
     assert [(e.platform, e.user_id, e.channel, e.display_name) for e in seen] == expected
+
+
+def test_limits_show_reports_usage_with_the_budget_off(llm_server: FakeLLMServer, tmp_path: Path) -> None:
+    # 25 answered calls with MEMGPT_DAILY_TOKEN_BUDGET=0 showed 0 tokens: nothing was counted.
+    env = base_env(llm_server.base_url, tmp_path / "data", MEMGPT_DAILY_TOKEN_BUDGET="0")
+    llm_server.script(send("one"), send("two"))
+    ok(memgpt("chat", "--user", "bob", env=env, cwd=tmp_path, stdin="hello\n\nagain\n"))
+    shown = json.loads(ok(memgpt("limits", "show", "bob", "--json", env=env, cwd=tmp_path)))
+    assert shown["daily_token_budget"] == 0 and shown["tokens_today"] > 2_000

@@ -8,7 +8,8 @@ bot/llm.py, a real SQLite store and the real embedder. For every event it checks
 
 - `Runtime.handle_with_details` never raises and never hangs;
 - the agent stops within the step cap;
-- the person gets either the model's own answers or exactly one clear "having trouble,
+- the person gets either the model's own answers (its send_message texts, or its plain
+  text) or exactly one clear "having trouble,
   your message is saved, try again" note, never nothing and never two notes;
 - the person's message is stored exactly once in recall storage.
 
@@ -103,6 +104,9 @@ FAULT_CLASSES = (
 )
 
 ANSWER = "answer: "  # every send_message text the model is scripted to send starts with this
+# What a model answers in plain text, without a function call: sent to the person as
+# the answer (MEMGPT_PLAIN_TEXT_REPLIES), except the empty one, which gets a nudge.
+PLAIN_TEXTS = ("Sure, I can help.", "", f"{ANSWER}in plain text", "send_message('hi')")
 
 
 # --------------------------------------------------------------------------- tally
@@ -353,9 +357,7 @@ FAULTS: dict[str, st.SearchStrategy[Reply]] = {
         ]
     ),
     WRONG_SHAPE: st.sampled_from(WRONG_SHAPES).map(json_body),
-    PLAIN_TEXT: st.sampled_from(["Sure, I can help.", "", f"{ANSWER}in plain text", "send_message('hi')"]).map(
-        reply_text
-    ),
+    PLAIN_TEXT: st.sampled_from(PLAIN_TEXTS).map(reply_text),
     MANY_CALLS: many_calls(),
     BAD_ARGUMENTS: some_bad_calls(bad_argument_calls),
     UNKNOWN_FUNCTION: some_bad_calls(unknown_calls),
@@ -509,7 +511,11 @@ async def run_scenario(rig: Rig, scenario: Scenario) -> list[str]:
     if troubles and len(texts) > 1:
         broken.append("a trouble note next to real answers")
     broken += [f"unclear trouble note: {text!r}" for text in troubles if not is_clear_trouble(text)]
-    broken += [f"not a scripted answer: {text!r}" for text in texts if not is_trouble(text) and ANSWER not in text]
+    broken += [
+        f"not a scripted answer: {text!r}"
+        for text in texts
+        if not is_trouble(text) and ANSWER not in text and text not in PLAIN_TEXTS
+    ]
     if scenario.refused and texts != troubles:
         broken.append("answers from a server that refuses connections")
 

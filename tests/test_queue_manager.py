@@ -119,3 +119,21 @@ def test_oversized_item_is_shown_shortened_but_kept_whole(counter: TokenCounter)
     assert shown.tokens <= queue.max_item_tokens
     assert "shortened here" in shown.payload["content"]
     assert huge.content == "lorem ipsum " * 2_000
+
+
+async def test_a_flush_keeps_the_current_events_messages(counter: TokenCounter) -> None:
+    # On a small window the queue's low-water mark can be below its newest two items:
+    # the person's message, then the pressure alert its arrival set off.
+    queue = make_queue(counter, window=2_048)
+    messages = conversation(8)
+    person = Message(role="user", content="the question to answer " + "words " * 250)
+    alert = Message(role="user", name="system_alert", content="[system alert] [memory pressure] save things")
+    person.seq, alert.seq = 100, 101
+    queue.load("", [*messages, person, alert], "")
+    queue.protected_seq = None
+    unprotected = queue._cut_index("status")
+    assert unprotected == len(queue.entries) - 1  # without protection, the person's message goes too
+    queue.protected_seq = person.seq
+    eviction = await queue.evict("status", summarize_ok)
+    queue.apply(eviction)
+    assert [entry.message for entry in queue.entries] == [person, alert]

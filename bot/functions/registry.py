@@ -59,6 +59,7 @@ class FunctionSet:
         self.schemas: list[dict[str, Any]] = []
         self._validators: dict[str, Draft202012Validator] = {}
         self._implementations: dict[str, Implementation] = {}
+        self._takes_heartbeat: set[str] = set()
 
     def register(self, schema: dict[str, Any], implementation: Implementation) -> None:
         name = schema["function"]["name"]
@@ -66,21 +67,37 @@ class FunctionSet:
         self.schemas.append(schema)
         self._validators[name] = Draft202012Validator(strict)
         self._implementations[name] = implementation
+        if "request_heartbeat" in schema["function"]["parameters"]["properties"]:
+            self._takes_heartbeat.add(name)
+
+    def known_name(self, name: str) -> str:
+        """`name`, or the function it can only mean: small models wrap names in
+        spaces, quotes or backticks, or prefix them with `functions.`."""
+        if name in self._implementations:
+            return name
+        bare = name.strip().strip("`'\"").strip()
+        bare = bare.removeprefix("functions.").removesuffix("()")
+        return bare if bare in self._implementations else name
 
     @property
     def names(self) -> list[str]:
         return list(self._implementations)
 
     def parse(self, name: str, raw_arguments: str) -> dict[str, Any]:
+        name = self.known_name(name)
         if name not in self._implementations:
             raise FunctionError(f"Unknown function {name!r}. Available: {', '.join(self.names)}.")
         try:
             arguments = json.loads(raw_arguments) if raw_arguments.strip() else {}
+            if isinstance(arguments, str) and arguments.strip().startswith("{"):
+                arguments = json.loads(arguments)  # the JSON object sent as a JSON string inside the string
         except json.JSONDecodeError as error:
             raise FunctionError(f"Arguments of {name} are not valid JSON ({error.msg} at {error.pos}).") from None
         if not isinstance(arguments, dict):
             raise FunctionError(f"Arguments of {name} must be a JSON object.")
         arguments = dict(fix_surrogates_in(_coerce_scalars(arguments)))  # a model may write "\ud800"
+        if "request_heartbeat" not in arguments and name in self._takes_heartbeat:
+            arguments["request_heartbeat"] = False  # left out: no heartbeat, as if it said false
         errors = sorted(self._validators[name].iter_errors(arguments), key=lambda e: list(e.path))
         if errors:
             details = "; ".join(_describe(error) for error in errors[:5])
@@ -88,6 +105,7 @@ class FunctionSet:
         return arguments
 
     async def run(self, agent: Agent, name: str, raw_arguments: str) -> FunctionOutcome:
+        name = self.known_name(name)
         try:
             arguments = self.parse(name, raw_arguments)
             result = await self._implementations[name](agent, arguments)

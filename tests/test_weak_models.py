@@ -1,0 +1,93 @@
+"""Small local models still answer: their plain text, their near-miss calls, and a
+person's message never ending in silence or "stuck". The openai client's own
+loggers are held to warnings."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import openai
+
+from bot.agent import NO_ANSWER
+from bot.events import UserMessage
+from cli import logs
+from tests.conftest import RuntimeFactory, make_settings
+from tests.fake_llm import FakeLLMServer, reply_text, reply_tool_calls, tool_call
+
+
+def say(text: str) -> UserMessage:
+    return UserMessage(platform="terminal", user_id="alice", text=text, display_name="alice")
+
+
+HEARTBEAT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": True})
+
+
+async def test_the_step_cap_sends_the_models_own_text(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
+    llm_server.script(
+        reply_tool_calls(HEARTBEAT_CALL),
+        reply_text("You like tea, I will remember that."),  # in the chain: nudged, kept
+    )
+    llm_server.set_handler(lambda request: reply_tool_calls(HEARTBEAT_CALL))
+    runtime = await make_runtime(max_steps_per_event=4)
+    result = await runtime.handle_with_details(say("I like tea"))
+    assert result.hit_step_cap and result.trouble is None
+    assert [r.text for r in result.replies] == ["You like tea, I will remember that."]
+    assert all("stuck" not in r.text for r in result.replies)
+
+
+async def test_a_chain_ending_without_a_reply_gets_an_honest_note(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # A memory call without a heartbeat ends the chain: the person got nothing at all.
+    llm_server.script(
+        reply_tool_calls(
+            tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
+        )
+    )
+    runtime = await make_runtime()
+    result = await runtime.handle_with_details(say("I like tea"))
+    assert [r.text for r in result.replies] == [NO_ANSWER]
+    assert "saved" in NO_ANSWER and "try again" in NO_ANSWER and "stuck" not in NO_ANSWER
+
+
+async def test_calls_with_one_obvious_meaning_are_repaired(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    nested = json.dumps(json.dumps({"name": "human", "content": "Has a dog.", "request_heartbeat": True}))
+    llm_server.script(
+        reply_tool_calls(
+            tool_call(" core_memory_append ", nested),  # stray spaces; a JSON string inside the string
+            tool_call("`archival_memory_insert`", {"content": "The dog is called Rex."}),  # no request_heartbeat
+        ),
+        reply_tool_calls(tool_call("functions.send_message", {"message": "Rex!"})),
+    )
+    runtime = await make_runtime()
+    replies = await runtime.handle(say("my dog is Rex"))
+    assert [r.text for r in replies] == ["Rex!"]
+    results = [json.loads(m["content"]) for m in llm_server.requests[1]["messages"] if m["role"] == "tool"]
+    assert [r["status"] for r in results[-2:]] == ["OK", "OK"], results
+    agent = await runtime.agent("terminal:alice")
+    assert "Has a dog." in agent.working_context.get("human").value
+
+
+async def test_the_openai_clients_request_log_is_held_to_warnings(tmp_path: Path, llm_server: FakeLLMServer) -> None:
+    llm_server.script(reply_text("one"), reply_text("two"))
+    path = logs.configure_logging(make_settings(tmp_path), verbose=False)
+    client = openai.AsyncOpenAI(base_url=llm_server.base_url, api_key="k", max_retries=0)
+    root = logging.getLogger()
+    try:
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert "HTTP Request" not in path.read_text()
+        # The name is the one the client really logs through: at INFO it shows every request.
+        logging.getLogger("httpx2").setLevel(logging.INFO)
+        await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert "httpx2: HTTP Request: POST" in path.read_text()
+    finally:
+        await client.close()
+        logging.getLogger("httpx2").setLevel(logging.WARNING)
+        for handler in logs._handlers:
+            root.removeHandler(handler)
+            handler.close()
+        logs._handlers.clear()
