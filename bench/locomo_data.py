@@ -34,6 +34,7 @@ class Question:
     text: str
     category: int
     evidence: tuple[str, ...]  # dia_ids of the turns that answer it (only those that exist)
+    answer: str = ""  # the reference answer (bench/qa.py scores against it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,9 @@ def load(data_dir: Path = DEFAULT_DATA) -> list[Conversation]:
             # turn (a typo in the data) cannot be found and is left out.
             ids = [part for entry in qa["evidence"] for part in re.split(r"[;,\s]+", entry) if part in known]
             if ids:
-                questions.append(Question(str(qa["question"]), int(qa["category"]), tuple(dict.fromkeys(ids))))
+                evidence = tuple(dict.fromkeys(ids))
+                questions.append(
+                    Question(str(qa["question"]), int(qa["category"]), evidence, str(qa.get("answer", "")))
+                )
         conversations.append(Conversation(item["sample_id"], tuple(turns), tuple(questions)))
     return conversations

@@ -39,6 +39,8 @@ HEAVY = (
     "tests/test_harnesses.py",
     "tests/test_hybrid.py",
     "tests/test_loader.py",
+    "tests/test_real_servers.py",
+    "tests/test_qa_bench.py",
 )
 
 

