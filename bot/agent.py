@@ -26,6 +26,8 @@ from bot.llm_calls import AgentCalls
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
 from memory.queue_manager import (
+    PRESSURE_MARKER,
+    STATUS_MARKER,
     ContextOverflowError,
     QueueManager,
 )
@@ -44,6 +46,9 @@ NO_ANSWER = (
 NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
+# What the system writes into the model's context: a plain-text answer that repeats it
+# (small models echo the status and alerts) is not an answer for the person.
+SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
 # Functions a redone step may simply run again: reads, and send_message (its
 # outbox entry is keyed by event and position, so a redo cannot send twice).
 # Their steps skip the extra write that records the calls before they run.
@@ -294,6 +299,8 @@ class Agent:
         """Run one step's function calls in order; returns whether to go on."""
         calls = completion.tool_calls
         text = (completion.content or "").strip() if completion.content_is_text else ""
+        if any(marker in text for marker in SYSTEM_MARKERS):
+            text = ""
         if not calls and text and self._awaits_answer() and not self._outbox:
             if first_step and self.services.plain_text_replies:
                 # Answered in plain text, not in a heartbeat chain: that text is the

@@ -67,6 +67,20 @@ async def test_calls_with_one_obvious_meaning_are_repaired(
     assert "Has a dog." in agent.working_context.get("human").value
 
 
+async def test_plain_text_echoing_the_systems_alerts_is_not_sent(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-server answered "[system alert] [memory pressure] ..." as plain text.
+    llm_server.script(
+        reply_text("[system alert] [memory pressure] Your context is 80% full."),
+        reply_tool_calls(tool_call("send_message", {"message": "Hello!"})),
+    )
+    runtime = await make_runtime()
+    replies = await runtime.handle(said("hi"))
+    assert [r.text for r in replies] == ["Hello!"]
+    assert len(llm_server.requests) == 2  # nudged to answer with send_message
+
+
 async def test_the_openai_clients_request_log_is_held_to_warnings(tmp_path: Path, llm_server: FakeLLMServer) -> None:
     llm_server.script(reply_text("one"), reply_text("two"))
     path = logs.configure_logging(make_settings(tmp_path), verbose=False)
