@@ -169,6 +169,7 @@ class AgentCalls:
             prompt_tokens=tokens,
             model=agent.services.summary_model or None,
             max_tokens=max(64, min(max_tokens, queue.answer_room(tokens))),
+            teaches_ratio=False,  # a transcript tokenizes unlike the agent's prompts (issue 21: 1.4x)
         )
         return (completion.content or "").strip()
 
@@ -182,6 +183,7 @@ class AgentCalls:
         model: str | None = None,
         call_functions: bool = True,
         max_tokens: int = 0,
+        teaches_ratio: bool = True,
     ) -> Completion:
         """The one way the agent calls the LLM, so each call's cost is counted
         here, with the model's tokenizer (the daily budget, bot/limits.py):
@@ -201,7 +203,8 @@ class AgentCalls:
             call_functions=call_functions,
             max_tokens=max_tokens,
             deadline=self.deadline,
-            prompt_tokens=prompt,
+            # Our count, for the server's ratio to the agent's prompts (bot/endpoint.py).
+            prompt_tokens=prompt if teaches_ratio else 0,
         )
         answer = counter.count(completion.content or "")
         for call in completion.tool_calls:

@@ -54,6 +54,9 @@ class Strict:
     context_limit: int = 0
     context_style: str = "llama.cpp"
     token_ratio: float = 1.0
+    # A transcript (a request without tools: a summary of rendered messages) may count
+    # otherwise: llama-server counted 1.4 times ours on those (issue 21).
+    transcript_token_ratio: float | None = None
     slots: int = 0
     seconds: float = 0.0
     refusals: list[tuple[int, str]] = field(default_factory=list)
@@ -65,7 +68,10 @@ class Strict:
     _slots: threading.Semaphore | None = None
 
     def prompt_tokens(self, body: JSONDict) -> int:
-        return int(COUNTER.count_request(body.get("messages", []), body.get("tools") or ()) * self.token_ratio)
+        ratio = self.token_ratio
+        if self.transcript_token_ratio is not None and not body.get("tools"):
+            ratio = self.transcript_token_ratio
+        return int(COUNTER.count_request(body.get("messages", []), body.get("tools") or ()) * ratio)
 
     def serve(self, h: _Handler, body: JSONDict) -> None:
         refusal = self.check(body)

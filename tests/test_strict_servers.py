@@ -72,6 +72,29 @@ async def test_no_null_content_and_a_strict_schema_answers_every_message(
     assert {c["id"] for c in calls} >= {m["tool_call_id"] for m in tools}
 
 
+async def test_transcript_summaries_do_not_teach_the_steps_ratio(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # llama-server counted 1.4 times ours on transcript summaries and about 1.07 on the
+    # agent's prompts; learning 1.4 from a summary shrank the window until no message
+    # fit ("the queue has no point where it can be cut" after ~20 messages at 2,560).
+    llm_server.strict = Strict(null_content=True, token_ratio=1.05, transcript_token_ratio=1.8)
+
+    def model(request: dict[str, Any]) -> Reply:
+        if is_summary_request(request):
+            return reply_text("Alice counted numbers.")
+        return noting_model(request)
+
+    llm_server.set_handler(model)
+    runtime = await make_runtime(context_window=4_096, summary_model="test-model")
+    for n in range(40):
+        assert [r.text for r in await runtime.handle(said(f"number {n} please, and some padding words"))] == [
+            f"noted {n}"
+        ]
+    assert any(is_summary_request(body) for body in sent_bodies(llm_server))
+    assert runtime.llm.limits().ratio < 1.2
+
+
 async def test_a_template_refusing_tool_messages_is_repaired_once_and_remembered(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
