@@ -338,8 +338,15 @@ async def run(
                     target = conversation.acked + rng.randint(1, 4)
                     while conversation.acked < target and not player.done():  # noqa: ASYNC110 - a counter, polled
                         await asyncio.sleep(0.002)
-                    while len(slack.posted_texts()) == posted_at_start and not _all_answered(slack, expected):  # noqa: ASYNC110
+                    # Bounded: a start that never answers again (an event lost) ends the
+                    # kills, and the check below says what is missing, instead of a hang.
+                    stalled = time.monotonic() + STALL_LIMIT
+                    while len(slack.posted_texts()) == posted_at_start and not _all_answered(slack, expected):
+                        if time.monotonic() > stalled:
+                            break
                         await asyncio.sleep(0.005)
+                    if time.monotonic() > stalled:
+                        break
                     await asyncio.sleep(rng.uniform(0.0, max_gap))
                 async with restarting:
                     bot.kill()
@@ -372,6 +379,10 @@ async def run(
             bot.kill()
         slack.stop()
         llm.stop()
+
+
+# How long one start may go without answering anything before the harness stops killing.
+STALL_LIMIT = 240.0
 
 
 def _all_answered(slack: FakeSlack, expected: int) -> bool:

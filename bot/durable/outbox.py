@@ -173,6 +173,12 @@ async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool
     another = False
     for message in await store.messages_since(agent_id, seq + 1, place=event.place.key):
         if message.role == "user" and message.event_id and message.event_id not in own:
+            # A replayed batch leader comes without its followers (replays are not
+            # debounced), but their messages were recorded with it: they are its own.
+            entry = await store.journal_entry(message.event_id)
+            if entry is not None and entry.absorbed_into == event.event_id:
+                own.add(message.event_id)
+                continue
             another = True
         elif another and message.role == "assistant":
             return True
