@@ -33,6 +33,7 @@ import aiohttp
 from pymongo import AsyncMongoClient, MongoClient
 
 from bot.durable.inbox import GAVE_UP
+from memory.mongo.blocks import block_from_doc
 from tests.crash_harness import SECRET, TEAM, BotProcess, Conversation, Report, _all_answered, free_port
 from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_model
 from tests.fake_llm import start_fake_llm
@@ -235,7 +236,7 @@ async def _check(report: Report, slack: FakeSlack, db: object, conversation: Con
             report.recall[(found.group(1), int(found.group(2)))] += 1
     async for doc in db["blocks"].find({"label": "human"}):  # type: ignore[index]
         user = keys.get(doc["agent_id"], "?").rsplit(":", 1)[-1]
-        facts = Counter(FACT.findall(str(doc["value"])))
+        facts = Counter(FACT.findall(block_from_doc(doc).value))
         if any(owner != user for owner, _ in facts):
             report.facts_ok = False
             report.problems.append(f"working context of {user} holds another user's facts")

