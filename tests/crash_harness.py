@@ -399,7 +399,8 @@ async def _settle(slack: FakeSlack, expected: int, within: float) -> None:
         await asyncio.sleep(0.1)
 
 
-def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:
+def tally_posts(report: Report, slack: FakeSlack) -> None:
+    """Count what the bot posted: the messages each answer names, give-up notices, anything else."""
     for call in slack.calls_to("chat.postMessage"):
         text = str(call.args.get("text", ""))
         asked = answered_in(text)
@@ -410,6 +411,10 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
             report.gave_up[str(call.args.get("channel", "")).removeprefix("D")] += 1
         else:
             report.problems.append(f"unexpected post: {text[:80]!r}")
+
+
+def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:
+    tally_posts(report, slack)
     conn = sqlite3.connect(db)
     try:
         for user, number, _ in conversation.events():

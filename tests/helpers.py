@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import socket
+import subprocess
 from collections.abc import Sequence
 
 from bot.events import UserMessage
 from memory.store import Store
 from memory.types import AgentRecord, Block
+
+
+def stop_process(process: subprocess.Popen[bytes] | None) -> None:
+    """Stop a server we started: SIGTERM, then SIGKILL if it has not gone within 10 s."""
+    if process is not None and process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def free_port() -> int:

@@ -33,7 +33,7 @@ from pymongo import MongoClient
 from pymongo.errors import PyMongoError
 
 from memory.mongo.store import MongoStore
-from tests.helpers import free_port
+from tests.helpers import free_port, stop_process
 
 FERRETDB_VERSION = "1.24.2"
 ROOT = Path(__file__).resolve().parents[1]
@@ -136,13 +136,7 @@ class FerretDB:
 
     def stop(self, keep_folder: bool = False) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
         if not keep_folder:
             shutil.rmtree(self.folder, ignore_errors=True)
 

@@ -32,9 +32,8 @@ from pathlib import Path
 import aiohttp
 from pymongo import AsyncMongoClient, MongoClient
 
-from bot.durable.inbox import GAVE_UP
 from memory.mongo.blocks import block_from_doc
-from tests.crash_harness import SECRET, TEAM, BotProcess, Conversation, Report, _all_answered, free_port
+from tests.crash_harness import SECRET, TEAM, BotProcess, Conversation, Report, _all_answered, free_port, tally_posts
 from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_model
 from tests.fake_llm import start_fake_llm
 from tests.fake_slack import FakeSlack
@@ -216,16 +215,7 @@ async def _settle(slack: FakeSlack, db: object, expected: int, within: float) ->
 
 
 async def _check(report: Report, slack: FakeSlack, db: object, conversation: Conversation) -> None:
-    for call in slack.calls_to("chat.postMessage"):
-        text = str(call.args.get("text", ""))
-        asked = answered_in(text)
-        if asked:
-            report.answers.update(asked)
-            report.batched += len(asked) > 1
-        elif text == GAVE_UP:
-            report.gave_up[str(call.args.get("channel", "")).removeprefix("D")] += 1
-        else:
-            report.problems.append(f"unexpected post: {text[:80]!r}")
+    tally_posts(report, slack)
     for user, number, _ in conversation.events():
         report.answers.setdefault((user, number), 0)
         report.recall.setdefault((user, number), 0)

@@ -45,7 +45,7 @@ from typing import Any
 import pytest
 
 from memory.tokens import TokenCounter
-from tests.helpers import free_port
+from tests.helpers import free_port, stop_process
 from tests.mongo_server import tools_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
@@ -166,13 +166,7 @@ class RealServer:
 
     def stop(self) -> None:
         process, self.process = self.process, None
-        if process is not None and process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop_process(process)
 
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
