@@ -26,26 +26,58 @@ from tests.log_capture import SessionLogCapture, session_log_capture
 
 TEST_MODEL = "test-model"
 
-# The longest tests (each a minute or more on a busy 2-core machine), started
-# first so that the two workers (pytest-xdist) finish together instead of one
-# of them running a long test alone at the end.
+# The longest tests, longest first (a minute or more each on a busy 2-core
+# machine). The scheduler below hands out one test at a time, in this order, to
+# whichever worker is free, so the long ones start first and end together with
+# the many short ones. (pytest-xdist's default "load" mode sends each worker a
+# block of consecutive tests: every heavy test landed on the first worker, one
+# after another, and the suite took 12 minutes however many workers ran.)
 HEAVY = (
-    "tests/test_crash_harness.py",
+    "tests/test_crash_harness.py::test_sigkill_at_random_points",
+    "tests/test_real_servers.py",
     "tests/test_llm_fault_property.py::test_any_llm_fault_sequence",
     "tests/test_isolation.py",
-    "tests/test_multiprocess.py",
+    "tests/test_store_faults.py::test_mongodb_unreachable_and_back",
+    "tests/test_multiprocess.py::test_two_processes_answer",
+    "tests/test_crash_harness.py",
+    "tests/test_multiproc_harness.py",
     "tests/test_store_faults.py",
-    "tests/test_sources.py::test_cli_sources",
     "tests/test_harnesses.py",
-    "tests/test_hybrid.py",
     "tests/test_loader.py",
-    "tests/test_real_servers.py",
+    "tests/test_multiprocess.py",
+    "tests/conformance/test_adapters.py",
+    "tests/test_cli.py",
+    "tests/test_sources.py::test_cli_sources",
+    "tests/test_hybrid.py",
     "tests/test_qa_bench.py",
 )
+# Run on one worker, one after another: the real-server tests share one pair of
+# llama.cpp servers (started once per worker), and two CPU models at once would
+# only slow each other down on two cores.
+TOGETHER = ("tests/test_real_servers.py",)
+
+
+def heaviness(item: pytest.Item) -> int:
+    """The rank of the item's first HEAVY prefix; everything else after, in its own order."""
+    return next((rank for rank, prefix in enumerate(HEAVY) if item.nodeid.startswith(prefix)), len(HEAVY))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: not item.nodeid.startswith(HEAVY))  # stable: the order stays otherwise
+    items.sort(key=heaviness)  # stable: the order stays otherwise
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """One test (or one TOGETHER file) at a time to the first free worker, in
+    collection order. (The xdist_group mark would do this, but pytest-xdist
+    3.8's loadgroup cannot rename node ids under pytest 9.2: the mark is ignored.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneAtATime(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return next((prefix for prefix in TOGETHER if nodeid.startswith(prefix)), nodeid)
+
+    config.option.loadscopereorder = False  # keep the order above: longest first
+    return OneAtATime(config, log)
 
 
 @pytest.fixture(scope="session", autouse=True)
