@@ -252,8 +252,8 @@ class JournalEntry:
     # entry: while that owner lives, no other process replays it. "" with a
     # single process (no leases).
     owner: str = ""
-    # Running as a suspect, alone (bot/durable/quarantine.py), and not yet
-    # through its steps: a death now is evidence against this event.
+    # A suspect (bot/durable/quarantine.py), to run alone, not yet through its
+    # steps: a death while it is *running* so is evidence against this event.
     alone: bool = False
 
 

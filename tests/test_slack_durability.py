@@ -11,9 +11,10 @@ import logging
 import pytest
 
 from adapters.slack import METADATA_TYPE
-from bot.durable.inbox import GAVE_UP, MAX_RESTARTS
+from bot.durable.inbox import GAVE_UP, MAX_RESTARTS, Inbox
 from bot.durable.outbox import retry_delay
 from bot.durable.redelivery import Redelivery
+from bot.events import UserMessage
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, say
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually
@@ -265,7 +266,7 @@ async def test_an_event_running_at_every_restart_is_given_up_and_the_person_told
         await bot.runtime.store.journal_update("EvX1", state="running", alone=True)
         assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
         [entry] = await bot.runtime.store.journal_pending("slack")
-        assert (entry.attempts, entry.alone) == (restart, False)
+        assert (entry.attempts, entry.alone) == (restart, True)  # still a suspect, to run alone
     await bot.runtime.store.journal_update("EvX1", state="running", alone=True)
     with caplog.at_level(logging.ERROR):
         assert await bot.adapter.recover() == 1
@@ -292,3 +293,23 @@ async def test_deaths_beside_other_events_make_a_suspect_but_never_give_it_up(
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["still here"]
     assert await bot.runtime.store.journal_pending("slack") == []
     assert not bot.runtime.inbox.quarantine.is_suspect("EvB1")  # it went through: an ordinary event again
+
+
+async def test_a_suspect_stays_one_through_kills_before_its_run(bot: SlackBot) -> None:
+    """The poison test's 6 deaths: a kill that landed after a start had found
+    the suspect, before it ran, cleared the suspicion, and its next death (in
+    company again) counted for nothing. Each start here is a fresh process
+    (its own Inbox); one kill before the run, then a death while it runs."""
+    store = bot.runtime.store
+    await bot.runtime.receive("slack", "EvP1", "T1:U1", recorded("EvP1", "poison"))
+    await store.journal_update("EvP1", state="running", alone=False)  # the first death, in company
+    event = UserMessage(platform="slack", user_id="T1:U1", text="poison", event_id="EvP1", durable=True)
+    deaths = 1
+    while not (await Inbox(store).leftovers("slack"))[0].notice:  # a start that is killed before the run
+        inbox = Inbox(store)
+        await inbox.leftovers("slack")
+        assert inbox.quarantine.is_suspect("EvP1")  # ... left it a suspect: it runs alone
+        await inbox.started(event)
+        deaths += 1  # ... and the bot dies on it
+        assert deaths <= MAX_RESTARTS + 1
+    assert deaths == MAX_RESTARTS + 1  # the first in company, then MAX_RESTARTS alone

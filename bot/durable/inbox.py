@@ -12,8 +12,9 @@ few seconds after (`orphans`) a process takes over only the rows of owners
 that died, each row by one process (Store.journal_claim).
 
 Evidence against an event. A row found *running* when its process died makes
-the event a suspect: it runs again alone (quarantine.py), marked `alone`
-until its steps are through. Only a death while it ran alone, before its
+the event a suspect: it runs again alone (quarantine.py), marked `alone` in
+its row from then until its steps are through (so the mark outlives kills
+that land before its run, whichever process takes it over). Only a death while it ran alone, before its
 steps were through, counts against it (`attempts`); at MAX_RESTARTS such
 deaths it is given up. An event that had not started, or ran beside others,
 or was being delivered, is not blamed, however slow the machine.
@@ -149,6 +150,10 @@ class Inbox:
     async def _redo_taken(self, origin: str, entry: JournalEntry) -> Redo:
         running = entry.state == "running"
         stops = entry.attempts + (running and entry.alone)
+        # A suspect stays one, in its row, until it ran alone: a kill before
+        # its run (a start-up, a wait in line) must not clear the suspicion,
+        # or its next death, in company again, would count for nothing.
+        entry.alone = (running or stops > 0 or entry.alone) and stops < MAX_RESTARTS
         redo = self._redo(entry)
         if stops >= MAX_RESTARTS:
             log.error(
@@ -159,17 +164,17 @@ class Inbox:
                 stops,
             )
             redo.notice = GAVE_UP
-        if entry.state != "pending" or stops != entry.attempts or entry.alone:
+        if entry.state != "pending" or stops != entry.attempts or running:
             await self.store.journal_update(
-                entry.event_id, state="pending", attempts=stops, next_try_at=0.0, alone=False
+                entry.event_id, state="pending", attempts=stops, next_try_at=0.0, alone=entry.alone
             )
-        if (running or stops) and not redo.notice:
-            self.quarantine.suspect([entry.event_id])
         return redo
 
     def _redo(self, entry: JournalEntry) -> Redo:
         if entry.absorbed_into:
             self._absorbed.add(entry.event_id)
+        if entry.alone:  # a suspect (marked in its row): it runs alone
+            self.quarantine.suspect([entry.event_id])
         return Redo(entry.event_id, entry.payload)
 
     # -- the runtime's side ----------------------------------------------------
@@ -178,8 +183,8 @@ class Inbox:
         waiting), and the entries debounced into it name it, before any of
         their messages is recorded (bot/durable/debounce.py)."""
         if event.durable:
-            # A suspect is marked as running alone: a death now is evidence against it.
-            alone = True if self.quarantine.is_suspect(event.journal_id) else None
+            # A suspect keeps its mark while it runs alone: a death now is evidence against it.
+            alone = self.quarantine.is_suspect(event.journal_id)
             await self.store.journal_update(event.journal_id, state="running", alone=alone, only_from=("pending",))
             followers = [member.journal_id for member in event.members()[1:]]
             if followers:
