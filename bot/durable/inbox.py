@@ -129,15 +129,7 @@ class Inbox:
         entries = await self.store.journal_pending(origin)
         if not at_start:
             entries = [e for e in entries if e.state != "waiting" and not self.leases.mine(e.owner)]
-        live = await self.leases.live({entry.owner for entry in entries if entry.owner})
-        me = await self.leases.owner()
-        redos = []
-        for entry in entries:
-            if entry.owner in live:
-                continue  # another live process holds it (or, at start, it just arrived here)
-            if entry.owner != me and not await self.store.journal_claim(entry.event_id, entry.owner, me):
-                continue  # another process took it over first
-            redos.append(await self._redo_taken(origin, entry))
+        redos = [await self._redo_taken(origin, entry) for entry in await self._claim(entries)]
         if redos:
             whose = "the last run" if at_start else "processes that stopped"
             log.info("%s: replaying %d events left unfinished by %s", origin, len(redos), whose)
@@ -146,6 +138,23 @@ class Inbox:
                 "%s: %d of them may have stopped the bot: they run one at a time, alone", origin, len(self.quarantine)
             )
         return redos
+
+    async def _claim(self, entries: list[JournalEntry], *, with_mine: bool = False) -> list[JournalEntry]:
+        """The entries this process may work on, each made its own: none a live
+        process holds (another one's, or at start one that just arrived here;
+        with_mine: this process's own lives are not in the way); one of a dead
+        owner or of an earlier life is claimed (journal_claim: one claimer wins)."""
+        live = await self.leases.live({entry.owner for entry in entries if entry.owner})
+        me = await self.leases.owner()
+        taken = []
+        for entry in entries:
+            if entry.owner in live and not (with_mine and self.leases.mine(entry.owner)):
+                continue
+            if entry.owner != me and not await self.store.journal_claim(entry.event_id, entry.owner, me):
+                continue  # another process took it over first
+            entry.owner = me
+            taken.append(entry)
+        return taken
 
     async def _redo_taken(self, origin: str, entry: JournalEntry) -> Redo:
         running = entry.state == "running"
@@ -251,8 +260,11 @@ class Inbox:
         entries = await self.store.journal_pending(origin, due_by=float("inf") if answered else self.clock())
         self._answered.discard(origin)
         redos = []
-        for entry in entries:
-            # Claimed: pending again, so `started` can take it (only one claimer wins).
+        # Only the owner replays a waiting row: a process that replayed another
+        # live one's row and died would leave it pending under a live owner,
+        # which takes over only the rows of the dead (never replayed: lost).
+        for entry in await self._claim(entries, with_mine=True):
+            # Pending again, so `started` can take it (only one claimer wins).
             if await self.store.journal_update(
                 entry.event_id, state="pending", next_try_at=0.0, only_from=("waiting",)
             ):

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
+from bot.durable.inbox import Inbox
 from bot.durable.leases import AgentLeases, LeaseLostError, LeaseSettings, LeaseTimeoutError, NoLeases, leases_for
 from memory.mongo.store import MongoStore
 from memory.store import Store, StoreError
@@ -203,3 +204,40 @@ async def test_live_owners_are_those_whose_heartbeat_has_not_expired(store: Stor
 
     await eventually(only_long)  # "short" stopped renewing
     assert await store.lease_live(set()) == set()
+
+
+# -- the inbox on top: whose a waiting row is ---------------------------------------------
+async def test_a_waiting_event_is_replayed_by_its_owner_or_once_it_died_by_one_other(
+    store: Store, twin: Store, processes: list[AgentLeases]
+) -> None:
+    """A row waiting for storage is replayed by the process that received it
+    while it lives; a process that claimed another live one's row and then died
+    would leave it pending under that live owner, never taken over (lost)."""
+    a, b = processes
+    inbox_a, inbox_b = Inbox(store, leases=a), Inbox(twin, leases=b)
+    for event_id in ("Ev1", "Ev2"):
+        assert await inbox_a.receive("slack", event_id, "T1:U1", {"text": event_id})
+        assert await store.journal_update(event_id, state="waiting", next_try_at=0.0)
+
+    assert await inbox_b.due("slack") == []  # A lives: its rows are its own to replay
+    assert [redo.event_id for redo in await inbox_a.due("slack")] == ["Ev1", "Ev2"]
+    assert await inbox_b.due("slack") == []  # claimed once
+
+    # A's rows wait again, and A dies (stops renewing): B takes them over, as its own.
+    for event_id in ("Ev1", "Ev2"):
+        assert await store.journal_update(event_id, state="waiting", next_try_at=0.0)
+    dead = await a.owner()
+    await a.close()
+
+    taken: list[str] = []
+
+    async def b_took_them() -> bool:
+        taken.extend(redo.event_id for redo in await inbox_b.due("slack"))
+        return len(taken) == 2
+
+    await eventually(b_took_them)
+    assert taken == ["Ev1", "Ev2"]
+    mine = await b.owner()
+    for event_id in taken:
+        row = await twin.journal_entry(event_id)
+        assert row is not None and (row.owner, row.state) == (mine, "pending") and row.owner != dead
