@@ -7,15 +7,16 @@
 #   scripts/install_llama_cpp_python.sh    # prints the venv's python on stdout
 #
 # A second call is instant. The first compiles llama.cpp through pip (about 30
-# minutes on a busy 2-core machine); pip caches the built wheel, so a fresh
-# venv later reuses it. CPU only, without the multimodal library.
+# minutes on a busy 2-core machine) into the cached venv. CPU only (portable
+# AVX2), without the multimodal library.
 # Settings: MEMGPT_TOOLS_DIR (default ~/.cache/memgpt-bot/bin; the venv goes
 # beside it), LLAMA_CPP_PYTHON_VERSION, BUILD_JOBS.
 set -euo pipefail
 
 version="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 bin_dir="${MEMGPT_TOOLS_DIR:-$HOME/.cache/memgpt-bot/bin}"
-venv="$(dirname "$bin_dir")/llama-cpp-python-$version"
+# "-avx2": a portable build (see install_llama_server.sh: native builds crashed on AMX).
+venv="$(dirname "$bin_dir")/llama-cpp-python-$version-avx2"
 python="$venv/bin/python"
 # Written last: a venv still being built (or half built) is never taken as ready.
 marker="$venv/.memgpt-bot-ready"
@@ -40,9 +41,11 @@ started=$SECONDS
 [[ -x "$python" ]] || "$base_python" -m venv "$venv"
 "$python" -m pip install -q --upgrade pip >&2
 # Only what the server needs: no multimodal (mtmd) library, no tests/examples/tools.
-export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=ON}"
+export CMAKE_ARGS="${CMAKE_ARGS:--DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON}"
 export CMAKE_BUILD_PARALLEL_LEVEL="${BUILD_JOBS:-2}"
-"$python" -m pip install -q "llama-cpp-python[server]==$version" >&2
+# --no-cache-dir: pip's wheel cache is keyed by the sdist, not by CMAKE_ARGS, and
+# would hand back a wheel built with other flags (the venv itself is the cache).
+"$python" -m pip install -q --no-cache-dir "llama-cpp-python[server]==$version" >&2
 if ! "$python" -c 'import llama_cpp.server' >/dev/null 2>&1; then
     echo "install_llama_cpp_python: installed, but 'import llama_cpp.server' fails in $venv" >&2
     exit 1

