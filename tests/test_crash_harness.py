@@ -44,10 +44,12 @@ def assert_whole(report: Report, *, except_for: tuple[str, int] | None = None) -
     assert (report.pending_events, report.pending_replies) == (0, 0), report.summary()
 
 
-async def test_kills_during_start_up_under_load_blame_no_event(tmp_path: Path) -> None:
+async def test_kills_during_start_up_blame_no_event(tmp_path: Path) -> None:
     # 15 of 25 kills land while the bot starts, before it listens: events it
-    # never began count nothing against them. A process spins on the CPU beside it.
-    report = await run(tmp_path / "data", kills=25, startup_kills=15, users=4, per_user=10, seed=11, hogs=1)
+    # never began count nothing against them. (No CPU hog of its own: the suite
+    # keeps the machine busy, and a hog here cost the suite a core for minutes;
+    # `python -m tests.crash_harness --hogs 2` runs it beside spinners.)
+    report = await run(tmp_path / "data", kills=25, startup_kills=15, users=4, per_user=10, seed=11)
     print(report.summary())
     assert report.problems == [], report.problems[:10]
     assert report.gave_up == Counter(), report.summary()

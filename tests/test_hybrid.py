@@ -5,7 +5,7 @@ The look-alike corpus uses real MiniLM embeddings. Passages of two UUIDs are
 about 64 tokens each, and MiniLM embeds them at 35-70 a second on this 2-core
 machine, so 10,000 would take 2-5 minutes per session: the suite uses 2,000
 (set MEMGPT_HYBRID_TEST_N=10000 for the full size). Vectors are cached on disk
-by content hash, so only the first run on a machine pays for them.
+by content hash in ~/.cache/memgpt-bot, so only the first run on a machine pays for them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import hashlib
 import os
 import random
 import re
-import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -69,7 +68,8 @@ class Corpus:
 
 def _cached_vectors(embedder: Embedder, texts: list[str]) -> npt.NDArray[np.float32]:
     digest = hashlib.sha256("\n".join([bundled_model_path(), *texts]).encode()).hexdigest()[:16]
-    path = Path(tempfile.gettempdir()) / "memgpt-test-cache" / f"minilm-{digest}.npy"
+    # Beside the suite's other caches (FerretDB, llama.cpp), which outlive /tmp between runs.
+    path = Path.home() / ".cache" / "memgpt-bot" / "test-vectors" / f"minilm-{digest}.npy"
     if path.exists():
         return np.load(path)
     vectors = embedder.encode_now(texts)
