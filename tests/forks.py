@@ -6,9 +6,9 @@ test's time, and the suite starts the CLI some sixty times and the bot a
 hundred times (tests/crash_harness.py). So the modules are imported once, in
 a fork server, and each run forks from it: still a real new process (its own
 memory, file descriptors, exit code, event loop), without the imports.
-Nothing runs in the server but imports: no thread, model or connection exists
-there to be inherited in a broken state (torch's thread pools start on first
-use, in the child).
+Nothing runs in the server but imports and tests/fork_preload.py (token
+encoders, then gc.freeze()): no thread, model or connection exists there to be
+inherited in a broken state (torch's thread pools start on first use, in the child).
 
 There is one fork server per test process, so its preload list lives here and
 nowhere else.
@@ -35,6 +35,7 @@ FORKS.set_forkserver_preload(
         "adapters.discord",
         "memory.embeddings",
         "sentence_transformers",
+        "tests.fork_preload",  # last: encoders, then the heap frozen
     ]
 )
 
