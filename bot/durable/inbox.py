@@ -9,7 +9,8 @@ Whose it is. With several processes on one database a row names its *owner*,
 the process that received it (its journal heartbeat, bot/durable/leases.py).
 No process replays a row whose owner lives: at start (`leftovers`) and every
 few seconds after (`orphans`) a process takes over only the rows of owners
-that died, each row by one process (Store.journal_claim).
+that died, each row by one process (Store.journal_claim); a row waiting for
+storage is replayed (`due`) by its owner, or, the owner dead, claimed likewise.
 
 Evidence against an event. A row found *running* when its process died makes
 the event a suspect: it runs again alone (quarantine.py), marked `alone` in
