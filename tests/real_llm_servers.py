@@ -308,16 +308,28 @@ def over_context(exchanges: Sequence[Exchange], context: int) -> list[Exchange]:
     return found
 
 
-def token_ratio(exchanges: Sequence[Exchange], counter: TokenCounter) -> float | None:
-    """The server's prompt tokens over the bot's own count (tiktoken) of the same
-    requests, summed over every answered request that reported its usage."""
-    server = ours = 0
+@dataclass(frozen=True, slots=True)
+class PromptCounts:
+    """Prompt tokens summed over every answered request that reported its usage:
+    the server's own count, and the bot's (tiktoken) of the messages alone and
+    of messages and tool schemas. A chat template may leave the tools out of
+    the prompt (SmolLM2's does, in llama-server: 38 tokens with or without a
+    tool) or render them (llama-cpp-python's chatml-function-calling)."""
+
+    server: int
+    messages: int
+    with_tools: int
+
+
+def prompt_counts(exchanges: Sequence[Exchange], counter: TokenCounter) -> PromptCounts:
+    server = messages = with_tools = 0
     for exchange in exchanges:
         prompt = exchange.usage.get("prompt_tokens")
         if exchange.status == 200 and exchange.request is not None and prompt:
             server += int(prompt)
-            ours += counter.count_request(exchange.request.get("messages", []), exchange.request.get("tools", []))
-    return server / ours if ours else None
+            messages += counter.count_request(exchange.request.get("messages", []), [])
+            with_tools += counter.count_request(exchange.request.get("messages", []), exchange.request.get("tools", []))
+    return PromptCounts(server, messages, with_tools)
 
 
 def null_contents(exchanges: Sequence[Exchange]) -> list[JSONDict]:

@@ -128,17 +128,23 @@ async def test_an_unreachable_discord_is_retried_with_backoff_until_closed(
     closing = False
     with caplog.at_level(logging.WARNING, logger="adapters.discord"):
         task = asyncio.create_task(run_client(client, "token", lambda: closing, first=0.05))
+
+        def said() -> list[str]:
+            # The adapter's lines only: discord.py warns once per process about voice
+            # support when the first Client is made, whichever test makes it.
+            return [record.getMessage() for record in caplog.records if record.name.startswith("adapters.discord")]
+
         for _ in range(200):
-            if len(caplog.records) >= 3 or task.done():
+            if len(said()) >= 3 or task.done():
                 break
             await asyncio.sleep(0.05)
         assert not task.done(), "the adapter stopped instead of retrying"
         closing = True
         await client.close()
         await asyncio.wait_for(task, timeout=10)
-    said = [record.getMessage() for record in caplog.records]
-    assert len(said) >= 3 and all("cannot reach Discord" in line for line in said)
-    delays = [float(line.rsplit("retrying in ", 1)[1].split()[0]) for line in said]
+    lines = said()
+    assert len(lines) >= 3 and all("cannot reach Discord" in line for line in lines), lines
+    delays = [float(line.rsplit("retrying in ", 1)[1].split()[0]) for line in lines]
     assert delays == sorted(delays)  # backing off, never faster
 
 
