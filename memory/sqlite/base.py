@@ -5,17 +5,16 @@ thread, the calls that reach it, and value conversions.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import sqlite3
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
 from memory.places import PUBLIC_END, PUBLIC_PREFIX, Visibility
+from memory.sqlite.worker import DatabaseWorker
 from memory.store import StoreError
 
 T = TypeVar("T")
@@ -50,17 +49,17 @@ class SQLiteBase:
     def __init__(self, path: str | os.PathLike[str], *, busy_timeout: float = 5.0) -> None:
         self.path = Path(path)
         self._busy_timeout = busy_timeout
-        self._executor: ThreadPoolExecutor | None = None
+        self._worker: DatabaseWorker | None = None
         # Only touched from the worker thread.
         self._conn: sqlite3.Connection | None = None
 
     # -- plumbing ----------------------------------------------------------
     async def _call(self, fn: Callable[..., T], *args: Any) -> T:
-        executor = self._executor
-        if executor is None:
+        worker = self._worker
+        if worker is None:
             raise StoreError(f"SQLite store {self.path} is not open")
         try:
-            return await asyncio.get_running_loop().run_in_executor(executor, fn, *args)
+            return await worker.run(fn, *args)
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"SQLite store {self.path}: {exc}") from exc
 
