@@ -186,13 +186,23 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
             conn.close()
 
     # -- recall storage ----------------------------------------------------
-    async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
+    async def append_messages(
+        self, agent_id: str, messages: Sequence[Message], *, unless_event: str | None = None
+    ) -> list[Message]:
         if not messages:
             return []
-        return await self._call(self._append_messages, agent_id, list(messages))
+        return await self._call(self._append_messages, agent_id, list(messages), unless_event)
 
-    def _append_messages(self, agent_id: str, messages: list[Message]) -> list[Message]:
+    def _append_messages(self, agent_id: str, messages: list[Message], unless_event: str | None) -> list[Message]:
         with self._write() as conn:
+            # In the same transaction as the append, so the check costs no extra round trip.
+            if (
+                unless_event is not None
+                and conn.execute(
+                    "SELECT 1 FROM messages WHERE agent_id = ? AND event_id = ? LIMIT 1", (agent_id, unless_event)
+                ).fetchone()
+            ):
+                return []
             (last,) = conn.execute(
                 "SELECT coalesce(max(seq), 0) FROM messages WHERE agent_id = ?", (agent_id,)
             ).fetchone()
