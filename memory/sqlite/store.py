@@ -132,7 +132,7 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
     # -- life cycle --------------------------------------------------------
     async def open(self) -> None:
         if self._worker is None:
-            self._worker = DatabaseWorker(f"sqlite {self.path.name}")
+            self._worker = DatabaseWorker(f"sqlite {self.path.name}", group=self)
         try:
             await self._call(self._open_sync)
         except BaseException:
@@ -191,7 +191,7 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
     ) -> list[Message]:
         if not messages:
             return []
-        return await self._call(self._append_messages, agent_id, list(messages), unless_event)
+        return await self._call(self._append_messages, agent_id, list(messages), unless_event, grouping="write")
 
     def _append_messages(self, agent_id: str, messages: list[Message], unless_event: str | None) -> list[Message]:
         with self._write() as conn:
