@@ -61,7 +61,8 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def bare_rate(base_url: str, requests: int, concurrency: int) -> float:
+async def bare_rate(base_url: str, requests: int, concurrency: int) -> tuple[float, float]:
+    """Requests per second, and CPU milliseconds per request in this process."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
     semaphore = asyncio.Semaphore(concurrency)
 
@@ -69,11 +70,11 @@ async def bare_rate(base_url: str, requests: int, concurrency: int) -> float:
         async with semaphore:
             await client.chat.completions.create(model="bench", messages=[{"role": "user", "content": "hi"}])
 
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     await asyncio.gather(*(one() for _ in range(requests)))
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     await client.close()
-    return requests / elapsed
+    return requests / elapsed, cpu * 1000 / requests
 
 
 async def main() -> None:
@@ -119,10 +120,11 @@ async def main() -> None:
         # Warm-up: every user's agent exists and has some history.
         await asyncio.gather(*(one(i, user) for i, user in enumerate(range(args.users))))
         warm_rss = rss_mb()
-        baseline = await bare_rate(base_url, min(args.events, 3_000), args.concurrency)
-        start = time.perf_counter()
+        baseline, baseline_cpu_ms = await bare_rate(base_url, min(args.events, 3_000), args.concurrency)
+        # process_time counts every thread of this process: the SQLite workers too.
+        start, cpu_start = time.perf_counter(), time.process_time()
         await asyncio.gather(*(one(i, rng.randrange(args.users)) for i in range(args.events)))
-        elapsed = time.perf_counter() - start
+        elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
         after_rss = rss_mb()
         await runtime.close()
     stop.set()
@@ -131,8 +133,9 @@ async def main() -> None:
     rate = args.events / elapsed
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}")
     print(f"{args.users} users, {args.events} events, concurrency {args.concurrency}, instant LLM in another process")
-    print(f"bare openai client ceiling: {baseline:.0f} requests/s")
+    print(f"bare openai client ceiling: {baseline:.0f} requests/s, {baseline_cpu_ms:.2f} CPU ms per request")
     print(f"bot: {rate:.0f} events/s (target >= 500) -> {rate / baseline:.2f} of the bare client's rate")
+    print(f"bot CPU: {cpu * 1000 / args.events:.2f} ms per event (all threads of the bot process)")
     print(
         f"memory (RSS): {warm_rss:.0f} MB after warm-up, {after_rss:.0f} MB after the run "
         f"(embedding model {'loaded' if args.load_model else 'not loaded'}; target <= 550 MB with it)"

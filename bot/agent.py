@@ -285,15 +285,15 @@ class Agent:
         """Record the message of `event`, tagged with its id, unless an earlier
         run of the event (before a crash or a storage fault) did; whether it
         was recorded now."""
-        if await self.store.event_message_seq(self.id, event.event_id) is not None:
-            return False
         messages = [Message(role="user", content=content, name=event.kind, event_id=event.event_id)]
         # Debounced followers (bot/durable/debounce.py): in the same write, each under its own id.
         messages += [
             Message(role="user", content=f.render(), name=f.kind, event_id=f.event_id) for f in event.members()[1:]
         ]
-        await self.record_messages(messages, await self.conversation_for(event.place))
-        return True
+        # The check for an earlier run's message is part of the write (one store call).
+        return await self.record_messages(
+            messages, await self.conversation_for(event.place), unless_event=event.event_id
+        )
 
     async def _execute(self, completion: Completion, *, first_step: bool = False) -> bool:
         """Run one step's function calls in order; returns whether to go on."""
@@ -374,16 +374,22 @@ class Agent:
         return f"{status}\n{self._channel_context}" if self._channel_context else status
 
     # -- memory operations used by the functions ------------------------------
-    async def record_messages(self, messages: list[Message], conversation: Conversation | None = None) -> None:
+    async def record_messages(
+        self, messages: list[Message], conversation: Conversation | None = None, *, unless_event: str | None = None
+    ) -> bool:
         """Store first, then show to the model: nothing is used before it is
-        kept. In the current place's conversation unless one is given."""
+        kept. In the current place's conversation unless one is given. With
+        `unless_event`, only if no message of that event is stored yet;
+        whether they were recorded."""
         conversation = conversation or self.conversation
         for message in messages:
             message.place = conversation.key
-        await self.store.append_messages(self.id, messages)
+        if len(await self.store.append_messages(self.id, messages, unless_event=unless_event)) < len(messages):
+            return False  # the event's message was stored before
         for message in messages:
             conversation.queue.append(message)
         self.counted(conversation.key, messages=len(messages))
+        return True
 
     async def save_passages(self, passages: list[Passage]) -> None:
         """Into archival storage, saved in (and visible as from) the current place."""

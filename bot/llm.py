@@ -182,7 +182,9 @@ class LLMClient:
         timeout = openai.Timeout(wait + 5.0, connect=min(self.timeout, 10.0))
         request = RequestRun(self, model, tools, call_functions, max_tokens, timeout)
         try:
-            return await asyncio.wait_for(request.run(messages), wait)
+            # A timeout scope, not wait_for: no extra task per call.
+            async with asyncio.timeout(wait):
+                return await request.run(messages)
         except TimeoutError:
             raise LLMUnavailableError(f"no answer within {wait:.0f} s", late) from None
 

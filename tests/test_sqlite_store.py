@@ -9,6 +9,7 @@ import threading
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -350,3 +351,62 @@ async def test_a_forget_gives_the_space_back_to_the_file_system(store: SQLiteSto
     await store.flush_deleted()
     assert await asyncio.to_thread(os.path.getsize, db_path) < full / 4, "the freed pages stayed in the file"
     assert [p.text for p in await store.list_passages(kept.id, 10)] == ["a fact to keep"]
+
+
+async def queued_together(store: SQLiteStore, *calls: Any) -> list[Any]:
+    """The calls' results (or errors), the calls given to the worker while a job holds
+    it, so that it takes them in one wake-up (and their writes in one group commit)."""
+    release = threading.Event()
+    hold = asyncio.ensure_future(store.run_in_db(lambda conn: release.wait(10)))
+    await asyncio.sleep(0.05)  # the worker is inside the holding job
+    pending = [asyncio.ensure_future(call) for call in calls]
+    await asyncio.sleep(0)  # every call is queued
+    release.set()
+    await hold
+    return await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def test_group_commit_keeps_each_writes_own_outcome(store: SQLiteStore, db_path: Path) -> None:
+    one, _ = await store.get_or_create_agent("slack:T1:U1", blocks())
+    two, _ = await store.get_or_create_agent("slack:T1:U2", blocks())
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("INSERT INTO usage_hits (key, kind, at, amount) VALUES ('k', 'message', 1, 1)")
+        conn.execute("INSERT INTO no_such_table VALUES (1)")
+
+    first, failed, second, count = await queued_together(
+        store,
+        store.append_messages(one.id, [Message("user", "first")]),
+        store.run_in_db(broken, write=True),
+        store.append_messages(two.id, [Message("user", "second")]),
+        store.run_in_db(lambda conn: conn.execute("SELECT count(*) FROM messages").fetchone()[0]),
+    )
+    assert [m.seq for m in first] == [1] and [m.seq for m in second] == [1]
+    assert isinstance(failed, StoreError)
+    assert count == 2  # a read in the group sees the writes before it
+    # Stored once handed back: another connection sees them; the failed job left nothing.
+    with sqlite3.connect(db_path) as other:
+        assert other.execute("SELECT count(*) FROM messages").fetchone()[0] == 2
+        assert other.execute("SELECT count(*) FROM usage_hits").fetchone()[0] == 0
+
+
+async def test_a_failed_group_commit_fails_every_write_of_it(
+    store: SQLiteStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    one, _ = await store.get_or_create_agent("slack:T1:U1", blocks())
+    commit = store.commit_group
+
+    def rolled_back_commit() -> None:
+        # As after SQLite rolled the group back by itself (disk full, I/O error).
+        monkeypatch.setattr(store, "commit_group", commit)  # once
+        store._db.execute("ROLLBACK")
+        commit()
+
+    monkeypatch.setattr(store, "commit_group", rolled_back_commit)
+    outcomes = await queued_together(
+        store,
+        store.append_messages(one.id, [Message("user", "a")]),
+        store.record_usage("k", {"message": 1}, T0),
+    )
+    assert all(isinstance(outcome, StoreError) for outcome in outcomes)
+    assert await store.count_messages(one.id) == 0

@@ -282,7 +282,9 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
 
     # -- recall storage ----------------------------------------------------
     @guarded
-    async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
+    async def append_messages(
+        self, agent_id: str, messages: Sequence[Message], *, unless_event: str | None = None
+    ) -> list[Message]:
         if not messages:
             return []
         texts = [words(m.searchable_text()) for m in messages]
@@ -304,6 +306,9 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         tokens = sum(map(len, texts))
         lock = self._append_locks.setdefault(agent_id, asyncio.Lock())
         async with lock:
+            # Checked apart from the append: the agent's events run one at a time (lease and lane).
+            if unless_event is not None and await self.event_message_seq(agent_id, unless_event) is not None:
+                return []
             for attempt in range(MAX_ATTEMPTS):
                 try:
                     first = await self._atomic(functools.partial(self._append_once, agent_id, docs, tokens))

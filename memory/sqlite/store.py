@@ -23,7 +23,6 @@ see memory/sqlite/search.py.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import os
@@ -31,7 +30,6 @@ import re
 import sqlite3
 import unicodedata
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from typing import Any
 
@@ -53,6 +51,7 @@ from memory.sqlite.search import PassageSearch
 from memory.sqlite.sources import SQLiteSources
 from memory.sqlite.terms import index_passages
 from memory.sqlite.usage import SQLiteUsage
+from memory.sqlite.worker import DatabaseWorker
 from memory.store import Store, StoreError
 from memory.types import Message, Passage, SearchPage
 
@@ -132,8 +131,8 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
 
     # -- life cycle --------------------------------------------------------
     async def open(self) -> None:
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite")
+        if self._worker is None:
+            self._worker = DatabaseWorker(f"sqlite {self.path.name}", group=self)
         try:
             await self._call(self._open_sync)
         except BaseException:
@@ -171,14 +170,14 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         self._conn = conn
 
     async def close(self) -> None:
-        executor, self._executor = self._executor, None
-        if executor is None:
+        worker, self._worker = self._worker, None
+        if worker is None:
             return
         try:
-            await asyncio.get_running_loop().run_in_executor(executor, self._close_sync)
+            await worker.run(self._close_sync)
         finally:
             # The close job was the last one queued, so nothing is left to wait for.
-            executor.shutdown(wait=False)
+            worker.stop()
 
     def _close_sync(self) -> None:
         self._search.close()
@@ -187,13 +186,23 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
             conn.close()
 
     # -- recall storage ----------------------------------------------------
-    async def append_messages(self, agent_id: str, messages: Sequence[Message]) -> list[Message]:
+    async def append_messages(
+        self, agent_id: str, messages: Sequence[Message], *, unless_event: str | None = None
+    ) -> list[Message]:
         if not messages:
             return []
-        return await self._call(self._append_messages, agent_id, list(messages))
+        return await self._call(self._append_messages, agent_id, list(messages), unless_event, grouping="write")
 
-    def _append_messages(self, agent_id: str, messages: list[Message]) -> list[Message]:
+    def _append_messages(self, agent_id: str, messages: list[Message], unless_event: str | None) -> list[Message]:
         with self._write() as conn:
+            # In the same transaction as the append, so the check costs no extra round trip.
+            if (
+                unless_event is not None
+                and conn.execute(
+                    "SELECT 1 FROM messages WHERE agent_id = ? AND event_id = ? LIMIT 1", (agent_id, unless_event)
+                ).fetchone()
+            ):
+                return []
             (last,) = conn.execute(
                 "SELECT coalesce(max(seq), 0) FROM messages WHERE agent_id = ?", (agent_id,)
             ).fetchone()

@@ -48,10 +48,13 @@ def tally(count: int, amount: int, oldest: int | None, newest: int | None) -> Us
 
 class SQLiteUsage(SQLiteBase):
     async def record_usage(self, key: str, hits: Mapping[str, int], at: datetime) -> None:
-        rows = [(key, kind, to_us(at), int(amount)) for kind, amount in hits.items()]
+        values = [value for kind, amount in hits.items() for value in (key, kind, to_us(at), int(amount))]
+        # One statement for all the hits (one step on the worker, not one per row).
+        sql = "INSERT INTO usage_hits (key, kind, at, amount) VALUES " + ", ".join(["(?, ?, ?, ?)"] * len(hits))
 
         def job(conn: sqlite3.Connection) -> None:
-            conn.executemany("INSERT INTO usage_hits (key, kind, at, amount) VALUES (?, ?, ?, ?)", rows)
+            if values:
+                conn.execute(sql, values)
 
         await self.run_in_db(job, write=True)
 
@@ -59,9 +62,15 @@ class SQLiteUsage(SQLiteBase):
         return await self.run_in_db(lambda conn: _usage_since(conn, key, kind, since))
 
     async def usage_check(self, key: str, windows: Sequence[tuple[str, datetime]]) -> tuple[bool, list[UsageTally]]:
+        # One statement, a row per window (each served by the covering index), then the exemption.
+        parts = [f"SELECT {n}, {_TALLY}" for n in range(len(windows))]
+        parts.append(f"SELECT {len(windows)}, count(*), 0, NULL, NULL FROM usage_exempt WHERE key = ?")
+        sql = " UNION ALL ".join(parts) + " ORDER BY 1"
+        args = [value for kind, since in windows for value in (key, kind, to_us(since))] + [key]
+
         def job(conn: sqlite3.Connection) -> tuple[bool, list[UsageTally]]:
-            exempt = conn.execute("SELECT 1 FROM usage_exempt WHERE key = ?", (key,)).fetchone() is not None
-            return exempt, [_usage_since(conn, key, kind, since) for kind, since in windows]
+            *tallies, exempt = conn.execute(sql, args).fetchall()
+            return exempt[1] > 0, [tally(*row[1:]) for row in tallies]
 
         return await self.run_in_db(job)
 
@@ -99,11 +108,9 @@ class SQLiteUsage(SQLiteBase):
         return await self.run_in_db(job)
 
 
+# One window's tally, served by the covering index usage_hits_window alone.
+_TALLY = "count(*), coalesce(sum(amount), 0), min(at), max(at) FROM usage_hits WHERE key = ? AND kind = ? AND at >= ?"
+
+
 def _usage_since(conn: sqlite3.Connection, key: str, kind: str, since: datetime) -> UsageTally:
-    # Served by the covering index usage_hits_window alone.
-    row = conn.execute(
-        "SELECT count(*), coalesce(sum(amount), 0), min(at), max(at) FROM usage_hits"
-        " WHERE key = ? AND kind = ? AND at >= ?",
-        (key, kind, to_us(since)),
-    ).fetchone()
-    return tally(*row)
+    return tally(*conn.execute(f"SELECT {_TALLY}", (key, kind, to_us(since))).fetchone())

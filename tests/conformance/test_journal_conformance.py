@@ -108,6 +108,24 @@ async def test_the_message_of_an_event_is_found_by_its_id(store: Store) -> None:
     assert await store.event_message_seq(other.id, "Ev1") is None  # never across agents
 
 
+async def test_an_event_message_is_appended_once(store: Store) -> None:
+    record, _ = await store.get_or_create_agent("slack:T1:U1", default_blocks(100, 100))
+    other, _ = await store.get_or_create_agent("slack:T1:U2", default_blocks(100, 100))
+    first = await store.append_messages(
+        record.id, [Message(role="user", content="hi", event_id="Ev1")], unless_event="Ev1"
+    )
+    assert [m.seq for m in first] == [1]
+    # A redo of Ev1 stores nothing; another agent's Ev1 is another event.
+    again = [
+        Message(role="user", content="hi", event_id="Ev1"),
+        Message(role="user", content="follower", event_id="Ev9"),
+    ]
+    assert await store.append_messages(record.id, again, unless_event="Ev1") == []
+    assert again[0].seq == 0 and await store.count_messages(record.id) == 1
+    assert await store.event_message_seq(record.id, "Ev9") is None
+    assert [m.seq for m in await store.append_messages(other.id, again, unless_event="Ev1")] == [1, 2]
+
+
 async def test_finished_entries_older_than_a_day_are_swept(store: Store) -> None:
     old = entry("EvOld")
     old.received_at = utc_now() - timedelta(days=2)
