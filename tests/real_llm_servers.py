@@ -104,7 +104,7 @@ def server_command(kind: str, port: int, context: int) -> list[str]:
         return [
             str(llama_server_binary()),
             *("--model", model, "--alias", MODEL_ALIAS, "--host", "127.0.0.1", "--port", str(port)),
-            *("--ctx-size", str(context), "--parallel", "1", "--threads", threads),
+            *("--ctx-size", str(context), "--parallel", "1", "--threads", threads, "--threads-batch", threads),
             "--jinja",
             "--no-webui",
         ]
@@ -112,7 +112,8 @@ def server_command(kind: str, port: int, context: int) -> list[str]:
         return [
             str(llama_cpp_python()),
             *("-m", "llama_cpp.server", "--model", model, "--model_alias", MODEL_ALIAS),
-            *("--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(context), "--n_threads", threads),
+            *("--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(context)),
+            *("--n_threads", threads, "--n_threads_batch", threads),  # the batch default: every CPU
             *("--chat_format", "chatml-function-calling"),
         ]
     raise ValueError(f"unknown server kind {kind!r}; one of {SERVER_KINDS}")

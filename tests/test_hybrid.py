@@ -67,7 +67,9 @@ class Corpus:
 
 
 def _cached_vectors(embedder: Embedder, texts: list[str]) -> npt.NDArray[np.float32]:
-    digest = hashlib.sha256("\n".join([bundled_model_path(), *texts]).encode()).hexdigest()[:16]
+    # Keyed by the model's weights, not its path (every clone has its own venv).
+    weights = (Path(bundled_model_path()) / "model.safetensors").read_bytes()
+    digest = hashlib.sha256(hashlib.sha256(weights).digest() + "\n".join(texts).encode()).hexdigest()[:16]
     # Beside the suite's other caches (FerretDB, llama.cpp), which outlive /tmp between runs.
     path = Path.home() / ".cache" / "memgpt-bot" / "test-vectors" / f"minilm-{digest}.npy"
     if path.exists():
