@@ -166,7 +166,7 @@ def main() -> None:
 
     runs: list[Run | None] = []
     requested = [int(n) for n in options.processes.split(",") if n.strip()]
-    baseline = asyncio.run(bare_rate(base_url, 3_000, options.concurrency))
+    baseline, _ = asyncio.run(bare_rate(base_url, 3_000, options.concurrency))
     if not options.no_sqlite:
         with tempfile.TemporaryDirectory() as folder:
             runs.append(run_processes("sqlite", 1, {"sqlite_dir": folder}, base_url, args, 0, llm.pid))
