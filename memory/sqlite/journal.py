@@ -62,6 +62,13 @@ def _outbox(row: Sequence[Any]) -> OutboxEntry:
     )
 
 
+def event_message_seq_in(conn: sqlite3.Connection, agent_id: str, event_id: str) -> int | None:
+    """The seq of the agent's first message recorded for `event_id`, if any."""
+    sql = "SELECT min(seq) FROM messages WHERE agent_id = ? AND event_id = ?"
+    row = conn.execute(sql, (agent_id, event_id)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 class SQLiteJournal(SQLiteBase):
     _last_journal_sweep = 0.0
 
@@ -228,10 +235,4 @@ class SQLiteJournal(SQLiteBase):
         await self.run_in_db(job, write=True)
 
     async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:
-        def job(conn: sqlite3.Connection) -> int | None:
-            row = conn.execute(
-                "SELECT min(seq) FROM messages WHERE agent_id = ? AND event_id = ?", (agent_id, event_id)
-            ).fetchone()
-            return None if row is None or row[0] is None else int(row[0])
-
-        return await self.run_in_db(job)
+        return await self.run_in_db(lambda conn: event_message_seq_in(conn, agent_id, event_id))

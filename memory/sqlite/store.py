@@ -43,7 +43,7 @@ from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
 from memory.sqlite.base import from_ts, to_ts, visible_sql
 from memory.sqlite.coordination import SQLiteCoordination
-from memory.sqlite.journal import SQLiteJournal
+from memory.sqlite.journal import SQLiteJournal, event_message_seq_in
 from memory.sqlite.migrations import MIGRATIONS, migrate
 from memory.sqlite.recall import MessageSearch, SQLiteRecall
 from memory.sqlite.schedules import SQLiteScheduleStore
@@ -196,12 +196,7 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
     def _append_messages(self, agent_id: str, messages: list[Message], unless_event: str | None) -> list[Message]:
         with self._write() as conn:
             # In the same transaction as the append, so the check costs no extra round trip.
-            if (
-                unless_event is not None
-                and conn.execute(
-                    "SELECT 1 FROM messages WHERE agent_id = ? AND event_id = ? LIMIT 1", (agent_id, unless_event)
-                ).fetchone()
-            ):
+            if unless_event is not None and event_message_seq_in(conn, agent_id, unless_event) is not None:
                 return []
             (last,) = conn.execute(
                 "SELECT coalesce(max(seq), 0) FROM messages WHERE agent_id = ?", (agent_id,)
