@@ -217,15 +217,20 @@ def main() -> None:
 
 def report_inside(inside: dict[str, list[dict[str, Any]]]) -> None:
     """What the bot did between two requests, counted (bench/gap_probe): holds on a busy machine."""
-    print("inside the bot, per gap (mean): worker-thread hops (store calls, embeddings), main-thread CPU p50")
+    print(
+        "inside the bot, per gap: worker-thread hops (store calls, embeddings; mean), p50 of the bot's own"
+        " gap (response read to next request sent), of its main-thread CPU and of its wait on the store"
+    )
     for kind, records in inside.items():
         hops = [hop for record in records for hop in record["hops"]]
         embeds = sum("encode" in hop for hop in hops)
         cpu = statistics.median(record["cpu_ms"] for record in records)
-        top = ", ".join(f"{name} {n / len(records):.1f}" for name, n in Counter(hops).most_common(4))
+        wall = statistics.median(record["wall_ms"] for record in records)
+        store = statistics.median(record["db_ms"] for record in records)
+        top = ", ".join(f"{name} {n / len(records):.1f}" for name, n in Counter(hops).most_common(6))
         print(
             f"  {kind:<18} hops {len(hops) / len(records):.1f} (embeddings {embeds / len(records):.1f}); "
-            f"CPU {cpu:.2f} ms; {top}"
+            f"gap {wall:.2f} ms, CPU {cpu:.2f} ms, store wait {store:.2f} ms; {top}"
         )
 
 

@@ -12,6 +12,7 @@ import asyncio
 import atexit
 import json
 import os
+import sys
 import time
 from typing import Any
 
@@ -21,9 +22,24 @@ if OUT:
     import httpx2
 
     gaps: list[dict[str, Any]] = []
-    current: dict[str, Any] = {"hops": [], "cpu": None}
+    from memory.sqlite.worker import DatabaseWorker
+
+    current: dict[str, Any] = {"hops": [], "cpu": None, "wall": 0.0, "db_ms": 0.0}
     run_in_executor = asyncio.BaseEventLoop.run_in_executor
+    run_on_worker = DatabaseWorker.run
     send = httpx2.AsyncClient.send
+
+    async def counted_run_on_worker(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        name = getattr(fn, "__qualname__", type(fn).__name__)
+        if name.endswith("<locals>.job"):  # run_in_db's wrapper: name the caller's caller
+            caller = sys._getframe(3)
+            name = f"{caller.f_code.co_qualname}"
+        current["hops"].append(name)
+        started = time.perf_counter()
+        try:
+            return await run_on_worker(self, fn, *args, **kwargs)
+        finally:
+            current["db_ms"] += (time.perf_counter() - started) * 1000
 
     def counted_run_in_executor(self: Any, executor: Any, func: Any, *args: Any) -> Any:
         inner = getattr(func, "func", func)  # functools.partial
@@ -32,15 +48,23 @@ if OUT:
 
     async def counted_send(self: Any, *args: Any, **kwargs: Any) -> Any:
         if current["cpu"] is not None:
-            gaps.append({"hops": current["hops"], "cpu_ms": (time.thread_time() - current["cpu"]) * 1000})
-        current["hops"] = []
+            gaps.append(
+                {
+                    "hops": current["hops"],
+                    "cpu_ms": (time.thread_time() - current["cpu"]) * 1000,
+                    "wall_ms": (time.perf_counter() - current["wall"]) * 1000,
+                    "db_ms": current["db_ms"],
+                }
+            )
+        current["hops"], current["db_ms"] = [], 0.0
         try:
             return await send(self, *args, **kwargs)
         finally:
-            current["cpu"] = time.thread_time()
+            current["cpu"], current["wall"] = time.thread_time(), time.perf_counter()
 
     asyncio.BaseEventLoop.run_in_executor = counted_run_in_executor  # type: ignore[method-assign]
     httpx2.AsyncClient.send = counted_send  # type: ignore[method-assign]
+    DatabaseWorker.run = counted_run_on_worker  # type: ignore[method-assign]
 
     @atexit.register
     def _write() -> None:
