@@ -373,9 +373,11 @@ def bot_environment(base_url: str, data_dir: Path, context: int, **extra: str) -
         # A CPU model on a busy machine: a 2,000-token prompt once took over the
         # default 60 s, and the bot gave up on a call the server was still working on.
         MEMGPT_LLM_TIMEOUT="300",
-        # Answers of at most 256 tokens: a tiny model under a function-calling
-        # grammar can write to its cap, and each token is CPU time on a shared machine.
-        MEMGPT_RESPONSE_RESERVE="256",
+        # Answers of at most 128 tokens: the tiny model writes to its cap on
+        # almost every call (it rambles on after or instead of the call), at about
+        # 40 tokens/s on one thread here, so the cap sets these tests' cost; a
+        # send_message call with a short message fits in 128.
+        MEMGPT_RESPONSE_RESERVE="128",
         HF_HUB_OFFLINE="1",
         TOKENIZERS_PARALLELISM="false",
     )
