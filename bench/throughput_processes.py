@@ -64,6 +64,24 @@ def cpu_seconds(pid: int) -> float:
     return sum(int(value) for value in fields[11:15]) / TICKS
 
 
+DATABASE_PROCESSES = ("ferretdb", "postgres", "mongod")
+
+
+def database_cpu() -> float:
+    """CPU seconds so far of every database process on this machine (by name):
+    FerretDB, PostgreSQL's server and backends under it, or a mongod."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name = text[text.find("(") + 1 : text.rfind(")")]
+        if name.startswith(DATABASE_PROCESSES):
+            total += cpu_seconds(int(stat.parent.name))
+    return total
+
+
 def bot_process(
     index: int, count: int, store: dict[str, str], base_url: str, args: dict[str, int], ready: Any, go: Any, out: Any
 ) -> None:
@@ -114,7 +132,7 @@ async def _bot(
 
 
 def run_processes(
-    name: str, count: int, store: dict[str, str], base_url: str, args: dict[str, int], db_pid: int, llm_pid: int
+    name: str, count: int, store: dict[str, str], base_url: str, args: dict[str, int], llm_pid: int
 ) -> Run | None:
     """One run of `count` bot processes; None (said why) if a phase outlived --timeout."""
     context = multiprocessing.get_context("spawn")
@@ -128,7 +146,7 @@ def run_processes(
     try:
         for _ in bots:
             ready.get(timeout=args["timeout"])
-        db_before, llm_before = cpu_seconds(db_pid) if db_pid else 0.0, cpu_seconds(llm_pid)
+        db_before, llm_before = database_cpu(), cpu_seconds(llm_pid)
         go.set()
         results = [out.get(timeout=args["timeout"]) for _ in bots]
     except queue.Empty:
@@ -139,7 +157,7 @@ def run_processes(
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
-    db_cpu, llm_cpu = (cpu_seconds(db_pid) - db_before) if db_pid else 0.0, cpu_seconds(llm_pid) - llm_before
+    db_cpu, llm_cpu = database_cpu() - db_before, cpu_seconds(llm_pid) - llm_before
     start, end = min(r[1] for r in results), max(r[2] for r in results)
     run = Run(name, count, args["events"] * count, end - start, sum(r[3] for r in results), db_cpu, llm_cpu)
     print(f"{name}: {run.events} events in {run.seconds:.1f} s", flush=True)
@@ -154,6 +172,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32, help="events in flight per process")
     parser.add_argument("--timeout", type=int, default=300, help="seconds any one phase may take")
     parser.add_argument("--no-sqlite", action="store_true", help="skip the one-process SQLite run")
+    parser.add_argument(
+        "--ferretdb-on",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="FerretDB's storage: its embedded SQLite (as the tests) or a throwaway PostgreSQL cluster",
+    )
     options = parser.parse_args()
     args = {k: getattr(options, k) for k in ("users", "events", "concurrency", "timeout")}
 
@@ -169,24 +193,31 @@ def main() -> None:
     baseline, _ = asyncio.run(bare_rate(base_url, 3_000, options.concurrency))
     if not options.no_sqlite:
         with tempfile.TemporaryDirectory() as folder:
-            runs.append(run_processes("sqlite", 1, {"sqlite_dir": folder}, base_url, args, 0, llm.pid))
+            runs.append(run_processes("sqlite", 1, {"sqlite_dir": folder}, base_url, args, llm.pid))
         print(f"bare openai client: {baseline:.0f} requests/s", flush=True)
 
-    server = None
+    server, postgres = None, None
     uri = os.environ.get("MONGODB_URI", "")
     if not uri and requested:
         from tests.mongo_server import FerretDB, find_or_build_ferretdb
 
-        server = FerretDB(find_or_build_ferretdb())
+        postgresql_url = ""
+        if options.ferretdb_on == "postgresql":
+            from bench.postgres_server import PostgreSQL
+
+            postgres = PostgreSQL()
+            postgresql_url = postgres.start()
+        server = FerretDB(find_or_build_ferretdb(), postgresql_url)
         uri = server.start()
-    db_pid = server.process.pid if server is not None and server.process is not None else 0
     try:
         for count in requested:
             store = {"uri": uri, "db": f"bench_throughput_{uuid.uuid4().hex[:8]}"}
-            runs.append(run_processes(f"mongodb x{count}", count, store, base_url, args, db_pid, llm.pid))
+            runs.append(run_processes(f"mongodb x{count}", count, store, base_url, args, llm.pid))
     finally:
         if server is not None:
             server.stop()
+        if postgres is not None:
+            postgres.stop()
         stop.set()
         llm.join(timeout=10)
 
@@ -194,7 +225,8 @@ def main() -> None:
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}, load {load}")
     print(
         f"{options.users} users, {options.events} events per process, concurrency {options.concurrency} per "
-        f"process, instant LLM in its own process; MongoDB: {'FerretDB' if server else uri or 'none'}"
+        f"process, instant LLM in its own process; MongoDB: "
+        f"{f'FerretDB on {options.ferretdb_on}' if server else uri or 'none'}"
     )
     print(f"bare openai client: {baseline:.0f} requests/s (one process, the ceiling for one bot process)")
     finished = [run for run in runs if run is not None]

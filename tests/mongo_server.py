@@ -93,10 +93,13 @@ def ping(uri: str, timeout: float = 1.0) -> bool:
 
 
 class FerretDB:
-    """One FerretDB process on 127.0.0.1:<free port>, data in a temporary folder."""
+    """One FerretDB process on 127.0.0.1:<free port>, data in a temporary folder
+    (its embedded SQLite handler), or in the PostgreSQL database at
+    `postgresql_url` (its PostgreSQL handler: bench/postgres_server.py)."""
 
-    def __init__(self, binary: Path) -> None:
+    def __init__(self, binary: Path, postgresql_url: str = "") -> None:
         self.binary = binary
+        self.postgresql_url = postgresql_url
         self.folder = Path(tempfile.mkdtemp(prefix="memgpt-ferretdb-"))
         self.process: subprocess.Popen[bytes] | None = None
         self.uri = ""
@@ -110,8 +113,11 @@ class FerretDB:
             self.process = subprocess.Popen(
                 [
                     str(self.binary),
-                    "--handler=sqlite",
-                    f"--sqlite-url=file:{data}/",
+                    *(
+                        ("--handler=postgresql", f"--postgresql-url={self.postgresql_url}")
+                        if self.postgresql_url
+                        else ("--handler=sqlite", f"--sqlite-url=file:{data}/")
+                    ),
                     f"--listen-addr=127.0.0.1:{port}",
                     f"--state-dir={self.folder}",
                     "--debug-addr=-",
