@@ -55,13 +55,19 @@ class Run:
         return self.events / self.seconds
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process and its waited-for children so far."""
+def name_and_cpu(stat: Path) -> tuple[str, float]:
+    """A process's name and its user + system CPU seconds, with its waited-for
+    children's, so far, from its /proc/<pid>/stat ("", 0.0 once it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        text = stat.read_text()
     except OSError:
-        return 0.0
-    return sum(int(value) for value in fields[11:15]) / TICKS
+        return "", 0.0
+    name, fields = text[text.find("(") + 1 : text.rfind(")")], text[text.rfind(")") + 1 :].split()
+    return name, sum(int(value) for value in fields[11:15]) / TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    return name_and_cpu(Path(f"/proc/{pid}/stat"))[1]
 
 
 DATABASE_PROCESSES = ("ferretdb", "postgres", "mongod")
@@ -72,13 +78,9 @@ def database_cpu() -> float:
     FerretDB, PostgreSQL's server and backends under it, or a mongod."""
     total = 0.0
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:
-            continue
-        name = text[text.find("(") + 1 : text.rfind(")")]
+        name, cpu = name_and_cpu(stat)
         if name.startswith(DATABASE_PROCESSES):
-            total += cpu_seconds(int(stat.parent.name))
+            total += cpu
     return total
 
 

@@ -32,8 +32,7 @@ if OUT:
     async def counted_run_on_worker(self: Any, fn: Any, *args: Any, **kwargs: Any) -> Any:
         name = getattr(fn, "__qualname__", type(fn).__name__)
         if name.endswith("<locals>.job"):  # run_in_db's wrapper: name the caller's caller
-            caller = sys._getframe(3)
-            name = f"{caller.f_code.co_qualname}"
+            name = sys._getframe(3).f_code.co_qualname  # past _call and run_in_db
         current["hops"].append(name)
         started = time.perf_counter()
         try:
