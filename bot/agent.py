@@ -32,7 +32,7 @@ from memory.queue_manager import (
     QueueManager,
 )
 from memory.store import Store, StoreError
-from memory.types import AgentRecord, Block, Message, Passage, utc_now
+from memory.types import AgentRecord, Block, Message, OutboxEntry, Passage, utc_now
 from memory.working_context import WorkingContext
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,9 @@ class Agent:
         self.tokens_used = 0
         self.usage = TokenUsage()
         self._outbox: list[Reply] = []
+        # Outbox entries of replies given since the last write (send): stored with the
+        # step's record, in the same store call (record_messages), or at the event's end.
+        self._unsaved: list[OutboxEntry] = []
         # The event being handled, for functions that need its sender or reply
         # address (schedule_reminder delivers where the user asked); None between events.
         self.current_event: Event | None = None
@@ -199,7 +202,7 @@ class Agent:
     # -- the event loop of one agent -------------------------------------
     async def handle(self, event: Event) -> EventResult:
         result = EventResult()
-        self._outbox = []
+        self._outbox, self._unsaved = [], []
         self.current_event = event
         self.conversation = await self.conversation_for(event.place)
         try:
@@ -256,6 +259,7 @@ class Agent:
             else:
                 result.trouble = result.trouble or NO_ANSWER
                 await self.send(result.trouble)
+        await self._save_replies()
         result.replies = list(self._outbox)
         return result
 
@@ -305,8 +309,8 @@ class Agent:
             if first_step and self.services.plain_text_replies:
                 # Answered in plain text, not in a heartbeat chain: that text is the
                 # answer (small local models rarely call send_message every time).
-                await self.record_messages([Message(role="assistant", content=completion.content)])
                 await self.send(text)
+                await self.record_messages([Message(role="assistant", content=completion.content)])
                 return False
             self._best_text = text
         assistant = Message(
@@ -384,7 +388,10 @@ class Agent:
         conversation = conversation or self.conversation
         for message in messages:
             message.place = conversation.key
-        if len(await self.store.append_messages(self.id, messages, unless_event=unless_event)) < len(messages):
+        # The replies sent since the last write go with it: one store call, not two (SQLite: one transaction).
+        replies, self._unsaved = self._unsaved, []
+        stored = await self.store.append_messages(self.id, messages, unless_event=unless_event, replies=replies)
+        if len(stored) < len(messages):
             return False  # the event's message was stored before
         for message in messages:
             conversation.queue.append(message)
@@ -405,9 +412,11 @@ class Agent:
             conversation.show(self.working_context)
 
     async def send(self, text: str) -> None:
-        """A reply to the current event. For a durable event it is in the
-        outbox (memory/store.py) before send_message returns, so a crash
-        from here on cannot lose it."""
+        """A reply to the current event. For a durable event it goes into the
+        outbox (memory/store.py) with the step's record (record_messages),
+        before the model sees that it was sent and before the event's replies
+        are handed back to be delivered: a crash from then on cannot lose it,
+        and one before then sent nothing (the event is redone)."""
         event = self.current_event
         if event is None:
             raise RuntimeError("send() outside an event")
@@ -415,8 +424,14 @@ class Agent:
         if event.durable:
             entry = outbox_entry(event, text, len(self._outbox))
             reply.outbox_id = entry.id
-            await self.store.outbox_add(entry)
+            self._unsaved.append(entry)
         self._outbox.append(reply)
+
+    async def _save_replies(self) -> None:
+        """Replies not yet stored with a step's record (the event's last words): into the outbox now."""
+        replies, self._unsaved = self._unsaved, []
+        for entry in replies:
+            await self.store.outbox_add(entry)
 
     def page_token_budget(self) -> int:
         """Tokens a page of search results may take. Eviction runs before every

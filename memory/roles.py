@@ -110,12 +110,20 @@ class MessageStore(Protocol):
     """Recall storage: every message, in `seq` order, and its search."""
 
     async def append_messages(
-        self, agent_id: str, messages: Sequence[Message], *, unless_event: str | None = None
+        self,
+        agent_id: str,
+        messages: Sequence[Message],
+        *,
+        unless_event: str | None = None,
+        replies: Sequence[OutboxEntry] = (),
     ) -> list[Message]:
         """Store messages in order, in one transaction, assigning each the next
         `seq`. Returns them with `seq` set. With `unless_event`: nothing is
         stored, and [] returned, if the agent has a message of that event id
-        already (an earlier run of the event recorded it; see event_message_seq)."""
+        already (an earlier run of the event recorded it; see event_message_seq).
+        With `replies`: outbox entries (JournalStore.outbox_add) stored first,
+        in the same transaction where the backend has one: a step's replies and
+        its record in one round trip (the SQLite worker's; bot/agent.py)."""
 
     async def messages_since(self, agent_id: str, seq: int, *, place: str | None = None) -> list[Message]:
         """Messages with `seq >= seq`, oldest first; with `place`, only that

@@ -43,7 +43,7 @@ import sqlite3
 import subprocess
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -63,7 +63,7 @@ from memory.embeddings import Embedder
 from memory.mongo.store import MongoStore
 from memory.sqlite.store import SQLiteStore
 from memory.store import OutboxEntry, Store, StoreError
-from memory.types import utc_now
+from memory.types import Message, utc_now
 from tests.conftest import make_settings
 from tests.fake_llm import FakeLLMServer, Reply, say
 from tests.helpers import free_port
@@ -684,15 +684,32 @@ async def test_the_notice_and_message_are_once_per_outage(
 
 class OutboxWriteFailsOnce(SQLiteStore):
     """A SQLite store whose next outbox write fails once: what a write to a
-    MongoDB whose connection was just cut does (the one after reconnects)."""
+    MongoDB whose connection was just cut does (the one after reconnects).
+    A reply's outbox entry is written with its step's record (append_messages'
+    `replies`), or alone (outbox_add) at the end of an event."""
 
     fail_next_outbox_add = False
 
-    async def outbox_add(self, entry: OutboxEntry) -> bool:
+    def _fail_once(self) -> None:
         if self.fail_next_outbox_add:
             self.fail_next_outbox_add = False
             raise StoreError("storage unreachable for a moment")
+
+    async def outbox_add(self, entry: OutboxEntry) -> bool:
+        self._fail_once()
         return await super().outbox_add(entry)
+
+    async def append_messages(
+        self,
+        agent_id: str,
+        messages: Sequence[Message],
+        *,
+        unless_event: str | None = None,
+        replies: Sequence[OutboxEntry] = (),
+    ) -> list[Message]:
+        if replies:
+            self._fail_once()
+        return await super().append_messages(agent_id, messages, unless_event=unless_event, replies=replies)
 
 
 async def test_a_store_fault_inside_a_function_redoes_the_event_and_never_reaches_the_model(

@@ -87,7 +87,7 @@ from memory.mongo.usage import MongoUsage
 from memory.places import DM_KEY, Visibility
 from memory.search.analysis import query_terms
 from memory.search.vector_index import check_dimension, embedding_matrix
-from memory.store import Store, StoreError
+from memory.store import OutboxEntry, Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
 
 log = logging.getLogger(__name__)
@@ -283,8 +283,16 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
     # -- recall storage ----------------------------------------------------
     @guarded
     async def append_messages(
-        self, agent_id: str, messages: Sequence[Message], *, unless_event: str | None = None
+        self,
+        agent_id: str,
+        messages: Sequence[Message],
+        *,
+        unless_event: str | None = None,
+        replies: Sequence[OutboxEntry] = (),
     ) -> list[Message]:
+        # Without a multi-document transaction: the replies first, as if written before the call.
+        for entry in replies:
+            await self.outbox_add(entry)
         if not messages:
             return []
         texts = [words(m.searchable_text()) for m in messages]

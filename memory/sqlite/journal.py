@@ -69,6 +69,26 @@ def event_message_seq_in(conn: sqlite3.Connection, agent_id: str, event_id: str)
     return None if row is None or row[0] is None else int(row[0])
 
 
+def outbox_insert_in(conn: sqlite3.Connection, entry: OutboxEntry) -> bool:
+    """Insert one outbox reply on `conn` (inside the caller's write transaction); False if its id is there already."""
+    row = (
+        entry.id,
+        entry.event_id,
+        entry.position,
+        entry.agent_key,
+        entry.origin,
+        entry.user_id,
+        json.dumps(entry.reply_to),
+        entry.text,
+        entry.created_at.timestamp(),
+        entry.state,
+        entry.attempts,
+        entry.next_try_at,
+    )
+    sql = f"INSERT INTO outbox ({_OUTBOX_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING"
+    return bool(conn.execute(sql, row).rowcount)
+
+
 class SQLiteJournal(SQLiteBase):
     _last_journal_sweep = 0.0
 
@@ -169,31 +189,7 @@ class SQLiteJournal(SQLiteBase):
         await self.run_in_db(job, write=True)
 
     async def outbox_add(self, entry: OutboxEntry) -> bool:
-        row = (
-            entry.id,
-            entry.event_id,
-            entry.position,
-            entry.agent_key,
-            entry.origin,
-            entry.user_id,
-            json.dumps(entry.reply_to),
-            entry.text,
-            entry.created_at.timestamp(),
-            entry.state,
-            entry.attempts,
-            entry.next_try_at,
-        )
-
-        def job(conn: sqlite3.Connection) -> bool:
-            return bool(
-                conn.execute(
-                    f"INSERT INTO outbox ({_OUTBOX_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
-                    " ON CONFLICT (id) DO NOTHING",
-                    row,
-                ).rowcount
-            )
-
-        return await self.run_in_db(job, write=True)
+        return await self.run_in_db(lambda conn: outbox_insert_in(conn, entry), write=True)
 
     async def outbox_update(
         self, entry_id: str, *, state: str, attempts: int | None = None, next_try_at: float | None = None

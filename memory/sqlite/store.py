@@ -43,7 +43,7 @@ from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
 from memory.sqlite.base import from_ts, to_ts, visible_sql
 from memory.sqlite.coordination import SQLiteCoordination
-from memory.sqlite.journal import SQLiteJournal, event_message_seq_in
+from memory.sqlite.journal import SQLiteJournal, event_message_seq_in, outbox_insert_in
 from memory.sqlite.migrations import MIGRATIONS, migrate
 from memory.sqlite.recall import MessageSearch, SQLiteRecall
 from memory.sqlite.schedules import SQLiteScheduleStore
@@ -52,7 +52,7 @@ from memory.sqlite.sources import SQLiteSources
 from memory.sqlite.terms import index_passages
 from memory.sqlite.usage import SQLiteUsage
 from memory.sqlite.worker import DatabaseWorker
-from memory.store import Store, StoreError
+from memory.store import OutboxEntry, Store, StoreError
 from memory.types import Message, Passage, SearchPage
 
 _WORD = re.compile(r"\w+")
@@ -187,14 +187,27 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
 
     # -- recall storage ----------------------------------------------------
     async def append_messages(
-        self, agent_id: str, messages: Sequence[Message], *, unless_event: str | None = None
+        self,
+        agent_id: str,
+        messages: Sequence[Message],
+        *,
+        unless_event: str | None = None,
+        replies: Sequence[OutboxEntry] = (),
     ) -> list[Message]:
-        if not messages:
+        if not messages and not replies:
             return []
-        return await self._call(self._append_messages, agent_id, list(messages), unless_event, grouping="write")
+        return await self._call(
+            self._append_messages, agent_id, list(messages), unless_event, list(replies), grouping="write"
+        )
 
-    def _append_messages(self, agent_id: str, messages: list[Message], unless_event: str | None) -> list[Message]:
+    def _append_messages(
+        self, agent_id: str, messages: list[Message], unless_event: str | None, replies: list[OutboxEntry]
+    ) -> list[Message]:
         with self._write() as conn:
+            for entry in replies:  # first, as if written before the messages, and in the same transaction
+                outbox_insert_in(conn, entry)
+            if not messages:
+                return []
             # In the same transaction as the append, so the check costs no extra round trip.
             if unless_event is not None and event_message_seq_in(conn, agent_id, unless_event) is not None:
                 return []

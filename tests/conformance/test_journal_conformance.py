@@ -185,3 +185,20 @@ async def test_the_alone_mark_is_set_and_cleared(store: Store) -> None:
     assert (found.state, found.alone) == ("running", True)
     await store.journal_update("EvA1", alone=False)
     assert (await store.journal_pending("slack"))[0].alone is False
+
+
+async def test_a_steps_replies_are_stored_with_its_messages_in_one_call(store: Store) -> None:
+    """bot/agent.py hands a step's replies to append_messages: they are in the
+    outbox once the call returns, the messages recorded after them; alone too
+    (no messages), and a redone step's reply is not stored twice."""
+    record, _ = await store.get_or_create_agent("slack:T1:U1", default_blocks(100, 100))
+    step = [Message(role="assistant", content="calling send_message"), Message(role="tool", content="OK")]
+    stored = await store.append_messages(record.id, step, replies=[reply("Ev1", 0)])
+    assert [m.seq for m in stored] == [1, 2]
+    assert [r.id for r in await store.outbox_for_event("Ev1")] == ["Ev1:0"]
+    assert await store.append_messages(record.id, [], replies=[reply("Ev1", 1), reply("Ev1", 0)]) == []
+    assert [(r.id, r.text) for r in await store.outbox_pending("slack")] == [
+        ("Ev1:0", "reply 0 to Ev1"),
+        ("Ev1:1", "reply 1 to Ev1"),
+    ]
+    assert [m.content for m in await store.messages_since(record.id, 0)] == ["calling send_message", "OK"]
