@@ -6,6 +6,7 @@ This is the API adapters call: `await runtime.handle(event) -> list[Reply]`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import Iterable
@@ -197,12 +198,19 @@ class Runtime(LedgerCommands):
                 detached = await split_batch(self.store, agent.id, event)
                 if detached:
                     self._detached[id(event)] = detached
-                await self.inbox.started(event)  # from here on, a crash may count against the event
-                if await self.inbox.answered_with_its_batch(agent.id, event):  # debounce: its leader answers
+                # From here on, a crash may count against the event. The journal write needs
+                # no answer before the reads below: it shares their round trip to the store.
+                running = asyncio.ensure_future(self.inbox.started(event))
+                try:
+                    # Debounce: its leader answers it (a replayed follower only).
+                    answered = await self.inbox.answered_with_its_batch(agent.id, event)
+                    # Over a limit: kept in recall, no LLM call, perhaps a notice (bot/limits.py).
+                    held = None if answered else await self.limits.admit(agent, event)
+                finally:
+                    await running
+                if answered:
                     return EventResult()
                 notice: list[Reply] = []
-                # Over a limit: kept in recall, no LLM call, perhaps a notice (bot/limits.py).
-                held = await self.limits.admit(agent, event)
                 if isinstance(event, FileUploaded) and held is None:
                     event.passages_saved = await self._save_upload(agent, event)
                     notice = await self._upload_notices(event)
