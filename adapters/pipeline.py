@@ -20,7 +20,8 @@ is here, once, in the order an event meets it:
    shows it is working, and its replies are delivered in the person's order,
    each reported to the outbox (`Lanes.deliver`, `BotPort.report_delivery`);
    a failure earns the person one apology (`APOLOGY`);
-5. finish: the inbox marks the event done (`BotPort.finished`);
+5. finish: the inbox marks the event done (`BotPort.finished`), in the
+   same round trip to the store as the report of its last reply;
 6. recover / replay: at start, what the last run left unfinished is redone
    in arrival order ahead of new events (`hold_new_events`, `recover`); the
    storage wait's leftovers are redone the same way (`replay`);
@@ -48,7 +49,7 @@ from functools import partial
 from typing import Any, Protocol
 
 from bot.durable.debounce import Burst, Debouncer, merge
-from bot.durable.lanes import Lanes
+from bot.durable.lanes import Lanes, Report
 from bot.events import Delivery, Event, Redo, Reply, agent_key
 from bot.ports import BotPort
 
@@ -138,6 +139,29 @@ class OnPipeline:
     async def drain(self) -> None:
         """Wait until every event taken so far has been answered."""
         await self.pipeline.drain()
+
+
+class _Finish:
+    """Marks one arrival's event done in the inbox (`BotPort.finished`), once."""
+
+    def __init__(self, bot: BotPort, event_id: str) -> None:
+        self.bot, self.event_id, self.done = bot, event_id, False
+
+    async def __call__(self) -> None:
+        if not self.done:
+            self.done = True
+            await self.bot.finished(self.event_id)
+
+    def with_report_of(self, last: Reply, report: Report) -> Report:
+        """`report`, the event finished beside the report of `last` (both writes in flight at once)."""
+
+        async def reporting(reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
+            if reply is not last:
+                return await report(reply, outcome, detail)
+            delivered, _ = await asyncio.gather(report(reply, outcome, detail), self())
+            return delivered
+
+        return reporting
 
 
 class Pipeline:
@@ -242,29 +266,38 @@ class Pipeline:
 
     async def _run(self, arrival: Arrival, items: list[Item] | None) -> None:
         """Hand the items of one arrival to the bot, deliver the replies, finish it."""
+        # Not reached when a crash stops the work: then it stays pending and is redone.
+        finish = _Finish(self.bot, arrival.event_id) if arrival.durable else None
         try:
             if items is None:
                 raise RuntimeError("the event could not be read")
-            for item in items:
+            for n, item in enumerate(items):
+                last = finish if n == len(items) - 1 else None
                 if isinstance(item, Reply):
-                    await self.deliver([item], answering=arrival)
+                    await self.deliver([item], answering=arrival, finish=last)
                     continue
                 async with self.platform.working(arrival):
                     replies = await self.bot.handle(item)
-                await self.deliver(replies, answering=arrival)
+                await self.deliver(replies, answering=arrival, finish=last)
         except Exception:
             log.exception("%s: handling event %s failed", self.platform.name, arrival.event_id)
             if arrival.awaits_answer:
                 await self.deliver([self.platform.notice(arrival, APOLOGY)], answering=arrival)
-        # Not reached when a crash stops the work: then it stays pending and is redone.
-        if arrival.durable:
-            await self.bot.finished(arrival.event_id)
+        if finish is not None:
+            await finish()  # when no reply of it was reported (none, or none in the outbox)
 
-    async def deliver(self, replies: Sequence[Reply], *, answering: Arrival | None = None) -> None:
+    async def deliver(
+        self, replies: Sequence[Reply], *, answering: Arrival | None = None, finish: _Finish | None = None
+    ) -> None:
         """Send replies in order, each person's behind their replies that wait for a retry
         (Lanes.deliver), reporting each one with an outbox entry. Also the way in for
-        proactive messages and the outbox's retries."""
-        await self.lanes.deliver(replies, partial(self.platform.send, answering=answering), self.bot.report_delivery)
+        proactive messages and the outbox's retries. With `finish`: the event is
+        marked done together with the report of its last reply (one round trip to
+        the store): once that reply is sent, every reply was sent or handed to the retrier."""
+        report: Report = self.bot.report_delivery
+        if finish is not None and replies:
+            report = finish.with_report_of(replies[-1], report)
+        await self.lanes.deliver(replies, partial(self.platform.send, answering=answering), report)
 
     # -- crash recovery ------------------------------------------------------------
     def hold_new_events(self) -> None:
