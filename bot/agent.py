@@ -12,9 +12,10 @@ and every read through the place's visibility (memory/places.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from bot.channel_context import render_channel_context
@@ -36,6 +37,8 @@ from memory.types import AgentRecord, Block, Message, OutboxEntry, Passage, utc_
 from memory.working_context import WorkingContext
 
 log = logging.getLogger(__name__)
+
+Ending = Callable[[], Awaitable[None]]  # a caller's write at an event's end (Agent.handle)
 
 # The note for a person whose message got no answer from the model (the chain
 # ended, or reached the step cap, without sending anything).
@@ -91,6 +94,7 @@ class Agent:
         self.tokens_used = 0
         self.usage = TokenUsage()
         self._outbox: list[Reply] = []
+        self._ending: Ending | None = None  # see handle()
         # Outbox entries of replies given since the last write (send): stored with the
         # step's record, in the same store call (record_messages), or at the event's end.
         self._unsaved: list[OutboxEntry] = []
@@ -200,9 +204,13 @@ class Agent:
             )
 
     # -- the event loop of one agent -------------------------------------
-    async def handle(self, event: Event) -> EventResult:
+    async def handle(self, event: Event, *, ending: Ending | None = None) -> EventResult:
+        """Run the event's steps. `ending`: the caller's own write for the
+        event (bot/limits.py charges its tokens), made beside the last step's
+        record, in the same round trip to the store; not called when the event
+        stops before that (a failure, the step cap): the caller then makes it."""
         result = EventResult()
-        self._outbox, self._unsaved = [], []
+        self._outbox, self._unsaved, self._ending = [], [], ending
         self.current_event = event
         self.conversation = await self.conversation_for(event.place)
         try:
@@ -210,6 +218,7 @@ class Agent:
         finally:
             self.queue.protected_seq = None
             self.current_event, self.conversation, self._channel_context = None, self.conversations[DM.key], ""
+            self._ending = None
 
     async def _run(self, event: Event, result: EventResult) -> EventResult:
         if await self._answered_before_a_crash(event, result):
@@ -310,7 +319,7 @@ class Agent:
                 # Answered in plain text, not in a heartbeat chain: that text is the
                 # answer (small local models rarely call send_message every time).
                 await self.send(text)
-                await self.record_messages([Message(role="assistant", content=completion.content)])
+                await self._record_step([Message(role="assistant", content=completion.content)], last=True)
                 return False
             self._best_text = text
         assistant = Message(
@@ -357,8 +366,17 @@ class Agent:
             # (On ticks, joins and alerts silence is a valid choice: no nudge.)
             produced.append(Message(role="user", content=NO_CALL_NUDGE, name="system_alert"))
             heartbeat = True
-        await self.record_messages(produced)
+        await self._record_step(produced, last=not heartbeat)
         return heartbeat
+
+    async def _record_step(self, messages: list[Message], *, last: bool) -> None:
+        """A step's record; the event's last one shares its round trip with the caller's `ending`."""
+        ending = self._ending if last else None
+        if ending is None:
+            await self.record_messages(messages)
+            return
+        self._ending = None
+        await asyncio.gather(self.record_messages(messages), ending())
 
     def _awaits_answer(self) -> bool:
         return self.current_event is None or self.current_event.kind in ANSWERED_KINDS

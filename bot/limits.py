@@ -143,14 +143,22 @@ class UsageLimits:
 
     async def metered(self, agent: Agent, event: Event) -> EventResult:
         """`agent.handle(event)`, with the tokens its LLM calls spent charged
-        to the user, also when it fails half-way."""
+        to the user, also when it fails half-way: written beside the record of
+        its last step (no LLM call comes after that), else once it stopped."""
         before, parts_before = agent.tokens_used, agent.usage.copy()
+        charged = False
+
+        async def charge() -> None:
+            nonlocal charged
+            if not charged:
+                charged = True
+                await self.charge(event.agent_key, agent.tokens_used - before, agent.usage.since(parts_before))
+
         try:
-            result = await agent.handle(event)
+            result = await agent.handle(event, ending=charge)
         finally:
-            spent = agent.tokens_used - before
-            await self.charge(event.agent_key, spent, agent.usage.since(parts_before))
-        result.tokens_used = spent
+            await charge()
+        result.tokens_used = agent.tokens_used - before
         return result
 
     async def charge(self, key: str, tokens: int, parts: TokenUsage | None = None) -> None:
