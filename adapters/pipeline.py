@@ -85,6 +85,9 @@ class Arrival:
     refused: bool = False  # could not be recorded, and the platform will deliver it again
     notice: str = ""  # given up by the inbox: this is said instead of a redo
     recorded: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once its replies were sent (or it ended without any), before the inbox's
+    # "done" is written: the terminal reads its next line then (adapters/terminal.py).
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class Platform(Protocol):
@@ -144,13 +147,13 @@ class OnPipeline:
 class _Finish:
     """Marks one arrival's event done in the inbox (`BotPort.finished`), once."""
 
-    def __init__(self, bot: BotPort, event_id: str) -> None:
-        self.bot, self.event_id, self.done = bot, event_id, False
+    def __init__(self, bot: BotPort, arrival: Arrival) -> None:
+        self.bot, self.arrival, self.done = bot, arrival, False
 
     async def __call__(self) -> None:
         if not self.done:
             self.done = True
-            await self.bot.finished(self.event_id)
+            await self.bot.finished(self.arrival.event_id)
 
     def with_report_of(self, last: Reply, report: Report) -> Report:
         """`report`, the event finished beside the report of `last` (both writes in flight at once)."""
@@ -158,6 +161,7 @@ class _Finish:
         async def reporting(reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
             if reply is not last:
                 return await report(reply, outcome, detail)
+            self.arrival.answered.set()
             delivered, _ = await asyncio.gather(report(reply, outcome, detail), self())
             return delivered
 
@@ -230,6 +234,13 @@ class Pipeline:
     # -- in the person's lane --------------------------------------------------
     async def _process(self, burst: Burst[Arrival], early: bool) -> None:
         # The first await: it fixes this event's (or burst's) place in line.
+        try:
+            await self._in_lane(burst, early)
+        finally:
+            for member in burst.members:  # a repeat, a follower, one left unfinished: nothing more comes
+                member.answered.set()
+
+    async def _in_lane(self, burst: Burst[Arrival], early: bool) -> None:
         async with self.lanes.hold(agent_key(self.platform.name, burst.members[0].user_id), early=early):
             members = await self.bursts.gather(burst)
             for member in members:
@@ -267,7 +278,7 @@ class Pipeline:
     async def _run(self, arrival: Arrival, items: list[Item] | None) -> None:
         """Hand the items of one arrival to the bot, deliver the replies, finish it."""
         # Not reached when a crash stops the work: then it stays pending and is redone.
-        finish = _Finish(self.bot, arrival.event_id) if arrival.durable else None
+        finish = _Finish(self.bot, arrival) if arrival.durable else None
         try:
             if items is None:
                 raise RuntimeError("the event could not be read")
@@ -283,6 +294,7 @@ class Pipeline:
             log.exception("%s: handling event %s failed", self.platform.name, arrival.event_id)
             if arrival.awaits_answer:
                 await self.deliver([self.platform.notice(arrival, APOLOGY)], answering=arrival)
+        arrival.answered.set()
         if finish is not None:
             await finish()  # when no reply of it was reported (none, or none in the outbox)
 

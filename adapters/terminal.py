@@ -96,6 +96,7 @@ class TerminalChat:
         self.stderr = stderr or sys.stderr
         self.interactive = _isatty(self.stdin) if interactive is None else interactive
         self.pipeline = Pipeline(bot, self)
+        self._finishing: asyncio.Task[None] | None = None  # the last line's work, once it is answered
 
     # -- the platform contract (adapters/pipeline.py) -----------------------------
     def arrival_of(self, payload: Mapping[str, Any]) -> Arrival:
@@ -126,9 +127,24 @@ class TerminalChat:
         return nullcontext()
 
     async def say(self, text: str) -> None:
-        """One line in, answered (through the pipeline) before it returns."""
+        """One line in, answered (through the pipeline) before it returns. The
+        line before it may still be finishing (its inbox entry marked done):
+        that write shares its round trip to the store with this line's."""
         payload = {"event_id": uuid.uuid4().hex, "user_id": self.user_id, "text": text}
-        task = await self.pipeline.take(self.arrival_of(payload | {"display_name": self.display_name}))
+        arrival = self.arrival_of(payload | {"display_name": self.display_name})
+        task = await self.pipeline.take(arrival)
+        await self._finished()  # the line before (its errors surface here)
+        if task is None:
+            return
+        self._finishing = task
+        answered = asyncio.ensure_future(arrival.answered.wait())
+        try:
+            await asyncio.wait({task, answered}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            answered.cancel()
+
+    async def _finished(self) -> None:
+        task, self._finishing = self._finishing, None
         if task is not None:
             await task
 
@@ -148,6 +164,7 @@ class TerminalChat:
                 sent += 1
             if self.interactive:
                 self._note(PROMPT)
+        await self._finished()
         if self.interactive:
             self._note("\n")
         await self.pipeline.close()
