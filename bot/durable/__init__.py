@@ -9,7 +9,8 @@ event or a reply is in its database row, never only in this process's memory.
 2. RUN. When the runtime starts work on an event (its user's lane, lease and
    lock held) the row becomes *running* (Inbox.started). The agent records
    the event's message in recall storage tagged with the event id, and every
-   reply it sends in the outbox (Agent.send) before the step goes on. Redone
+   reply it sends in the outbox with the step's record (Agent.send, then
+   record_messages: one store call) before the step goes on. Redone
    after a crash, an event whose message is there is not recorded again; one
    that was answered is not answered again: only its unconfirmed replies are
    handed back (Agent._answered_before_a_crash).
@@ -17,8 +18,8 @@ event or a reply is in its database row, never only in this process's memory.
    delivery order per person) and reports each (Outbox.report): sent, to
    retry later with backoff (also when held behind an earlier reply to the
    same person that waits for its retry), or undeliverable (dropped with a
-   log line). Then it marks the event
-   done (Inbox.finished).
+   log line). It marks the event done (Inbox.finished) beside the report of
+   its last reply, once that reply was sent (adapters/pipeline.py).
 4. STORAGE DOWN (store_wait.py). An event that meets a store fault is redone
    whole with backoff for up to MEMGPT_STORE_WAIT; then its row becomes
    *waiting*, with its next try (Inbox.wait_for_storage), and `finished`
