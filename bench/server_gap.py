@@ -220,6 +220,7 @@ def report_inside(inside: dict[str, list[dict[str, Any]]]) -> None:
     print(
         "inside the bot, per gap: worker-thread hops (store calls, embeddings; mean), p50 of the bot's own"
         " gap (response read to next request sent), of its main-thread CPU and of its wait on the store"
+        " (the time a store call was under way; calls in flight at once count once, as one round)"
     )
     for kind, records in inside.items():
         hops = [hop for record in records for hop in record["hops"]]
@@ -227,9 +228,11 @@ def report_inside(inside: dict[str, list[dict[str, Any]]]) -> None:
         cpu = statistics.median(record["cpu_ms"] for record in records)
         wall = statistics.median(record["wall_ms"] for record in records)
         store = statistics.median(record["db_ms"] for record in records)
+        rounds = sum(record.get("rounds", 0) for record in records) / len(records)
         top = ", ".join(f"{name} {n / len(records):.1f}" for name, n in Counter(hops).most_common(6))
         print(
-            f"  {kind:<18} hops {len(hops) / len(records):.1f} (embeddings {embeds / len(records):.1f}); "
+            f"  {kind:<18} hops {len(hops) / len(records):.1f} (embeddings {embeds / len(records):.1f}), "
+            f"store rounds {rounds:.1f}; "
             f"gap {wall:.2f} ms, CPU {cpu:.2f} ms, store wait {store:.2f} ms; {top}"
         )
 

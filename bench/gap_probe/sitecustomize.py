@@ -24,7 +24,11 @@ if OUT:
     gaps: list[dict[str, Any]] = []
     from memory.sqlite.worker import DatabaseWorker
 
-    current: dict[str, Any] = {"hops": [], "cpu": None, "wall": 0.0, "db_ms": 0.0}
+    # db_ms: the time at least one store call was under way (calls in flight at
+    # once, which the worker takes in one wake-up, count once); rounds: how
+    # many times the bot went from no store call to one (waits one after another).
+    current: dict[str, Any] = {"hops": [], "cpu": None, "wall": 0.0, "db_ms": 0.0, "rounds": 0}
+    in_flight = {"count": 0, "since": 0.0}
     run_in_executor = asyncio.BaseEventLoop.run_in_executor
     run_on_worker = DatabaseWorker.run
     send = httpx2.AsyncClient.send
@@ -34,11 +38,16 @@ if OUT:
         if name.endswith("<locals>.job"):  # run_in_db's wrapper: name the caller's caller
             name = sys._getframe(3).f_code.co_qualname  # past _call and run_in_db
         current["hops"].append(name)
-        started = time.perf_counter()
+        if in_flight["count"] == 0:
+            in_flight["since"] = time.perf_counter()
+            current["rounds"] += 1
+        in_flight["count"] += 1
         try:
             return await run_on_worker(self, fn, *args, **kwargs)
         finally:
-            current["db_ms"] += (time.perf_counter() - started) * 1000
+            in_flight["count"] -= 1
+            if in_flight["count"] == 0:
+                current["db_ms"] += (time.perf_counter() - in_flight["since"]) * 1000
 
     def counted_run_in_executor(self: Any, executor: Any, func: Any, *args: Any) -> Any:
         inner = getattr(func, "func", func)  # functools.partial
@@ -53,9 +62,10 @@ if OUT:
                     "cpu_ms": (time.thread_time() - current["cpu"]) * 1000,
                     "wall_ms": (time.perf_counter() - current["wall"]) * 1000,
                     "db_ms": current["db_ms"],
+                    "rounds": current["rounds"],
                 }
             )
-        current["hops"], current["db_ms"] = [], 0.0
+        current["hops"], current["db_ms"], current["rounds"] = [], 0.0, 0
         try:
             return await send(self, *args, **kwargs)
         finally:
