@@ -290,8 +290,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         unless_event: str | None = None,
         replies: Sequence[OutboxEntry] = (),
     ) -> list[Message]:
-        # Without a multi-document transaction: the replies first, as if written before the call.
-        for entry in replies:
+        for entry in replies:  # no multi-document transaction: written first, as if before the call
             await self.outbox_add(entry)
         if not messages:
             return []
