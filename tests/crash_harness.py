@@ -318,7 +318,7 @@ async def run(
         data_dir.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before anything runs
         bot.start()
         await bot.wait_listening(revive=poison is not None)
-        start_up = time.monotonic() - started
+        start_up = await _warm_start_time(bot) if startup_kills else 0.0
         posted_at_start = 0
         expected = len(conversation.events()) - (poison is not None)
         watcher = asyncio.create_task(restart_the_dead())
@@ -326,9 +326,9 @@ async def run(
             player = asyncio.create_task(conversation.play(port, session))
             while done_killing < kills:
                 if done_killing < startup_kills:
-                    # During start-up, before the bot listens (as long as its
-                    # first start took to listen): the journal holds unfinished
-                    # events, the bot is still loading.
+                    # During start-up, before the bot listens (within as long
+                    # as a restart takes to listen): the journal holds
+                    # unfinished events, the bot is still loading.
                     await asyncio.sleep(rng.uniform(0.0, start_up))
                 else:
                     # Kill while work is going on: after a few more events were
@@ -392,6 +392,19 @@ async def run(
             bot.kill()
         slack.stop()
         llm.stop()
+
+
+async def _warm_start_time(bot: BotProcess) -> float:
+    """How long a restart takes to listen, measured on a graceful one before
+    anything is sent. The first start is no guide: it includes the fork
+    server's own start (seconds of imports), a restart a fraction of a second,
+    and kills paced on the first would mostly land after the bot listens."""
+    exit_code = bot.stop()
+    assert exit_code == 0, f"the bot exited with {exit_code} on SIGTERM; see {bot.log_path}"
+    began = time.monotonic()
+    bot.start()
+    await bot.wait_listening()
+    return time.monotonic() - began
 
 
 # How long one start may go without answering anything before the harness stops killing.
