@@ -28,6 +28,13 @@ MAX_RATIO = 4.0
 # An observation above the estimate is taken at once (the next prompt must fit);
 # below it, the estimate comes down slowly.
 RATIO_DECAY = 0.1
+# A refusal whose count is this far above every answered prompt's (once a few were
+# answered) is doubted once: llama-cpp-python's function calling generates a call's
+# arguments without the request's max_tokens and refuses its own follow-up prompt,
+# naming its window + 1 tokens for a prompt it counted at 1.05 of ours on the answer
+# before: taken as a ratio (1.24), that shrank the window below the fixed prompt.
+DOUBTFUL_REFUSAL = 1.15
+ANSWERS_BEFORE_DOUBT = 3
 
 
 @dataclass(slots=True)
@@ -35,6 +42,8 @@ class ModelLimits:
     ratio: float = 1.0  # server tokens per tiktoken token, never below 1
     context_limit: int = 0  # the server's window, 0: unknown (ours holds)
     observations: int = 0
+    highest_answered: float = 0.0  # the highest ratio of a prompt the server answered
+    doubted: bool = False  # the last refusal's count was doubted (the next one is believed)
 
 
 @dataclass
@@ -58,24 +67,43 @@ class Endpoint:
             self._slots = asyncio.Semaphore(self.concurrency)
         return self._slots
 
-    def observe(self, model: str, server_tokens: int, our_tokens: int) -> None:
-        """One call's prompt, counted by the server and by us."""
+    def observe(self, model: str, server_tokens: int, our_tokens: int, *, refused: bool = False) -> bool:
+        """One call's prompt, counted by the server and by us (`refused`: the count
+        its over-context refusal named). False when the count taught nothing."""
         if our_tokens < MIN_TOKENS_FOR_RATIO or server_tokens <= 0:
-            return
+            return False
         limits = self.limits(model)
         seen = min(MAX_RATIO, server_tokens / our_tokens)
+        if not refused:
+            limits.highest_answered = max(limits.highest_answered, seen)
+            limits.doubted = False
+        elif (
+            limits.observations >= ANSWERS_BEFORE_DOUBT
+            and seen > limits.highest_answered * DOUBTFUL_REFUSAL
+            and not limits.doubted
+        ):
+            limits.doubted = True  # a second such refusal in a row is believed
+            self.tell_once(
+                f"doubted:{model}",
+                f"the LLM server refused a prompt as over its context naming {server_tokens} tokens, {seen:.2f} "
+                f"of our count where every answered prompt was at most {limits.highest_answered:.2f}: taken as "
+                "the server counting its own generation in (llama-cpp-python's function calling does), "
+                "not as its count of our prompts; the prompt is flushed once more instead",
+            )
+            return False
         before = limits.ratio
         if seen >= limits.ratio:
             limits.ratio = seen
         else:
             limits.ratio = max(1.0, limits.ratio + (seen - limits.ratio) * RATIO_DECAY)
-        limits.observations += 1
+        limits.observations += not refused
         if limits.ratio > 1.02 and before <= 1.02:
             self.tell_once(
                 f"ratio:{model}",
                 f"the LLM server counts {limits.ratio:.2f} tokens for each of ours (its own tokenizer) "
                 f"for model {model}; prompts now leave that margin",
             )
+        return True
 
     def learn_context_limit(self, model: str, limit: int | None) -> None:
         if not limit:

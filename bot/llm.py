@@ -122,7 +122,7 @@ class LLMClient:
             if isinstance(error, ContextLimitError):
                 self.endpoint.learn_context_limit(model, error.limit)
                 if error.server_prompt_tokens and prompt_tokens:
-                    self.endpoint.observe(model, error.server_prompt_tokens, prompt_tokens)
+                    self.endpoint.observe(model, error.server_prompt_tokens, prompt_tokens, refused=True)
             # Some OpenAI-compatible servers and proxies quote the key they refused
             # in the error body, which our error text (logged) carries along.
             reason = str(error)

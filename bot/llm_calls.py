@@ -151,7 +151,12 @@ class AgentCalls:
                 # the reserve; the prompt and the cap together stay in the window.
                 if tokens <= queue.flush_limit:
                     cap = max(64, min(max_tokens, queue.answer_room(tokens)))
-                    completion = await self.complete(messages, tools, tokens, call_functions=False, max_tokens=cap)
+                    # Not a lesson for the steps' ratio: with no call allowed a server may leave
+                    # the schemas out (llama-cpp-python counted 0.52 of ours, tools included),
+                    # and the steps' margin decayed toward none.
+                    completion = await self.complete(
+                        messages, tools, tokens, call_functions=False, max_tokens=cap, teaches_ratio=False
+                    )
                     return (completion.content or "").strip()
         system = SUMMARIZER_INSTRUCTIONS.format(max_words=max_words)
         header = f"Previous summary:\n{previous or '(none)'}\n\nMessages leaving memory:\n"

@@ -168,6 +168,29 @@ class RealServer:
             return int(props["default_generation_settings"]["n_ctx"])
         return self.context
 
+    def refused_its_own_follow_up(self, request: JSONDict) -> bool:
+        """Whether an over-context refusal of `request` was llama-cpp-python refusing
+        its own follow-up prompt, not the prompt sent. Its function calling writes a
+        call's arguments with no max_tokens (to the end of the window, when a small
+        model runs on) and then prompts again with them added: that prompt is refused
+        as "window + 1 tokens in the messages". Re-sent with the call's name forced,
+        the prompt is rendered the same (a few tokens more) and max_tokens holds, so
+        the server's answer counts the prompt the bot really sent."""
+        tools = request.get("tools") or []
+        if self.kind != "llama-cpp-python" or request.get("tool_choice") != "auto" or not tools:
+            return False
+        name = tools[0]["function"]["name"]
+        forced = {**request, "tool_choice": {"type": "function", "function": {"name": name}}, "max_tokens": 1}
+        post = urllib.request.Request(
+            f"{self.base_url}/chat/completions", json.dumps(forced).encode(), {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(post, timeout=600) as response:
+                prompt = int(json.loads(response.read())["usage"]["prompt_tokens"])
+        except urllib.error.HTTPError:
+            return False  # refused again: the prompt itself was over
+        return prompt + int(request.get("max_tokens") or 0) <= self.context_size()
+
     def kill(self) -> None:
         """SIGKILL, as a crash or an out-of-memory kill would end it."""
         if self.process is not None and self.process.poll() is None:
@@ -298,13 +321,18 @@ def refused(exchanges: Sequence[Exchange]) -> list[Exchange]:
     return [exchange for exchange in exchanges if exchange.status >= 400]
 
 
-def over_context(exchanges: Sequence[Exchange], context: int) -> list[Exchange]:
-    """Requests the server found too long for its context: refused as such, or
-    answered with more prompt + completion tokens than the context holds."""
+def over_context(exchanges: Sequence[Exchange], server: RealServer) -> list[Exchange]:
+    """Requests the server found too long for its context: refused as such (unless
+    the refusal was of the server's own follow-up prompt, RealServer.refused_its_own_follow_up),
+    or answered with more prompt + completion tokens than the context holds."""
+    context = server.context_size()
     found = []
     for exchange in exchanges:
         total = int(exchange.usage.get("prompt_tokens") or 0) + int(exchange.usage.get("completion_tokens") or 0)
-        if total > context or (exchange.status >= 400 and any(s in exchange.error.lower() for s in CONTEXT_ERRORS)):
+        refused = exchange.status >= 400 and any(s in exchange.error.lower() for s in CONTEXT_ERRORS)
+        if refused and exchange.request is not None and server.refused_its_own_follow_up(exchange.request):
+            continue
+        if total > context or refused:
             found.append(exchange)
     return found
 

@@ -18,6 +18,13 @@ copes with each. Test tool only.
   with 400 in llama-server's words ("llama.cpp": its count and n_ctx) or
   OpenAI's, as llama-cpp-python and vLLM say it ("openai": prompt and
   completion counted together).
+- `runaway`: a predicate; a request with tools it matches is refused as
+  llama-cpp-python's function calling refuses its own follow-up prompt after
+  generating a call's arguments without the request's max_tokens to the end
+  of its window: "openai" style, naming `context_limit` + 1 tokens in the
+  messages, whatever the prompt sent.
+- `schemas_need_calls`: a request with tool_choice "none" is counted without
+  its function schemas (llama-cpp-python renders no tools when no call may be made).
 - `token_ratio`: the server's prompt count is tiktoken's times this (its own
   tokenizer and template); it is what `usage.prompt_tokens` reports.
 - `slots` and `seconds`: a server that works on `slots` requests at a time,
@@ -51,6 +58,8 @@ class Strict:
     alternating_roles: bool = False
     refuse_message: Callable[[JSONDict], bool] | None = None
     refuse_parameters: tuple[str, ...] = ()
+    runaway: Callable[[JSONDict], bool] | None = None
+    schemas_need_calls: bool = False
     context_limit: int = 0
     context_style: str = "llama.cpp"
     token_ratio: float = 1.0
@@ -71,7 +80,10 @@ class Strict:
         ratio = self.token_ratio
         if self.transcript_token_ratio is not None and not body.get("tools"):
             ratio = self.transcript_token_ratio
-        return int(COUNTER.count_request(body.get("messages", []), body.get("tools") or ()) * ratio)
+        tools = body.get("tools") or ()
+        if self.schemas_need_calls and body.get("tool_choice") == "none":
+            tools = ()
+        return int(COUNTER.count_request(body.get("messages", []), tools) * ratio)
 
     def serve(self, h: _Handler, body: JSONDict) -> None:
         refusal = self.check(body)
@@ -134,6 +146,8 @@ class Strict:
         if self.context_limit:
             prompt = self.prompt_tokens(body)
             answer = int(body.get("max_tokens") or body.get("max_completion_tokens") or 0)
+            if self.runaway is not None and body.get("tools") and self.runaway(body):
+                return 400, self._openai_context_error(self.context_limit + 1, answer)
             if self.context_style == "llama.cpp" and prompt >= self.context_limit:
                 return 400, {
                     "code": 400,
@@ -144,18 +158,21 @@ class Strict:
                     "n_ctx": self.context_limit,
                 }
             if self.context_style == "openai" and prompt + answer > self.context_limit:
-                message = (
-                    f"This model's maximum context length is {self.context_limit} tokens. However, you requested "
-                    f"{prompt + answer} tokens ({prompt} in the messages, {answer} in the completion). "
-                    "Please reduce the length of the messages or completion."
-                )
-                return 400, {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": "messages",
-                    "code": "context_length_exceeded",
-                }
+                return 400, self._openai_context_error(prompt, answer)
         return None
+
+    def _openai_context_error(self, prompt: int, answer: int) -> JSONDict:
+        message = (
+            f"This model's maximum context length is {self.context_limit} tokens. However, you requested "
+            f"{prompt + answer} tokens ({prompt} in the messages, {answer} in the completion). "
+            "Please reduce the length of the messages or completion."
+        )
+        return {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
 
 
 def _alternate(messages: list[JSONDict]) -> bool:

@@ -108,7 +108,7 @@ async def test_a_conversation_is_answered_within_the_servers_context(
         await runtime.close(close_embedder=False)
 
     completions = proxy.completions()
-    assert not over_context(completions, context), [(e.status, e.usage, e.error[:300]) for e in completions]
+    assert not over_context(completions, server), [(e.status, e.usage, e.error[:300]) for e in completions]
     assert not null_contents(completions)  # refused by llama-cpp-python's schema
     # A refusal may happen once and be repaired; the same refusal for every message would be a broken agent.
     assert len(refused(completions)) < len(messages), [(e.status, e.error[:300]) for e in refused(completions)]
@@ -160,4 +160,4 @@ async def test_a_server_killed_mid_message_and_a_bot_restart_recover(
         the_server_answered(proxy, since, server)
     finally:
         await runtime.close(close_embedder=False)
-    assert not over_context(proxy.completions(), server.context_size())
+    assert not over_context(proxy.completions(), server)

@@ -5,6 +5,7 @@ what it accepts. Real HTTP through the openai client; the raw bodies are checked
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import re
@@ -15,7 +16,7 @@ import pytest
 
 from bot.agent import NO_ANSWER
 from bot.request_shape import LEVEL_NAMES, TOOLS_AS_TEXT
-from tests.conftest import RuntimeFactory
+from tests.conftest import TEST_MODEL, RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
 from tests.helpers import said
 from tests.strict_llm import Strict, received
@@ -192,6 +193,71 @@ async def test_the_servers_token_count_sets_the_margin(make_runtime: RuntimeFact
     agent = await runtime.agent("terminal:alice")
     agent.calls.fit_server()  # as before every step
     assert agent.queue.flush_limit == int((8_192 - 256) / ratio)
+
+
+async def test_a_refusal_that_counts_the_servers_own_generation_teaches_no_ratio(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # llama-cpp-python's function calling refused its own follow-up prompt (a call's
+    # arguments generated to the end of its window) naming 2,561 tokens for a prompt it
+    # had counted at 1.05 of ours: learned as a ratio of 1.24, the window shrank below
+    # the fixed prompt and the next messages got "my memory is overfull".
+    limit = 4_000
+    steps = itertools.count(1)
+    runaway_at = {6, 9, 10}  # one alone, then two in a row: the second is believed
+
+    def runaway(body: dict[str, Any]) -> bool:
+        return not is_summary_request(body) and next(steps) in runaway_at
+
+    llm_server.strict = strict = Strict(context_limit=limit, context_style="openai", token_ratio=1.05, runaway=runaway)
+    llm_server.set_handler(sender)
+    runtime = await make_runtime(context_window=limit, response_reserve=256)
+    ratios = []
+    for n in range(7):  # one step each; the sixth is refused once, then answered
+        result = await runtime.handle_with_details(said(f"message {n}"))
+        assert [r.text for r in result.replies] == ["ok"], result.trouble
+        ratios.append(runtime.llm.limits().ratio)
+    assert len(strict.refusals) == 1
+    # The lone refusal taught nothing: the ratio stayed the answered prompts' (1.05 or under).
+    assert max(ratios) <= 1.05, ratios
+    # Two in a row: the second is the server's word after all (a prompt of ~1,900 of
+    # our tokens named as 4,001: that ratio is taken, whatever it costs).
+    await runtime.handle_with_details(said("message 7"))
+    assert len(strict.refusals) >= 3
+    assert runtime.llm.limits().ratio > 1.5
+
+
+async def test_summaries_without_the_schemas_rendered_do_not_teach_the_steps_ratio(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # llama-cpp-python leaves the function schemas out when no call may be made (a
+    # summary by the chat model): it counted 0.52 of ours there, and each summary
+    # pulled the steps' margin down toward none.
+    llm_server.strict = strict = Strict(token_ratio=1.1, schemas_need_calls=True)
+    llm_server.set_handler(sender)
+    # Half the queue per flush: the summary prompt (the agent's own, up to the evicted
+    # messages) then fits the window and goes with the schemas.
+    runtime = await make_runtime(context_window=4_096, response_reserve=128, evict_fraction=0.5)
+    endpoint = runtime.llm.endpoint
+    learned = endpoint.observe
+    ratios: list[float] = []  # the margin after each call the server counted
+
+    def observe(*args: Any, **kwargs: Any) -> bool:
+        taught = learned(*args, **kwargs)
+        if taught:
+            ratios.append(endpoint.limits(TEST_MODEL).ratio)
+        return taught
+
+    endpoint.observe = observe  # type: ignore[method-assign]
+    weather = "The weather today was grey, then sunny, then it rained again for hours."
+    for n in range(40):
+        result = await runtime.handle_with_details(said(f"{n}: {weather}"))
+        assert [r.text for r in result.replies] == ["ok"], result.trouble
+    summaries = [body for body in sent_bodies(llm_server) if body.get("tool_choice") == "none"]
+    assert len(summaries) >= 3
+    # The margin never sank below the steps' ratio (a little under 1.1: our count is an upper bound).
+    assert min(ratios) >= 1.07, ratios
+    assert len(strict.refusals) == 0
 
 
 async def test_a_slow_single_slot_server_gets_each_request_once(
