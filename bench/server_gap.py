@@ -10,7 +10,10 @@ parsing the answer, running the function, storing, counting and compiling the
 next prompt, or finishing one event and starting the next. The same gap for the
 bare openai client calling the same server in a loop (a subprocess too, run
 before and after the chat) is the floor: framework time = the chat's gap minus
-the client's, per kind of step that came before the gap.
+the client's, per kind of step that came before the gap. A second floor: the
+bare async client (as the bot's) sending the chat's own requests again and
+parsing the chat's own answers, so the client's cost for an 8k-window body
+(~30 KB of JSON to build and send) is not counted as the framework's.
 
     python bench/server_gap.py [--messages 200] [--window 8192] [--bare 200] [--count]
                                [--profile "-m cProfile -o chat.prof"]
@@ -55,6 +58,22 @@ for _ in range(int(sys.argv[2])):
     client.chat.completions.create(model="bench", messages=[{"role": "user", "content": "hi"}])
 """
 
+# The same client, async as the bot's (bot/llm.py), sending the chat's own request
+# bodies in order: what this client costs for these payloads (a 8k-window prompt
+# with its schemas is ~30 KB to build and send) and these answers to parse.
+BARE_REPLAY = """
+import asyncio, json, sys, openai
+KNOWN = {"model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "temperature"}
+async def main():
+    client = openai.AsyncOpenAI(base_url=sys.argv[1], api_key="bench", max_retries=0)
+    with open(sys.argv[2]) as lines:
+        bodies = [json.loads(line) for line in lines]
+    for body in bodies:
+        extra = {k: v for k, v in body.items() if k not in KNOWN}
+        await client.chat.completions.create(**{k: v for k, v in body.items() if k in KNOWN}, extra_body=extra or None)
+asyncio.run(main())
+"""
+
 KINDS = {
     "send_message": "send_message",
     "archival_memory_insert": "memory write",
@@ -92,13 +111,18 @@ def kind_of(request: dict[str, Any], reply: Reply) -> str:
     return "text"
 
 
-def timed(server: FakeLLMServer, model: Any, log: list[Served]) -> None:
+def timed(
+    server: FakeLLMServer, model: Any, log: list[Served], exchanges: list[tuple[dict[str, Any], Reply]] | None = None
+) -> None:
+    """Serve `model`, noting each call's times in `log` (and, given `exchanges`, each request and answer)."""
     lock = threading.Lock()
 
     def handler(request: dict[str, Any]) -> Reply:
         arrived = time.perf_counter()
         with lock:
             reply = model(request)
+            if exchanges is not None:
+                exchanges.append((request, reply))
         return TimedReply(reply, arrived, log, kind_of(request, reply))
 
     server.reset()
@@ -121,6 +145,19 @@ def run_bare(server: FakeLLMServer, count: int) -> list[float]:
     return [gap for values in gaps(log).values() for gap in values][5:]  # the first calls import and connect
 
 
+def run_replay(server: FakeLLMServer, exchanges: list[tuple[dict[str, Any], Reply]]) -> dict[str, list[float]]:
+    """The bare async client sending the chat's requests again, answered with the
+    chat's answers: its gaps, by the kind of the step answered before."""
+    log: list[Served] = []
+    answers = iter([reply for _, reply in exchanges])
+    timed(server, lambda request: next(answers), log)
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as bodies:
+        bodies.writelines(json.dumps(request) + "\n" for request, _ in exchanges)
+        bodies.flush()
+        subprocess.run([sys.executable, "-c", BARE_REPLAY, server.base_url, bodies.name], check=True)
+    return gaps(log)
+
+
 def terminal_model(request: dict[str, Any]) -> Reply:
     """bench/token_cost.py's scripted model, reading the terminal's event lines ("Sam in terminal: ...")."""
     messages = [
@@ -131,11 +168,17 @@ def terminal_model(request: dict[str, Any]) -> Reply:
 
 
 def run_chat(
-    server: FakeLLMServer, lines: list[str], window: int, profile: str, count: bool
+    server: FakeLLMServer,
+    lines: list[str],
+    window: int,
+    profile: str,
+    count: bool,
+    exchanges: list[tuple[dict[str, Any], Reply]],
 ) -> tuple[dict[str, list[float]], dict[str, list[dict[str, Any]]]]:
-    """The gaps by kind and, with `count`, what the bot did in each gap (bench/gap_probe)."""
+    """The gaps by kind and, with `count`, what the bot did in each gap (bench/gap_probe);
+    every request and answer goes to `exchanges`."""
     log: list[Served] = []
-    timed(server, terminal_model, log)
+    timed(server, terminal_model, log, exchanges)
     with tempfile.TemporaryDirectory() as data_dir:
         probe = Path(data_dir) / "probe.json"
         paths = [str(ROOT / "bench" / "gap_probe")] if count else []
@@ -190,9 +233,11 @@ def main() -> None:
     args = parser.parse_args()
 
     server = start_fake_llm()
+    exchanges: list[tuple[dict[str, Any], Reply]] = []
     try:
         bare = run_bare(server, args.bare)
-        chat, inside = run_chat(server, chat_script(args.messages, 7), args.window, args.profile, args.count)
+        chat, inside = run_chat(server, chat_script(args.messages, 7), args.window, args.profile, args.count, exchanges)
+        replay = run_replay(server, exchanges)
         bare += run_bare(server, args.bare)
     finally:
         server.stop()
@@ -200,15 +245,27 @@ def main() -> None:
     floor = statistics.median(bare)
     print(f"machine: {platform.machine()} {os.cpu_count()} cpus, Python {platform.python_version()}, load {load()}")
     print(f"bare openai client gap between calls: p50 {floor:.2f} ms, p90 {pct(bare, 0.9):.2f} ms ({len(bare)} calls)")
-    print(f"{'after a step of kind':<22}{'calls':>6}{'p50 ms':>9}{'p90 ms':>9}{'p50 - client':>14}  (target <= +5 ms)")
+    print(
+        "columns: the chat's gap after each kind of step; 'client' is the bare client's gap sending 'hi'; "
+        "'same bodies' is the bare async client's gap sending the chat's own requests (its answers parsed)"
+    )
+    print(
+        f"{'after a step of kind':<22}{'calls':>6}{'p50 ms':>9}{'p90 ms':>9}{'- client':>10}"
+        f"{'same bodies':>13}{'- same':>9}  (target <= +5 ms)"
+    )
     figures: dict[str, float] = {"client_p50": floor}
     for kind in ("send_message", "memory write", "archival search", "recall search", "summary"):
         values = chat.get(kind, [])
         if not values:
             continue
         p50 = statistics.median(values)
+        same = statistics.median(replay.get(kind) or [float("nan")])
         figures[kind] = p50 - floor
-        print(f"{kind:<22}{len(values):>6}{p50:>9.2f}{pct(values, 0.9):>9.2f}{p50 - floor:>+14.2f}")
+        figures[f"{kind} over same bodies"] = p50 - same
+        print(
+            f"{kind:<22}{len(values):>6}{p50:>9.2f}{pct(values, 0.9):>9.2f}{p50 - floor:>+10.2f}"
+            f"{same:>13.2f}{p50 - same:>+9.2f}"
+        )
     if inside:
         report_inside(inside)
     if args.json:

@@ -10,6 +10,7 @@ by content hash in ~/.cache/memgpt-bot, so only the first run on a machine pays 
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import random
@@ -72,12 +73,18 @@ def _cached_vectors(embedder: Embedder, texts: list[str]) -> npt.NDArray[np.floa
     digest = hashlib.sha256(hashlib.sha256(weights).digest() + "\n".join(texts).encode()).hexdigest()[:16]
     # Beside the suite's other caches (FerretDB, llama.cpp), which outlive /tmp between runs.
     path = Path.home() / ".cache" / "memgpt-bot" / "test-vectors" / f"minilm-{digest}.npy"
-    if path.exists():
-        return np.load(path)
-    vectors = embedder.encode_now(texts)
     path.parent.mkdir(parents=True, exist_ok=True)
-    np.save(path, vectors)
-    return vectors
+    # One pytest-xdist worker encodes, the others wait for its file: four workers
+    # encoding the same 2,000 texts at once took 50-70 s each on two cores.
+    with (path.parent / f"{path.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return np.load(path)
+        vectors = embedder.encode_now(texts)
+        partial = path.with_suffix(".partial.npy")
+        np.save(partial, vectors)
+        partial.replace(path)  # whole or absent, whoever reads it later
+        return vectors
 
 
 @pytest.fixture(scope="session")
