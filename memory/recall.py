@@ -21,6 +21,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+import numpy as np
+
 from memory.embeddings import Embedder
 from memory.places import Visibility
 from memory.roles import MessageEmbeddingStore, MessageStore
@@ -53,8 +55,9 @@ class RecallMemory:
         if self._vectors is None:
             return await self.store.search_messages(agent_id, query, limit, offset, visible=visible)
         try:
-            more = await self._embed_batch(agent_id)
-            vector = (await self.embedder.embed_one(query)).tolist()
+            # The query goes in the batch's embedder call: one model run, not two.
+            more, query_vector = await self._embed_batch(agent_id, query=query)
+            vector = (query_vector if query_vector is not None else await self.embedder.embed_one(query)).tolist()
         except Exception as error:  # a store or model failure: keyword search still answers
             log.warning("agent %s: recall embedding failed, searching by keywords only: %s", agent_id, error)
             return await self.store.search_messages(agent_id, query, limit, offset, visible=visible)
@@ -69,32 +72,36 @@ class RecallMemory:
         done: set[int] = set()
         while True:
             before = len(done)
-            more = await self._embed_batch(agent_id, done)
+            more, _ = await self._embed_batch(agent_id, done)
             if progress is not None and len(done) > before:
                 progress(len(done) - before)
             if not more:
                 return len(done)
 
-    async def _embed_batch(self, agent_id: str, done: set[int] | None = None) -> bool:
-        """Embed the agent's newest BATCH unembedded messages; True if more may
-        remain. `done` (seqs already embedded by this caller) stops a loop on
-        messages whose vectors the store did not keep."""
+    async def _embed_batch(
+        self, agent_id: str, done: set[int] | None = None, query: str | None = None
+    ) -> tuple[bool, np.ndarray | None]:
+        """Embed the agent's newest BATCH unembedded messages (and `query`, in the
+        same embedder call, when there are some): whether more may remain, and the
+        query's vector (None: not embedded here). `done` (seqs already embedded by
+        this caller) stops a loop on messages whose vectors the store did not keep."""
         store = self._vectors
         if store is None:
-            return False
+            return False, None
         async with self._locks.setdefault(agent_id, asyncio.Lock()):
             pending = await store.messages_without_embedding(agent_id, BATCH)
             if done is not None:
                 if any(message.seq in done for message in pending):
-                    return False
+                    return False, None
                 done.update(message.seq for message in pending)
             if not pending:
-                return False
-            vectors = await self.embedder.embed([message.content or "" for message in pending])
+                return False, None
+            asked = [query] if query is not None else []
+            vectors = await self.embedder.embed([message.content or "" for message in pending] + asked)
             await store.set_message_embeddings(
-                agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, vectors, strict=True)}
+                agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, vectors, strict=False)}
             )
-            return len(pending) == BATCH
+            return len(pending) == BATCH, (vectors[-1] if asked else None)
 
     def _embed_later(self, agent_id: str) -> None:
         running = self._backlog.get(agent_id)
@@ -106,7 +113,7 @@ class RecallMemory:
 
     async def _embed_backlog(self, agent_id: str) -> None:
         done: set[int] = set()
-        while await self._embed_batch(agent_id, done):
+        while (await self._embed_batch(agent_id, done))[0]:
             pass
 
     def _finished(self, agent_id: str, task: asyncio.Task[None]) -> None:

@@ -44,10 +44,15 @@ class CountingEmbedder:
 
     def __init__(self, inner: Embedder) -> None:
         self.inner = inner
-        self.texts: list[str] = []
+        self.calls: list[list[str]] = []
+
+    @property
+    def texts(self) -> list[str]:
+        """The messages embedded (a search's query rides along in its batch's call)."""
+        return [text for call in self.calls for text in call if text.startswith("alice: ")]
 
     async def embed(self, texts: Sequence[str]) -> np.ndarray:
-        self.texts.extend(texts)
+        self.calls.append(list(texts))
         return await self.inner.embed(texts)
 
     async def embed_one(self, text: str) -> np.ndarray:
@@ -114,8 +119,9 @@ async def test_each_message_is_embedded_once_and_a_backlog_finishes_in_the_backg
     recall = RecallMemory(store, counting)  # type: ignore[arg-type]
 
     await recall.search(agent_id, "family wedding plans", 5)
-    # The newest BATCH at once, the rest (the wedding among them) in the background.
-    assert counting.texts[:BATCH] == [f"alice: {text}" for text in reversed(history[-BATCH:])]
+    # The newest BATCH at once, with the query in the same embedder call; the
+    # rest (the wedding among them) in the background.
+    assert counting.calls[0] == [*(f"alice: {text}" for text in reversed(history[-BATCH:])), "family wedding plans"]
     await recall.settle(agent_id)
     assert await store.messages_without_embedding(agent_id, 10) == []
     assert sorted(counting.texts) == sorted(f"alice: {text}" for text in [WEDDING, *history])
