@@ -98,10 +98,11 @@ class RecallMemory:
                 return False, None
             asked = [query] if query is not None else []
             vectors = await self.embedder.embed([message.content or "" for message in pending] + asked)
+            found = vectors[: len(pending)]
             await store.set_message_embeddings(
-                agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, vectors, strict=False)}
+                agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, found, strict=True)}
             )
-            return len(pending) == BATCH, (vectors[-1] if asked else None)
+            return len(pending) == BATCH, (vectors[len(pending)] if asked else None)
 
     def _embed_later(self, agent_id: str) -> None:
         running = self._backlog.get(agent_id)
