@@ -11,7 +11,7 @@ next prompt, or finishing one event and starting the next. The same gap for the
 bare openai client calling the same server in a loop (a subprocess too, run
 before and after the chat) is the floor: framework time = the chat's gap minus
 the client's, per kind of step that came before the gap. A second floor: the
-bare async client (as the bot's) sending the chat's own requests again and
+bare async client (as the bot's: the SDK's aiohttp transport) sending the chat's own requests again and
 parsing the chat's own answers, so the client's cost for an 8k-window body
 (~30 KB of JSON to build and send) is not counted as the framework's.
 
@@ -58,14 +58,16 @@ for _ in range(int(sys.argv[2])):
     client.chat.completions.create(model="bench", messages=[{"role": "user", "content": "hi"}])
 """
 
-# The same client, async as the bot's (bot/llm.py), sending the chat's own request
+# The same client, async and on the SDK's aiohttp transport as the bot's (bot/llm.py), sending the chat's own request
 # bodies in order: what this client costs for these payloads (a 8k-window prompt
 # with its schemas is ~30 KB to build and send) and these answers to parse.
 BARE_REPLAY = """
 import asyncio, json, sys, openai
 KNOWN = {"model", "messages", "tools", "tool_choice", "max_tokens", "max_completion_tokens", "temperature"}
 async def main():
-    client = openai.AsyncOpenAI(base_url=sys.argv[1], api_key="bench", max_retries=0)
+    client = openai.AsyncOpenAI(
+        base_url=sys.argv[1], api_key="bench", max_retries=0, http_client=openai.DefaultAioHttpClient()
+    )
     with open(sys.argv[2]) as lines:
         bodies = [json.loads(line) for line in lines]
     for body in bodies:

@@ -143,8 +143,8 @@ RuntimeFactory = Callable[..., Awaitable[Runtime]]
 @pytest.fixture
 async def make_runtime(tmp_path: Path, llm_server: FakeLLMServer, embedder: Embedder) -> AsyncIterator[RuntimeFactory]:
     """Build runtimes on a real SQLite file in tmp_path, talking to the local
-    LLM server through the real openai client. Several runtimes may share a
-    data directory (a 'restart')."""
+    LLM server (or `openai_base_url`, when a test sets one) through the real
+    openai client. Several runtimes may share a data directory (a 'restart')."""
     created: list[Runtime] = []
 
     async def factory(data_dir: Path | None = None, **overrides: Any) -> Runtime:
@@ -152,7 +152,7 @@ async def make_runtime(tmp_path: Path, llm_server: FakeLLMServer, embedder: Embe
         llm = LLMClient(
             settings.model,
             api_key=settings.openai_api_key,
-            base_url=llm_server.base_url,
+            base_url=settings.openai_base_url or llm_server.base_url,
             timeout=settings.llm_timeout,
             max_retries=settings.llm_max_retries,
         )

@@ -6,6 +6,7 @@ from tests.conftest import RuntimeFactory
 from tests.fake_llm import (
     RETRY_NOW,
     FakeLLMServer,
+    RefusedPort,
     fault_delay,
     fault_disconnect,
     fault_malformed_json,
@@ -65,3 +66,23 @@ async def test_malformed_body_and_disconnect(make_runtime: RuntimeFactory, llm_s
     llm_server.script(fault_disconnect(), reply_tool_calls(tool_call("send_message", {"message": "reconnected"})))
     runtime_retrying = await make_runtime(llm_max_retries=1)
     assert [r.text for r in await runtime_retrying.handle(said("two"))] == ["reconnected"]
+
+
+async def test_a_server_that_is_down_is_not_called_slow(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    """The SDK's aiohttp transport (bot/llm.py) reports a refused connection or a
+    connection the server closed as a connect timeout; the person is told the
+    server can't be reached, and a slow server is still "not answering in time"."""
+    with RefusedPort() as refused:
+        down = await make_runtime(llm_max_retries=0, openai_base_url=refused.base_url)
+        result = await down.handle_with_details(said("anyone home?"))
+    assert result.trouble is not None and "can't connect" in result.trouble, result.trouble
+    llm_server.script(fault_disconnect())
+    cut = await make_runtime(llm_max_retries=0)
+    result = await cut.handle_with_details(said("still there?"))
+    assert result.trouble is not None and "can't connect" in result.trouble, result.trouble
+    llm_server.script(fault_delay(3.0))
+    slow = await make_runtime(llm_timeout=0.5, llm_max_retries=0)
+    result = await slow.handle_with_details(said("slow?"))
+    assert result.trouble is not None and "in time" in result.trouble, result.trouble
