@@ -265,8 +265,10 @@ class Pipeline:
 
     async def _build(self, arrival: Arrival) -> list[Item] | None:
         """The arrival's items; None (logged) when they cannot be built."""
-        if arrival.notice:  # given up: the person is told, instead of a redo
-            return [self.platform.notice(arrival, arrival.notice)] if arrival.awaits_answer else []
+        if arrival.notice:  # given up: the person is told (once, through the outbox), instead of a redo
+            if not arrival.awaits_answer:
+                return []
+            return list(await self.bot.file_notice(self.platform.notice(arrival, arrival.notice)))
         try:
             return await self.platform.build(arrival)
         except Unfinished:

@@ -79,7 +79,12 @@ class BotPort(Protocol):
 
     async def leftovers(self, platform: str) -> list[Redo]:
         """The events a crash left unfinished, in arrival order: replay them at
-        start (one given up carries the notice to send instead)."""
+        start (one given up carries the notice to send instead: `file_notice`)."""
+        ...
+
+    async def file_notice(self, reply: Reply) -> list[Reply]:
+        """A notice about an event (not the agent's answer) filed in the outbox
+        once: what to send now (nothing once it was sent before a crash)."""
         ...
 
     async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:

@@ -22,7 +22,7 @@ from bot.durable.debounce import split_batch
 from bot.durable.inbox import Inbox
 from bot.durable.lanes import Lanes
 from bot.durable.leases import Leases, leases_for
-from bot.durable.outbox import NOTICE_SUFFIX, Outbox, outbox_entry, unconfirmed
+from bot.durable.outbox import Outbox
 from bot.durable.store_wait import StoreWait
 from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
 from bot.forgetting.commands import LedgerCommands
@@ -125,6 +125,7 @@ class Runtime(LedgerCommands):
         self.finished = self.inbox.finished
         self.leftovers = self.inbox.leftovers
         self.report_delivery = self.outbox.report
+        self.file_notice = self.outbox.file_notice
         # Per-user message rate and daily token budget, counted in the store (bot/limits.py).
         self.limits = UsageLimits(store, settings)
         # Store faults (SQLite busy or full, MongoDB down): events wait, then are left
@@ -246,11 +247,7 @@ class Runtime(LedgerCommands):
         reply = self._upload_notice(event)
         if not event.durable:
             return [reply]
-        entry = outbox_entry(event, reply.text, 0, filed_under=event.event_id + NOTICE_SUFFIX)
-        if await self.store.outbox_add(entry):
-            reply.outbox_id, reply.event_id = entry.id, entry.event_id
-            return [reply]
-        return unconfirmed(await self.store.outbox_for_event(entry.event_id))
+        return await self.outbox.file_notice(reply)
 
     @staticmethod
     def _upload_notice(event: FileUploaded) -> Reply:

@@ -230,7 +230,8 @@ class Report:
             f"{wrong_recall}; working context whole: {self.facts_ok} ({self.duplicate_facts} facts saved twice); "
             f"calls cut short by a kill and closed at restart: {self.interrupted_calls}; "
             f"left pending: {self.pending_events} events, {self.pending_replies} replies; "
-            f"given up: {sorted(self.gave_up)} after {self.poison_deaths} deaths on the poison event; "
+            f"given up (notices by user): {dict(sorted(self.gave_up.items()))} "
+            f"after {self.poison_deaths} deaths on the poison event; "
             f"answers to several messages at once: {self.batched}"
         )
 

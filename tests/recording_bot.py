@@ -39,6 +39,9 @@ class RecordingBot:
     async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
         return outcome
 
+    async def file_notice(self, reply: Reply) -> list[Reply]:
+        return [reply]
+
     async def memory_report(self, platform: str, user_id: str) -> str | None:
         return None
 

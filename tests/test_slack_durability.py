@@ -276,6 +276,30 @@ async def test_an_event_running_at_every_restart_is_given_up_and_the_person_told
     assert await bot.runtime.store.journal_pending("slack") == []
 
 
+async def test_a_give_up_notice_is_sent_once_whatever_a_kill_interrupts(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    """The notice goes through the outbox like an answer: a kill after it was
+    posted, before its report (then before the event's end), must not post it
+    again at the next start (the poison test saw it twice on a busy machine)."""
+    await bot.runtime.receive("slack", "EvX2", "T1:U1", recorded("EvX2", "poison"))
+    await bot.runtime.store.journal_update("EvX2", state="running", alone=True, attempts=MAX_RESTARTS - 1)
+    assert await bot.adapter.recover() == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == [GAVE_UP]
+    [notice] = await bot.runtime.store.outbox_for_event("EvX2:notice")
+    assert notice.state == "sent"
+    # Killed after the post, before its report: the entry still pending, the event too.
+    await bot.runtime.store.outbox_update(notice.id, state="pending")
+    await bot.runtime.store.journal_update("EvX2", state="pending")
+    assert await bot.adapter.recover() == 1
+    # Killed after the report, before the event's end.
+    await bot.runtime.store.journal_update("EvX2", state="pending")
+    assert await bot.adapter.recover() == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == [GAVE_UP]
+    assert llm_server.requests == []  # never run again
+    assert await bot.runtime.store.journal_pending("slack") == []
+
+
 async def test_deaths_beside_other_events_make_a_suspect_but_never_give_it_up(
     bot: SlackBot, llm_server: FakeLLMServer
 ) -> None:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from bot.durable.leases import Leases, NoLeases
-from bot.events import Delivery, Event, Reply
+from bot.events import Delivery, Event, Reply, agent_key
 from memory.store import OutboxEntry, Store, StoreError
 from memory.types import utc_now
 
@@ -48,16 +48,19 @@ def unconfirmed(entries: Iterable[OutboxEntry]) -> list[Reply]:
 def outbox_entry(event: Event, text: str, position: int, *, filed_under: str | None = None) -> OutboxEntry:
     """The outbox record of reply number `position` to `event`, filed under
     the event's id (or `filed_under`, for a notice kept apart from its answers)."""
-    event_id = filed_under or event.event_id
+    return _entry(event.reply(text, event_id=filed_under), position)
+
+
+def _entry(reply: Reply, position: int) -> OutboxEntry:
     return OutboxEntry(
-        f"{event_id}:{position}",
-        event_id,
+        f"{reply.event_id}:{position}",
+        reply.event_id,
         position,
-        event.agent_key,
-        event.platform,
-        event.user_id,
-        dict(event.reply_to),
-        text,
+        agent_key(reply.platform, reply.user_id),
+        reply.platform,
+        reply.user_id,
+        dict(reply.reply_to),
+        reply.text,
         utc_now(),
     )
 
@@ -73,6 +76,20 @@ class Outbox:
         self.started_at = clock()
         # Several processes: whose the replies of an event are (its journal row's owner).
         self.leases = leases or NoLeases()
+
+    async def file_notice(self, reply: Reply) -> list[Reply]:
+        """A notice about an event (a file saved, an event given up), sent like an
+        answer but filed apart from the agent's answers, under the event's id +
+        NOTICE_SUFFIX, once: a redo of the event (a kill came between the send and
+        the event's end) finds it there. The reply to send now: a new one, or one
+        an earlier run filed and never confirmed (marked `resend`: the adapter
+        checks before sending it again); none once it was sent."""
+        reply.event_id += NOTICE_SUFFIX
+        entry = _entry(reply, 0)
+        if await self.store.outbox_add(entry):
+            reply.outbox_id = entry.id
+            return [reply]
+        return unconfirmed(await self.store.outbox_for_event(entry.event_id))
 
     async def report(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
         """Record how sending one reply went; what became of it (a reply
