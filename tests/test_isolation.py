@@ -64,7 +64,7 @@ SELECTOR_WORDS = frozenset(
 )
 
 USERS = 100
-OTHERS_PER_USER = 20  # each secret is asked for by exactly this many other users
+OTHERS_PER_USER = 10  # each secret is asked for by exactly this many other users (1,000 cross-user asks)
 PER_ROUND = 5  # other users searched for per step: 2 calls each (archival + recall)
 ROUNDS = OTHERS_PER_USER // PER_ROUND
 SEARCHES = {"archival_memory_search", "conversation_search"}
