@@ -73,6 +73,7 @@ async def main():
     for body in bodies:
         extra = {k: v for k, v in body.items() if k not in KNOWN}
         await client.chat.completions.create(**{k: v for k, v in body.items() if k in KNOWN}, extra_body=extra or None)
+    await client.close()
 asyncio.run(main())
 """
 

@@ -209,11 +209,13 @@ class LLMClient:
             return LLMUnavailableError(
                 f"rate limited after retries: {error}", trouble("my language model is rate-limiting me", "in a minute")
             )
-        if isinstance(error, openai.APITimeoutError) and not _refused_connection(error):
+        refused = _refused_connection(error)
+        if isinstance(error, openai.APITimeoutError) and refused is None:
             return LLMUnavailableError("timed out after retries", trouble("my language model is not answering in time"))
         if isinstance(error, openai.APIConnectionError):
             return LLMUnavailableError(
-                f"connection failed after retries: {error}", trouble("I can't connect to my language model right now")
+                f"connection failed after retries: {refused or error}",
+                trouble("I can't connect to my language model right now"),
             )
         # APIStatusError (5xx and other statuses) and bodies that are not JSON.
         return LLMUnavailableError(
@@ -225,16 +227,16 @@ class LLMClient:
         await self.client.close()
 
 
-def _refused_connection(error: BaseException) -> bool:
-    """Whether a timeout the SDK's aiohttp transport reported is really a failed
-    connection (refused, reset, closed by the server): it maps every aiohttp
-    connection error to a connect timeout. Real timeouts stay timeouts."""
+def _refused_connection(error: BaseException) -> BaseException | None:
+    """The failed connection (refused, reset, closed by the server) behind a
+    timeout the SDK's aiohttp transport reported: it maps every aiohttp
+    connection error to a connect timeout. None for a real timeout."""
     cause = error.__cause__
     while cause is not None:
         if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, TimeoutError):
-            return True
+            return cause
         cause = cause.__cause__
-    return False
+    return None
 
 
 __all__ = [
