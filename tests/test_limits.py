@@ -5,8 +5,6 @@ Time moves by an injected clock, never by sleeping."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ from bot.runtime import Runtime
 from memory.types import Message
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
+from tests.forks import run_cli
 
 KEY = "discord:42"
 START = datetime(2031, 3, 14, 9, 0, 0, tzinfo=UTC)
@@ -254,14 +253,8 @@ def limits_cli(*args: str, data_dir: Path, **env: str) -> str:
         "HF_HUB_OFFLINE": "1",
         **env,
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "cli.main", "limits", *args],
-        env=environment,
-        cwd=data_dir.parent,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    # A process forked from the tests' fork server: `python -m cli.main` without the imports.
+    done = run_cli(["limits", *args], env=environment, cwd=data_dir.parent, stdin=None, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr
     return done.stdout
