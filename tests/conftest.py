@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,18 @@ TOGETHER = ("tests/test_real_servers.py",)
 def heaviness(item: pytest.Item) -> int:
     """The rank of the item's first HEAVY prefix; everything else after, in its own order."""
     return next((rank for rank, prefix in enumerate(HEAVY) if item.nodeid.startswith(prefix)), len(HEAVY))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The README's test command installs with `pip install --no-compile` (compiling the
+    # bytecode of every installed package, torch's CUDA build among them, was about 45 of the
+    # install's 115 CPU-s): Python compiles a module the first time it is imported and keeps
+    # the result. Unless PYTHONDONTWRITEBYTECODE says not to keep it: then every process the
+    # suite starts (workers, fork servers, bots, CLIs) would compile torch and transformers
+    # from source again, 7 CPU-s each. This session and the processes it starts keep what
+    # they compile. (Here, before pytest-xdist starts its workers with this environment.)
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
