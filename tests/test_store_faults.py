@@ -461,6 +461,22 @@ async def until(condition: Callable[[], Awaitable[bool]], within: float = 10.0) 
     return True
 
 
+async def open_patiently(store: Store, within: float = 60.0) -> None:
+    """Open a store that is up but may be slow to answer its first call. The MongoDB
+    tests give their store a short server selection timeout (an attempt while the
+    database is down fails fast), and with two CPU hogs beside the suite the healthy
+    server's first reply once came after it: 'unreachable' before any fault."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            await store.open()
+            return
+        except StoreError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.2)
+
+
 @pytest.fixture
 def rig_parts(llm_server: FakeLLMServer, embedder: Embedder) -> Iterator[Callable[..., Awaitable[Runtime]]]:
     """Build a Runtime on a given store: MEMGPT_STORE_WAIT short, fast redo backoff."""
@@ -475,7 +491,7 @@ def rig_parts(llm_server: FakeLLMServer, embedder: Embedder) -> Iterator[Callabl
             timeout=settings.llm_timeout,
             max_retries=settings.llm_max_retries,
         )
-        await store.open()
+        await open_patiently(store)
         runtime = Runtime(settings, store, llm, embedder, leases=leases or NoLeases())
         runtime.store_wait.first_delay, runtime.store_wait.max_delay = 0.1, 0.4
         runtime.inbox.replay_after = 0.3  # deferred events replayed soon after they gave up
