@@ -64,7 +64,10 @@ def _outbox(row: Sequence[Any]) -> OutboxEntry:
 
 def event_message_seq_in(conn: sqlite3.Connection, agent_id: str, event_id: str) -> int | None:
     """The seq of the agent's first message recorded for `event_id`, if any."""
-    sql = "SELECT min(seq) FROM messages WHERE agent_id = ? AND event_id = ?"
+    # Named: without statistics SQLite's planner took the (agent_id, seq) key and read
+    # every message of the agent, on every append (1.6 ms at 20,000 messages, on the
+    # store's one thread); the partial index finds the event at once (0.002 ms).
+    sql = "SELECT min(seq) FROM messages INDEXED BY messages_event WHERE agent_id = ? AND event_id = ?"
     row = conn.execute(sql, (agent_id, event_id)).fetchone()
     return None if row is None or row[0] is None else int(row[0])
 
