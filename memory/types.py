@@ -41,7 +41,9 @@ class Message:
     place: str = "dm"
 
     def to_openai(self) -> dict[str, Any]:
-        payload: dict[str, Any] = {"role": self.role, "content": self.content}
+        # Content is always a string, "" beside tool calls: the shape every server
+        # accepts (bot/request_shape.py), so a request needs no copy of the message.
+        payload: dict[str, Any] = {"role": self.role, "content": self.content or ""}
         if self.tool_calls:
             payload["tool_calls"] = self.tool_calls
         if self.tool_call_id is not None:
