@@ -69,8 +69,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # among them, that was about 45 of pip's 115 CPU-s): Python compiles a module the first
     # time it is imported and keeps the result. Unless PYTHONDONTWRITEBYTECODE says not to
     # keep it: then every process the suite starts (workers, fork servers, bots, CLIs) would
-    # compile torch and transformers from source again, 7 CPU-s each. This session and the processes it starts keep what
-    # they compile. (Here, before pytest-xdist starts its workers with this environment.)
+    # compile torch and transformers from source again, 7 CPU-s each. This session and the
+    # processes it starts keep what they compile. (Here, before pytest-xdist starts its
+    # workers with this environment.)
     sys.dont_write_bytecode = False
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
 
