@@ -295,5 +295,13 @@ async def test_a_batch_links_its_followers_and_waits_for_storage_whole(tmp_path:
         await store.append_messages(agent.id, [Message(role="user", content="b", event_id="EvF1")])
         answered = [await inbox.answered_with_its_batch(agent.id, member) for member in leader.members()]
         assert answered == [False, True, False]
+        # EvF2 is an event of its own now, unlinked: its own run records its message, dies
+        # before answering, and the next start must redo it, not finish it as answered.
+        assert {e.event_id: e.absorbed_into for e in await store.journal_pending("slack")}["EvF2"] == ""
+        await store.append_messages(agent.id, [Message(role="user", content="c", event_id="EvF2")])
+        restarted = Inbox(store)
+        replayed = {r.event_id for r in await restarted.leftovers("slack")}
+        assert "EvF2" in replayed, replayed
+        assert not await restarted.answered_with_its_batch(agent.id, leader.members()[2])
     finally:
         await store.close()

@@ -33,7 +33,9 @@ run again, the followers' messages already in the queue). A follower is
 redone alone: if its message was recorded with the batch, the leader's run
 answers it (or did), so it is finished without an answer
 (Inbox.answered_with_its_batch); if not, the batch never got that far and it
-is handled as an event of its own. Nothing lost, nothing answered twice.
+is handled as an event of its own, unlinked from the batch first (else a death
+in its own run, after recording its message, would read as the batch's).
+Nothing lost, nothing answered twice.
 
 A batch meets what another run did (`split_batch`, under the agent's lease,
 before the followers are linked). Its leader may have been recorded alone
