@@ -377,7 +377,8 @@ class JournalStore(Protocol):
     async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
         """Link `event_ids` to the entry they were debounced into
         (JournalEntry.absorbed_into): the leader's run records and answers
-        them (bot/durable/debounce.py)."""
+        them (bot/durable/debounce.py). A `leader_id` of "" unlinks them: each
+        is an event of its own again (Inbox.answered_with_its_batch)."""
 
     async def outbox_add(self, entry: OutboxEntry) -> bool:
         """Record a reply (id unique); False, and nothing changes, if that id
