@@ -156,6 +156,10 @@ async def test_debounced_entries_name_the_entry_they_were_absorbed_into(store: S
     assert [(e.event_id, e.absorbed_into) for e in await store.journal_pending("slack", due_by=2.0)] == [
         ("Follow1", "Lead")
     ]
+    # "" unlinks: a follower its batch never recorded is an event of its own again.
+    await store.journal_absorb("", ["Follow2"])
+    pending = {e.event_id: e.absorbed_into for e in await twin.journal_pending("slack")}
+    assert pending == {"Lead": "", "Follow1": "Lead", "Follow2": "", "Alone": ""}
 
 
 async def test_an_entry_names_its_owner_and_one_process_takes_it_over(store: Store, twin: Store) -> None:
