@@ -46,6 +46,8 @@ class Completion:
     cached_tokens: int = 0
     # The server's count of the prompt (`usage.prompt_tokens`); 0 if it does not say.
     server_prompt_tokens: int = 0
+    # The server's count of the answer (`usage.completion_tokens`); 0 if it does not say.
+    server_completion_tokens: int = 0
     finish_reason: str = ""
     # What was sent differs from what was asked (a repair, bot/request_run.py).
     repaired: bool = False
@@ -61,11 +63,26 @@ class ContextLimitError(LLMUnavailableError):
         self.server_prompt_tokens = server_prompt_tokens
 
 
+def parse_answer(raw: bytes) -> Completion:
+    """A 200 answer's body, as the server sent it (bot/request_run.py reads it
+    raw: the client's typed models cost more CPU than the rest of a call)."""
+    try:
+        response = json.loads(raw)
+    except ValueError:
+        # A truncated body, or a proxy's HTML page sent with status 200.
+        text = raw.decode("utf-8", "replace")
+        raise LLMUnavailableError(
+            f"bad answer from the LLM server: not JSON: {text!r:.200}",
+            trouble("my language model answered with an error"),
+        ) from None
+    return parse_completion(response)
+
+
 def parse_completion(response: Any) -> Completion:
-    """The first choice's message, as plain strings. The client does not validate a 200
-    body: an HTML page arrives as a str, `{}` as a ChatCompletion with `choices=None`, and
-    fields can hold any JSON type. A body with no message is an error; odd fields are
-    coerced, so the agent's functions see strings and report bad calls to the model."""
+    """The first choice's message, as plain strings. Nothing validates a 200
+    body: it may be `{}`, a list, or have fields of any JSON type. A body with no
+    message is an error; odd fields are coerced, so the agent's functions see strings
+    and report bad calls to the model."""
     choices = _field(response, "choices")
     choice = choices[0] if isinstance(choices, list) and choices else None
     message = _field(choice, "message")
@@ -99,6 +116,7 @@ def parse_completion(response: Any) -> Completion:
         tool_calls=calls,
         cached_tokens=_cached_tokens(response),
         server_prompt_tokens=_usage_count(response, "prompt_tokens"),
+        server_completion_tokens=_usage_count(response, "completion_tokens"),
         finish_reason=finish if isinstance(finish, str) else "",
         # A number or an object where the text belongs is coerced for the queue,
         # but it is no answer to send a person.

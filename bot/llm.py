@@ -31,6 +31,7 @@ from bot.completion import (
     trouble,
 )
 from bot.endpoint import Endpoint, ModelLimits
+from bot.request_body import RequestEncoder
 from bot.request_run import RequestRun
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,7 @@ class LLMClient:
         self.timeout = timeout
         self.max_retries = max_retries
         self.endpoint = Endpoint(concurrency=concurrency)
+        self.encode = RequestEncoder().encode
         request_timeout = openai.Timeout(timeout, connect=min(timeout, 10.0))
         self.client = openai.AsyncOpenAI(
             api_key=api_key or "not-set",

@@ -9,9 +9,12 @@ MEMGPT_METRICS_PORT is set (cli/health.py). Label values are few and fixed
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+if TYPE_CHECKING:
+    from bot.completion import Completion
 
 # Our own registry: nothing of the process's default collectors or of other
 # libraries, and a test can read exact values.
@@ -65,14 +68,11 @@ def record_llm_call(seconds: float, *, ok: bool) -> None:
         ERRORS.labels("llm").inc()
 
 
-def record_tokens(usage: Any) -> None:
-    """The tokens of one answer, from its `usage` (OpenAI shape; None: not reported)."""
-    if usage is None:
-        return
-    LLM_TOKENS.labels("prompt").inc(getattr(usage, "prompt_tokens", 0) or 0)
-    LLM_TOKENS.labels("completion").inc(getattr(usage, "completion_tokens", 0) or 0)
-    details = getattr(usage, "prompt_tokens_details", None)
-    LLM_TOKENS.labels("cached").inc(getattr(details, "cached_tokens", 0) or 0)
+def record_tokens(completion: Completion) -> None:
+    """The tokens of one answer, as the server counted them (0: not reported)."""
+    LLM_TOKENS.labels("prompt").inc(completion.server_prompt_tokens)
+    LLM_TOKENS.labels("completion").inc(completion.server_completion_tokens)
+    LLM_TOKENS.labels("cached").inc(completion.cached_tokens)
 
 
 def record_event(platform: str, seconds: float, outcome: str) -> None:
