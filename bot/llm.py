@@ -31,8 +31,7 @@ from bot.completion import (
     trouble,
 )
 from bot.endpoint import Endpoint, ModelLimits
-from bot.request_body import RequestEncoder
-from bot.request_run import RequestRun
+from bot.request_run import RequestEncoder, RequestRun
 
 log = logging.getLogger(__name__)
 
