@@ -63,21 +63,6 @@ class ContextLimitError(LLMUnavailableError):
         self.server_prompt_tokens = server_prompt_tokens
 
 
-def parse_answer(raw: bytes) -> Completion:
-    """A 200 answer's body, as the server sent it (bot/request_run.py reads it
-    raw: the client's typed models cost more CPU than the rest of a call)."""
-    try:
-        response = json.loads(raw)
-    except ValueError:
-        # A truncated body, or a proxy's HTML page sent with status 200.
-        text = raw.decode("utf-8", "replace")
-        raise LLMUnavailableError(
-            f"bad answer from the LLM server: not JSON: {text!r:.200}",
-            trouble("my language model answered with an error"),
-        ) from None
-    return parse_completion(response)
-
-
 def parse_completion(response: Any) -> Completion:
     """The first choice's message, as plain strings. Nothing validates a 200
     body: it may be `{}`, a list, or have fields of any JSON type. A body with no

@@ -33,7 +33,7 @@ import openai
 from openai._types import RequestOptions
 
 from bot import metrics, request_shape
-from bot.completion import Completion, ContextLimitError, LLMUnavailableError, parse_answer, trouble
+from bot.completion import Completion, ContextLimitError, LLMUnavailableError, parse_completion, trouble
 from bot.refusals import Refusal, classify
 
 if TYPE_CHECKING:
@@ -80,6 +80,9 @@ class RequestRun:
                 raw = await self.client.client.post(
                     "/chat/completions", content=self.client.encode(body), cast_to=bytes, options=options
                 )
+                # Not JSON (a truncated body, a proxy's HTML page sent with status 200): a
+                # ValueError, which `unavailable` below words for the person.
+                response = json.loads(raw)
             except openai.APIStatusError as error:
                 refusal = classify(error, body)
                 if refusal is None:
@@ -107,7 +110,7 @@ class RequestRun:
                 continue
             except (openai.APIError, ValueError) as error:
                 raise self.client.unavailable(error, self.model) from error
-            completion = parse_answer(raw)
+            completion = parse_completion(response)
             # Messages left out: our count of the prompt is not the server's to compare.
             completion.repaired = self._dropped
             # Counted once parsed: a body that does not parse is counted by complete() as an error.
