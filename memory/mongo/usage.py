@@ -34,6 +34,13 @@ USAGE_INDEXES: dict[str, list[IndexModel]] = {
 }
 
 
+def _tally(hits: list[tuple[int, int]]) -> UsageTally:
+    """A window's tally from its (at, amount) hits, oldest first."""
+    if not hits:
+        return UsageTally(0, 0, None, None)
+    return UsageTally(len(hits), sum(amount for _, amount in hits), from_us(hits[0][0]), from_us(hits[-1][0]))
+
+
 class MongoUsage(MongoBase):
     @guarded
     async def record_usage(self, key: str, hits: Mapping[str, int], at: datetime) -> None:
@@ -43,25 +50,31 @@ class MongoUsage(MongoBase):
         if documents:
             await self._c("usage_hits").insert_many(documents)
 
-    @guarded
     async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
-        # Summed here, not by $group: FerretDB 1.24 computes only the first
-        # accumulator of a $group (the others come back 0) and has no $min or
-        # $max. A window holds few hits anyway: the limits themselves stop them
-        # (a minute of messages; a day of events, one token hit each).
-        where = {"key": key, "kind": kind, "at": {"$gte": to_us(since)}}
-        cursor = self._c("usage_hits").find(where, {"_id": 0, "at": 1, "amount": 1}).sort("at", ASCENDING)
-        hits = [(int(doc["at"]), int(doc.get("amount", 0))) async for doc in cursor]
-        if not hits:
-            return UsageTally(0, 0, None, None)
-        return UsageTally(len(hits), sum(amount for _, amount in hits), from_us(hits[0][0]), from_us(hits[-1][0]))
+        return (await self.usage_windows(key, [(kind, since)]))[0]
 
     async def usage_check(self, key: str, windows: Sequence[tuple[str, datetime]]) -> tuple[bool, list[UsageTally]]:
-        # The queries go out together: one round trip's wait, not one per query.
-        exempt, *tallies = await asyncio.gather(
-            self.usage_exempt(key), *(self.usage_since(key, kind, since) for kind, since in windows)
-        )
-        return bool(exempt), list(tallies)
+        # Two queries on every event, sent together: one round trip's wait.
+        exempt, tallies = await asyncio.gather(self.usage_exempt(key), self.usage_windows(key, windows))
+        return bool(exempt), tallies
+
+    @guarded
+    async def usage_windows(self, key: str, windows: Sequence[tuple[str, datetime]]) -> list[UsageTally]:
+        """`usage_since` of each (kind, since), from one query: every window's
+        hits are read together and counted here.
+
+        Summed here, not by $group: FerretDB 1.24 computes only the first
+        accumulator of a $group (the others come back 0) and has no $min or
+        $max. A window holds few hits anyway: the limits themselves stop them
+        (a minute of messages; a day of events, one token hit each)."""
+        if not windows:
+            return []
+        starts = [(kind, to_us(since)) for kind, since in windows]
+        either = [{"kind": kind, "at": {"$gte": start}} for kind, start in starts]
+        where = {"key": key, **({"$or": either} if len(either) > 1 else either[0])}
+        cursor = self._c("usage_hits").find(where, {"_id": 0, "kind": 1, "at": 1, "amount": 1}).sort("at", ASCENDING)
+        hits = [(str(doc["kind"]), int(doc["at"]), int(doc.get("amount", 0))) async for doc in cursor]
+        return [_tally([(at, amount) for k, at, amount in hits if k == kind and at >= start]) for kind, start in starts]
 
     @guarded
     async def prune_usage(self, before: datetime) -> int:
