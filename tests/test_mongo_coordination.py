@@ -5,13 +5,15 @@ twice, the server clock, the TTL index fallback."""
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from pymongo.asynchronous.collection import AsyncCollection
 
 from memory.mongo.store import MongoStore
-from tests.mongo_server import mongo_store, mongo_target
+from memory.sqlite.coordination import CLEAR_EVERY
+from tests.mongo_server import mongo_store, mongo_target, shared_target
 
 __all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
 
@@ -21,9 +23,22 @@ def store(mongo_store: MongoStore) -> MongoStore:
     return mongo_store
 
 
-async def test_a_number_cleared_away_meanwhile_is_given_up(store: MongoStore, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+async def other(store: MongoStore) -> AsyncIterator[MongoStore]:
+    """The same database as another bot process sees it (its own connection, its own memory)."""
+    twin = MongoStore(shared_target().uri, store.database, server_selection_timeout=5.0)
+    await twin.open()
+    try:
+        yield twin
+    finally:
+        await twin.close()
+
+
+async def test_a_number_cleared_away_meanwhile_is_given_up(
+    store: MongoStore, other: MongoStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     await store.lease_register("a", 30)
-    await store.lease_register("slow", 30)
+    await other.lease_register("slow", 30)
     first = await store.lease_join("k", "a")
     second = await store.lease_join("k", "a")
     await store.lease_leave("k", first, "a")  # done and cleared: number 1 is free again
@@ -40,7 +55,8 @@ async def test_a_number_cleared_away_meanwhile_is_given_up(store: MongoStore, mo
         return await real_find_one(self, *args, **kwargs)
 
     monkeypatch.setattr(AsyncCollection, "find_one", find_one)
-    seq = await store.lease_join("k", "slow")
+    seq = await other.lease_join("k", "slow")  # another process: it has drawn nothing in this line yet
+    assert not stale  # it did read the stale "no ticket yet"
     assert seq == second + 1  # gave number 1 up and drew again
     assert await store.lease_position("k", second, "a") == 0  # the holder still holds
     assert await store.lease_position("k", seq, "slow") == 1
@@ -50,3 +66,49 @@ async def test_a_number_cleared_away_meanwhile_is_given_up(store: MongoStore, mo
 async def test_times_are_the_servers(store: MongoStore) -> None:
     # FerretDB runs on this machine: the measured offset is about the round trip.
     assert abs(await store._store_clock() - time.time()) < 1.0
+
+
+async def test_the_number_after_our_last_ticket_is_tried_first_and_checked(
+    store: MongoStore, other: MongoStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.lease_register("here", 30)
+    await other.lease_register("there", 30)
+    first = await store.lease_join("k", "here")
+    await store.lease_leave("k", first, "here")
+    reads: list[str] = []
+    real_find_one = AsyncCollection.find_one
+
+    async def find_one(self: AsyncCollection[Any], *args: Any, **kwargs: Any) -> Any:
+        if self.name == "lease_tickets" and kwargs.get("sort"):
+            reads.append("highest")
+        return await real_find_one(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncCollection, "find_one", find_one)
+    # The line's events kept coming here: the next number, without reading the line.
+    again = await store.lease_join("k", "here")
+    assert (again, reads) == (first + 1, [])
+    await store.lease_leave("k", again, "here")
+
+    # Then the line moved to the other process for a while: our guess is taken.
+    theirs = await other.lease_join("k", "there")
+    assert theirs == again + 1
+    reads.clear()  # (the other process read the line: it had drawn nothing in it)
+    mine = await store.lease_join("k", "here")
+    assert mine == theirs + 1 and reads == ["highest"]
+    assert await store.lease_position("k", mine, "here") == 1  # behind the other process's ticket
+    await other.lease_leave("k", theirs, "there")
+    assert await store.lease_position("k", mine, "here") == 0
+    await store.lease_leave("k", mine, "here")
+
+    # Or its numbers were taken and cleared away, all but the highest: our
+    # guess is free, but below the line's end; given up, and drawn again.
+    tickets = []
+    while not tickets or tickets[-1] % CLEAR_EVERY:
+        tickets.append(await other.lease_join("k", "there"))
+        await other.lease_leave("k", tickets[-1], "there")
+    assert await store.collection("lease_tickets").find_one({"name": "k", "seq": mine + 1}) is None  # cleared
+    reads.clear()
+    latest = await store.lease_join("k", "here")
+    assert latest == tickets[-1] + 1 and reads == ["highest"]
+    assert await store.lease_position("k", latest, "here") == 0
+    assert await store.collection("lease_tickets").find_one({"name": "k", "seq": mine + 1, "done": False}) is None

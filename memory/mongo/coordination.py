@@ -43,6 +43,7 @@ COORDINATION_INDEXES: dict[str, list[IndexModel]] = {
 }
 _CLOCK_REFRESH = 600.0  # seconds between measurements of the server's clock
 _MAX_OWNERS_SEEN = 1_000  # remembered owner expiries, before the expired ones are dropped
+_MAX_TICKETS_DRAWN = 10_000  # remembered last tickets, before they are all forgotten
 
 
 def _seconds(moment: datetime) -> float:
@@ -63,10 +64,13 @@ class MongoCoordination(MongoBase):
     _clock_offset: float | None = None
     _clock_measured = 0.0  # time.monotonic() of the last measurement
     _owners_seen: dict[str, float]  # owner -> expires_at last read (server clock)
+    _tickets_drawn: dict[str, int]  # name -> the last ticket this process drew in its line
 
     async def _prepare_coordination(self, db: AsyncDatabase[Doc]) -> None:
-        """At open(): this process's view of the other lease owners starts empty."""
+        """At open(): this process's view of the other lease owners, and of the
+        lines, starts empty."""
         self._owners_seen = {}
+        self._tickets_drawn = {}
 
     async def _store_clock(self) -> float:
         """The store's clock (the server's), as float seconds since the epoch."""
@@ -105,9 +109,18 @@ class MongoCoordination(MongoBase):
     @guarded
     async def lease_join(self, name: str, owner: str) -> int:
         tickets = self._c("lease_tickets")
+        # An agent's events mostly come to the process that had its last one:
+        # then the number after our last ticket is the next one, and reading
+        # the line's highest first would only say so. A wrong guess costs a
+        # try: a number taken is a duplicate key, one cleared away is caught
+        # by the check below, as any race is.
+        drawn = self._tickets_drawn.pop(name, None)
         for attempt in range(MAX_ATTEMPTS):
-            last = await tickets.find_one({"name": name}, {"seq": 1}, sort=[("seq", DESCENDING)])
-            seq = (int(last["seq"]) if last else 0) + 1
+            if drawn is not None:
+                seq, drawn = drawn + 1, None
+            else:
+                last = await tickets.find_one({"name": name}, {"seq": 1}, sort=[("seq", DESCENDING)])
+                seq = (int(last["seq"]) if last else 0) + 1
             ticket = {"name": name, "seq": seq, "owner": owner, "done": False}
             try:
                 await tickets.insert_one(ticket)
@@ -119,6 +132,9 @@ class MongoCoordination(MongoBase):
             # each name's highest ticket, so a higher one exists then. (So does
             # one drawn right after ours: we give ours up and draw again too.)
             if await tickets.find_one({"name": name, "seq": {"$gt": seq}}, {"_id": 1}) is None:
+                if len(self._tickets_drawn) >= _MAX_TICKETS_DRAWN:
+                    self._tickets_drawn.clear()
+                self._tickets_drawn[name] = seq
                 return seq
             await tickets.update_one({"_id": ticket["_id"]}, {"$set": {"done": True}})
             await self._backoff(attempt)
