@@ -14,7 +14,15 @@ process's rate for the N-process runs, so the figures read as ratios on a
 shared, noisy machine. The CPU seconds each part used per event (bot
 processes, the database, the LLM server) say which one is the bottleneck.
 
+On a 2-core machine a second bot process mostly takes CPU from the first and
+from the database. `--cpu-per-process 0.15` gives each bot process a quota of
+its own (bench/cpu_caps.py, needs root), as if each ran on a small machine of
+its own beside an uncapped database: then the ratio to one process says
+whether the processes scale, and the database's cores in use say where it
+becomes the bottleneck.
+
     python bench/throughput_processes.py [--users 1000] [--events 1000] [--processes 1,2,3] [--concurrency 32]
+                                         [--cpu-per-process CORES] [--ferretdb-on sqlite|postgresql]
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from bench.cpu_caps import CpuCaps
 from bench.throughput import bare_rate, serve
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -51,6 +60,12 @@ class Run:
     bot_cpu: float
     db_cpu: float
     llm_cpu: float
+    throttled: float = 0.0  # seconds the bot processes were held back by their CPU quota
+
+    @property
+    def db_cores(self) -> float:
+        """Cores the database kept busy during the run."""
+        return self.db_cpu / self.seconds
 
     @property
     def rate(self) -> float:
@@ -136,23 +151,35 @@ async def _bot(
 
 
 def run_processes(
-    name: str, count: int, store: dict[str, str], base_url: str, args: dict[str, int], llm_pid: int
+    name: str,
+    count: int,
+    store: dict[str, str],
+    base_url: str,
+    args: dict[str, int],
+    llm_pid: int,
+    cores: float | None = None,
 ) -> Run | None:
-    """One run of `count` bot processes; None (said why) if a phase outlived --timeout."""
+    """One run of `count` bot processes, each capped at `cores` of CPU if
+    given; None (said why) if a phase outlived --timeout."""
     context = multiprocessing.get_context("spawn")
     ready, out, go = context.Queue(), context.Queue(), context.Event()
     bots = [
         context.Process(target=bot_process, args=(i, count, store, base_url, args, ready, go, out), daemon=True)
         for i in range(count)
     ]
+    caps = CpuCaps(cores) if cores else None
     for process in bots:
         process.start()
+        if caps is not None and process.pid is not None:
+            caps.cap(process.pid)
     try:
         for _ in bots:
             ready.get(timeout=args["timeout"])
         db_before, llm_before = database_cpu(), cpu_seconds(llm_pid)
+        throttled_before = caps.throttled_seconds() if caps else 0.0
         go.set()
         results = [out.get(timeout=args["timeout"]) for _ in bots]
+        throttled = caps.throttled_seconds() - throttled_before if caps else 0.0
     except queue.Empty:
         print(f"{name}: a phase took over {args['timeout']} s (warm-up or run); stopped", flush=True)
         return None
@@ -161,9 +188,12 @@ def run_processes(
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
+        if caps is not None:
+            caps.close()
     db_cpu, llm_cpu = database_cpu() - db_before, cpu_seconds(llm_pid) - llm_before
     start, end = min(r[1] for r in results), max(r[2] for r in results)
-    run = Run(name, count, args["events"] * count, end - start, sum(r[3] for r in results), db_cpu, llm_cpu)
+    bot_cpu = sum(r[3] for r in results)
+    run = Run(name, count, args["events"] * count, end - start, bot_cpu, db_cpu, llm_cpu, throttled)
     print(f"{name}: {run.events} events in {run.seconds:.1f} s", flush=True)
     return run
 
@@ -182,7 +212,16 @@ def main() -> None:
         default="sqlite",
         help="FerretDB's storage: its embedded SQLite (as the tests) or a throwaway PostgreSQL cluster",
     )
+    parser.add_argument(
+        "--cpu-per-process",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="cap each MongoDB bot process at this much of a core (as if on a machine of its own; needs root)",
+    )
     options = parser.parse_args()
+    if options.cpu_per_process is not None and (why := CpuCaps.unavailable()) is not None:
+        parser.error(f"--cpu-per-process: {why}")
     args = {k: getattr(options, k) for k in ("users", "events", "concurrency", "timeout")}
 
     context = multiprocessing.get_context("spawn")
@@ -217,7 +256,8 @@ def main() -> None:
     try:
         for count in requested:
             store = {"uri": uri, "db": f"bench_throughput_{uuid.uuid4().hex[:8]}"}
-            runs.append(run_processes(f"mongodb x{count}", count, store, base_url, args, llm.pid))
+            name = f"mongodb x{count}"
+            runs.append(run_processes(name, count, store, base_url, args, llm.pid, options.cpu_per_process))
     finally:
         if server is not None:
             server.stop()
@@ -233,13 +273,21 @@ def main() -> None:
         f"process, instant LLM in its own process; MongoDB: "
         f"{f'FerretDB on {options.ferretdb_on}' if server else uri or 'none'}"
     )
+    if options.cpu_per_process:
+        print(
+            f"each MongoDB bot process capped at {options.cpu_per_process:.2f} of a core (a machine of its own); "
+            "the database and the LLM server uncapped"
+        )
     print(
         f"bare openai client: {baseline:.0f} requests/s on its default httpx transport, {same_transport:.0f} on "
         "the SDK's aiohttp transport the bot uses (one process)"
     )
     finished = [run for run in runs if run is not None]
     one = next((run for run in finished if run.name == "mongodb x1"), None)
-    print(f"{'run':<14}{'events/s':>9}{'ratio':>26}{'CPU ms/event: bots':>20}{'db':>9}{'llm':>7}")
+    print(
+        f"{'run':<14}{'events/s':>9}{'ratio':>26}{'CPU ms/event: bots':>20}{'db':>9}{'llm':>7}"
+        f"{'db cores':>10}{'bots throttled':>16}"
+    )
     for run in finished:
         if run.name == "sqlite":
             ratio = f"{run.rate / baseline:.2f} / {run.rate / same_transport:.2f} of bare"
@@ -254,11 +302,30 @@ def main() -> None:
         print(
             f"{run.name:<14}{run.rate:>9.1f}{ratio:>26}{run.bot_cpu * per_event:>20.2f}"
             f"{run.db_cpu * per_event:>9.2f}{run.llm_cpu * per_event:>7.2f}"
+            f"{run.db_cores:>10.2f}{run.throttled / max(run.seconds * run.processes, 1e-9):>15.0%}"
         )
     for count in requested:
         if not any(run.processes == count and run.name.startswith("mongodb") for run in finished):
             print(f"mongodb x{count}: did not finish within --timeout {options.timeout} s")
+    print_bottleneck(finished, os.cpu_count() or 1)
     print("goals: sqlite >= 500 events/s (quiet machine), >= 0.8 of the bare client; each added process >= 0.7 of x1")
+
+
+def print_bottleneck(runs: list[Run], cpus: int) -> None:
+    """Where the database becomes the bottleneck: the rate at which it would
+    keep every core of this machine busy, from its CPU per event."""
+    mongo = [run for run in runs if run.name.startswith("mongodb") and run.events]
+    if not mongo:
+        return
+    per_event = sum(run.db_cpu for run in mongo) / sum(run.events for run in mongo)
+    one = next((run for run in mongo if run.processes == 1), None)
+    line = (
+        f"the database: {per_event * 1000:.1f} CPU ms per event, so one core of it serves at most "
+        f"{1 / per_event:.0f} events/s and this machine's {cpus} at most {cpus / per_event:.0f}"
+    )
+    if one is not None:
+        line += f" (the rate of {cpus / per_event / one.rate:.1f} processes like x1, were nothing else running)"
+    print(line)
 
 
 if __name__ == "__main__":
