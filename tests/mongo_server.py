@@ -168,6 +168,11 @@ class MongoTarget:
         name = database or self.database_name()
         return ScratchMongoStore(self.uri, name, server_selection_timeout=server_selection_timeout)
 
+    def reopened(self, database: str) -> MongoStore:
+        """A store on an existing `database` with a client of its own, as another
+        bot process (or a restart) has; closing it leaves the data alone."""
+        return MongoStore(self.uri, database, server_selection_timeout=5.0)
+
     def drop_leftovers(self) -> None:
         client: MongoClient[dict[str, object]] = MongoClient(self.uri, serverSelectionTimeoutMS=5000)
         try:
@@ -253,6 +258,17 @@ async def mongo_store(mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
         yield store
     finally:
         await store.close()
+
+
+@pytest.fixture
+async def mongo_twin(mongo_store: MongoStore, mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
+    """A second open store on mongo_store's database: another bot process."""
+    twin = mongo_target.reopened(mongo_store.database)
+    await twin.open()
+    try:
+        yield twin
+    finally:
+        await twin.close()
 
 
 if __name__ == "__main__":

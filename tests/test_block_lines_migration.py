@@ -119,7 +119,7 @@ async def test_old_mongodb_blocks_open_as_written_in_the_dm(
     caplog.set_level(logging.INFO)
     for run in range(2):  # idempotent: a second open changes nothing
         caplog.clear()
-        store = MongoStore(mongo_target.uri, old_mongo.database, server_selection_timeout=5.0)
+        store = mongo_target.reopened(old_mongo.database)
         await store.open()
         try:
             assert log_lines(caplog) == (EXPECTED_LOG if run == 0 else [])

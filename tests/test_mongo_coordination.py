@@ -5,7 +5,6 @@ twice, the server clock, the TTL index fallback."""
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -13,9 +12,9 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from memory.mongo.store import MongoStore
 from memory.sqlite.coordination import CLEAR_EVERY
-from tests.mongo_server import mongo_store, mongo_target, shared_target
+from tests.mongo_server import mongo_store, mongo_target, mongo_twin
 
-__all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_store", "mongo_target", "mongo_twin"]  # the session fixture, imported to be found here
 
 
 @pytest.fixture
@@ -24,14 +23,26 @@ def store(mongo_store: MongoStore) -> MongoStore:
 
 
 @pytest.fixture
-async def other(store: MongoStore) -> AsyncIterator[MongoStore]:
+def other(mongo_twin: MongoStore) -> MongoStore:
     """The same database as another bot process sees it (its own connection, its own memory)."""
-    twin = MongoStore(shared_target().uri, store.database, server_selection_timeout=5.0)
-    await twin.open()
-    try:
-        yield twin
-    finally:
-        await twin.close()
+    return mongo_twin
+
+
+def watch_reads_of_the_highest(monkeypatch: pytest.MonkeyPatch, stale: int = 0) -> list[str]:
+    """Every read of a line's highest ticket (lease_join's sorted find_one),
+    from now on, by any store; the first `stale` of them answer "no ticket yet"."""
+    reads: list[str] = []
+    real_find_one = AsyncCollection.find_one
+
+    async def find_one(self: AsyncCollection[Any], *args: Any, **kwargs: Any) -> Any:
+        if self.name == "lease_tickets" and kwargs.get("sort"):
+            reads.append("highest")
+            if len(reads) <= stale:
+                return None
+        return await real_find_one(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncCollection, "find_one", find_one)
+    return reads
 
 
 async def test_a_number_cleared_away_meanwhile_is_given_up(
@@ -45,18 +56,9 @@ async def test_a_number_cleared_away_meanwhile_is_given_up(
     assert await store.lease_position("k", second, "a") == 0  # ticket 2 holds the lease
     # A joiner that read the highest number before ticket 1 existed, and
     # inserts only now, would get number 1: below the holder.
-    real_find_one = AsyncCollection.find_one
-    stale = [True]
-
-    async def find_one(self: AsyncCollection[Any], *args: Any, **kwargs: Any) -> Any:
-        if self.name == "lease_tickets" and kwargs.get("sort") and stale:
-            stale.clear()
-            return None  # "no ticket yet"
-        return await real_find_one(self, *args, **kwargs)
-
-    monkeypatch.setattr(AsyncCollection, "find_one", find_one)
+    reads = watch_reads_of_the_highest(monkeypatch, stale=1)
     seq = await other.lease_join("k", "slow")  # another process: it has drawn nothing in this line yet
-    assert not stale  # it did read the stale "no ticket yet"
+    assert reads  # it did read the stale "no ticket yet"
     assert seq == second + 1  # gave number 1 up and drew again
     assert await store.lease_position("k", second, "a") == 0  # the holder still holds
     assert await store.lease_position("k", seq, "slow") == 1
@@ -75,15 +77,7 @@ async def test_the_number_after_our_last_ticket_is_tried_first_and_checked(
     await other.lease_register("there", 30)
     first = await store.lease_join("k", "here")
     await store.lease_leave("k", first, "here")
-    reads: list[str] = []
-    real_find_one = AsyncCollection.find_one
-
-    async def find_one(self: AsyncCollection[Any], *args: Any, **kwargs: Any) -> Any:
-        if self.name == "lease_tickets" and kwargs.get("sort"):
-            reads.append("highest")
-        return await real_find_one(self, *args, **kwargs)
-
-    monkeypatch.setattr(AsyncCollection, "find_one", find_one)
+    reads = watch_reads_of_the_highest(monkeypatch)
     # The line's events kept coming here: the next number, without reading the line.
     again = await store.lease_join("k", "here")
     assert (again, reads) == (first + 1, [])

@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from memory.mongo.schedules import CLAIM_GRACE, MongoScheduleStore
-from memory.mongo.store import MongoStore
 from memory.schedules import Schedule
 from tests.mongo_server import MongoTarget, mongo_target
 
@@ -24,7 +23,7 @@ DUE = datetime(2026, 12, 1, 9, tzinfo=UTC)
 async def two(mongo_target: MongoTarget) -> AsyncIterator[tuple[MongoScheduleStore, MongoScheduleStore]]:
     first = mongo_target.store()
     await first.open()
-    second = MongoStore(mongo_target.uri, first.database, server_selection_timeout=5.0)
+    second = mongo_target.reopened(first.database)
     await second.open()
     try:
         a, b = first.schedules, second.schedules

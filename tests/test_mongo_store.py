@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import pytest
@@ -19,9 +18,9 @@ from memory.mongo.store import MongoStore, bm25, words
 from memory.store import StoreError
 from memory.types import Block, Message, Passage
 from tests.helpers import free_port
-from tests.mongo_server import MongoTarget, mongo_store, mongo_target
+from tests.mongo_server import MongoTarget, mongo_store, mongo_target, mongo_twin
 
-__all__ = ["mongo_store", "mongo_target"]  # the session fixture, imported to be found here
+__all__ = ["mongo_store", "mongo_target", "mongo_twin"]  # the fixtures, imported to be found here
 
 BLOCKS = [Block("persona", "helpful", 100), Block("human", "unknown", 100)]
 
@@ -32,14 +31,9 @@ def store(mongo_store: MongoStore) -> MongoStore:
 
 
 @pytest.fixture
-async def twin(store: MongoStore, mongo_target: MongoTarget) -> AsyncIterator[MongoStore]:
+def twin(mongo_twin: MongoStore) -> MongoStore:
     """A second store on the same database with its own client: another process."""
-    other = MongoStore(mongo_target.uri, store.database, server_selection_timeout=5.0)
-    await other.open()
-    try:
-        yield other
-    finally:
-        await other.close()
+    return mongo_twin
 
 
 # -- capabilities and the paths they choose ----------------------------------

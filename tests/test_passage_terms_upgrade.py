@@ -114,7 +114,7 @@ async def test_old_mongodb_passages_are_reanalysed_at_open(
     caplog.set_level(logging.INFO)
     for run in range(2):  # idempotent: a second open changes nothing
         caplog.clear()
-        store = MongoStore(mongo_target.uri, old_mongo.database, server_selection_timeout=5.0)
+        store = mongo_target.reopened(old_mongo.database)
         await store.open()
         try:
             expected = ["re-analysed the keyword terms of 3 archival passages (stemmed, identifiers whole)"]

@@ -167,7 +167,7 @@ async def test_old_mongodb_documents_open_dm_only(
     caplog.set_level(logging.INFO)
     for run in range(2):  # the upgrade is idempotent: a second open changes nothing
         caplog.clear()
-        store = MongoStore(mongo_target.uri, old_mongo.database, server_selection_timeout=5.0)
+        store = mongo_target.reopened(old_mongo.database)
         await store.open()
         try:
             expected = ["agent discord:alice: 5 messages and 1 passages from before places count as DM-only"]

@@ -57,7 +57,7 @@ async def twin(store: Store) -> AsyncIterator[Store]:
     if isinstance(store, SQLiteStore):
         other = SQLiteStore(store.path)
     elif isinstance(store, MongoStore):
-        other = MongoStore(shared_target().uri, store.database, server_selection_timeout=5.0)
+        other = shared_target().reopened(store.database)
     else:
         pytest.skip(f"no twin for {type(store).__name__}")
     await other.open()
