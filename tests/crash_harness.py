@@ -39,7 +39,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -113,17 +113,55 @@ class BotProcess:
         raise RuntimeError(f"the bot did not listen within {within} s; see {self.log_path}")
 
     def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        assert self.process is not None
+        self.process.join()
+
+    def signal(self, number: signal.Signals) -> None:
         assert self.process is not None and self.process.pid is not None
         # It may be dead already (the poison event killed it), reaped by the fork server.
         with contextlib.suppress(ProcessLookupError):
-            os.kill(self.process.pid, signal.SIGKILL)
-        self.process.join()
+            os.kill(self.process.pid, number)
 
     def stop(self) -> int:
         assert self.process is not None and self.process.pid is not None
         os.kill(self.process.pid, signal.SIGTERM)
         self.process.join(timeout=60)
         return -1 if self.process.exitcode is None else self.process.exitcode
+
+
+SuspectRunning = Callable[[], bool | None]  # None: could not tell
+
+
+async def kill_blaming_no_one(bot: BotProcess, suspect_running: SuspectRunning) -> bool:
+    """SIGKILL `bot` unless an event suspected of stopping the bot runs alone
+    (bot/durable/quarantine.py): a death then is, by design, evidence against
+    that event, and a kill from outside is none (on a busy machine a start-up
+    can be over before a kill timed for it lands, and four such kills gave an
+    innocent event up). The bot is frozen (SIGSTOP) while its journal is read,
+    so nothing it does comes between the look and the kill: a run it had not
+    yet written down dies unwritten. False (and the bot let go) if one runs,
+    or if the journal could not be read."""
+    bot.signal(signal.SIGSTOP)
+    try:
+        innocent = await asyncio.to_thread(suspect_running) is False
+    except BaseException:
+        bot.signal(signal.SIGCONT)
+        raise
+    if not innocent:
+        bot.signal(signal.SIGCONT)
+        return False
+    bot.kill()
+    return True
+
+
+def sqlite_suspect_running(db: Path) -> SuspectRunning:
+    """Whether the bot's SQLite journal has an event running alone (None: not readable now)."""
+
+    def look() -> bool | None:
+        return _journal_has(db, "alone AND state = 'running'")
+
+    return look
 
 
 # --------------------------------------------------------------------------- playing Slack
@@ -216,6 +254,7 @@ class Report:
     pending_events: int = 0
     pending_replies: int = 0
     poison_deaths: int = 0  # the bot killed while it worked on the poison event
+    held_back: int = 0  # kills put off because a suspect ran alone (kill_blaming_no_one)
     batched: int = 0  # posts that answered several messages at once (debounce on)
     gave_up: Counter[str] = field(default_factory=Counter)  # "could not process" notices, by user
     problems: list[str] = field(default_factory=list)
@@ -232,7 +271,8 @@ class Report:
             f"left pending: {self.pending_events} events, {self.pending_replies} replies; "
             f"given up (notices by user): {dict(sorted(self.gave_up.items()))} "
             f"after {self.poison_deaths} deaths on the poison event; "
-            f"answers to several messages at once: {self.batched}"
+            f"answers to several messages at once: {self.batched}; "
+            f"kills put off while a suspect ran alone: {self.held_back}"
         )
 
 
@@ -286,7 +326,7 @@ async def run(
     for name in ("DISCORD_TOKEN", "SLACK_APP_TOKEN", "MONGODB_URI"):
         env.pop(name, None)
     bot = BotProcess(env, data_dir / "bot.log", port)
-    poison_deaths = 0
+    poison_deaths = held_back = 0
 
     def kill_on_poison(user: str, number: int) -> None:
         nonlocal poison_deaths
@@ -306,6 +346,7 @@ async def run(
         for _ in range(hogs)
     ]
     restarting = asyncio.Lock()  # the kills below and the poison watcher restart the bot in turn
+    suspect_running = sqlite_suspect_running(data_dir / "memgpt.sqlite3")
 
     async def restart_the_dead() -> None:
         """A bot that died on its own (the poison event) is started again, as a supervisor would."""
@@ -362,13 +403,23 @@ async def run(
                     if time.monotonic() > stalled:
                         break
                     await asyncio.sleep(rng.uniform(0.0, max_gap))
-                async with restarting:
-                    bot.kill()
-                    done_killing += 1
-                    bot.start()
-                    if done_killing >= startup_kills:
-                        await bot.wait_listening(revive=poison is not None)
-                    posted_at_start = len(slack.posted_texts())
+                # Never while a suspect runs alone (kill_blaming_no_one): a
+                # kill timed for a start-up may come once the replays run.
+                killed, stalled = False, time.monotonic() + STALL_LIMIT
+                while not killed and time.monotonic() < stalled:
+                    async with restarting:
+                        killed = await kill_blaming_no_one(bot, suspect_running)
+                        if killed:
+                            done_killing += 1
+                            bot.start()
+                            if done_killing >= startup_kills:
+                                await bot.wait_listening(revive=poison is not None)
+                            posted_at_start = len(slack.posted_texts())
+                    if not killed:
+                        held_back += 1
+                        await asyncio.sleep(0.02)  # outside the lock: a poison death is restarted meanwhile
+                if not killed:
+                    break
             async with restarting:
                 await bot.wait_listening(revive=poison is not None)
             await player
@@ -380,7 +431,7 @@ async def run(
         async with restarting:
             exit_code = bot.stop()
         report = Report(done_killing, total, conversation.deliveries, bot.starts, time.monotonic() - started)
-        report.poison_deaths = poison_deaths
+        report.poison_deaths, report.held_back = poison_deaths, held_back
         if exit_code != 0:
             report.problems.append(f"the bot exited with {exit_code} on SIGTERM")
         _check(report, slack, data_dir / "memgpt.sqlite3", conversation)
@@ -413,13 +464,26 @@ STALL_LIMIT = 240.0
 
 
 def _suspects_waiting(db: Path) -> bool:
-    """Whether the journal holds an unfinished event marked to run alone."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
-    try:
-        row = conn.execute("SELECT 1 FROM event_journal WHERE alone AND state <> 'done' LIMIT 1").fetchone()
-        return row is not None
-    except sqlite3.OperationalError:  # not created yet
+    """Whether the journal holds an unfinished event marked to run alone (or could not be read)."""
+    return _journal_has(db, "alone AND state <> 'done'") is not False
+
+
+def _journal_has(db: Path, condition: str) -> bool | None:
+    """Whether a row of the journal meets `condition`: False before the journal
+    exists, None if it could not be read (busy, say)."""
+    if not db.exists():
         return False
+    try:
+        conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=5.0)
+    except sqlite3.OperationalError:
+        return None
+    try:
+        exists = conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'event_journal'").fetchone()
+        if exists is None:
+            return False
+        return conn.execute(f"SELECT 1 FROM event_journal WHERE {condition} LIMIT 1").fetchone() is not None
+    except sqlite3.OperationalError:
+        return None
     finally:
         conn.close()
 

@@ -31,9 +31,20 @@ from pathlib import Path
 
 import aiohttp
 from pymongo import AsyncMongoClient, MongoClient
+from pymongo.errors import PyMongoError
 
 from memory.mongo.blocks import block_from_doc
-from tests.crash_harness import SECRET, TEAM, BotProcess, Conversation, Report, _all_answered, free_port, tally_posts
+from tests.crash_harness import (
+    SECRET,
+    TEAM,
+    BotProcess,
+    Conversation,
+    Report,
+    _all_answered,
+    free_port,
+    kill_blaming_no_one,
+    tally_posts,
+)
 from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_model
 from tests.fake_llm import start_fake_llm
 from tests.fake_slack import FakeSlack
@@ -132,6 +143,13 @@ async def run(
         bots.append(BotProcess(_env(base, data, port, uri, database, debounce), data / "bot.log", port))
     cluster = Cluster(bots)
     outbox = MongoClient(uri)[database]["outbox"]  # read from the scripted model's thread
+    journal = outbox.database["event_journal"]
+
+    def suspect_running() -> bool | None:
+        try:
+            return journal.find_one({"state": "running", "alone": True}, {"_id": 1}) is not None
+        except PyMongoError:
+            return None
 
     def delivered(user: str, number: int) -> bool:
         texts = (str(doc["text"]) for doc in outbox.find({"agent_key": f"slack:{TEAM}:{user}"}, {"text": 1}))
@@ -142,7 +160,7 @@ async def run(
     conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng, runs=debounce > 0, gap=gap)
     expected = len(conversation.events())
     started = time.monotonic()
-    done_killing = 0
+    done_killing = held_back = 0
     try:
         await cluster.start()
         async with aiohttp.ClientSession() as session:
@@ -159,7 +177,15 @@ async def run(
                     break  # nothing answered for that long: the checks say what is missing
                 await asyncio.sleep(rng.uniform(0.0, max_gap))
                 victim = rng.choice(cluster.bots)
-                victim.kill()
+                # Never while a suspect runs alone (anywhere: which process runs it is not known here).
+                give_up_at = time.monotonic() + STALLED
+                while not (killed := await kill_blaming_no_one(victim, suspect_running)):
+                    if time.monotonic() > give_up_at:
+                        break
+                    held_back += 1
+                    await asyncio.sleep(0.02)
+                if not killed:
+                    break  # a suspect ran for that long: the checks say what is missing
                 done_killing += 1
                 victim.start()
                 posted_before = len(slack.posted_texts())
@@ -171,7 +197,7 @@ async def run(
             await _settle(slack, db, expected, within=settle_within)
             exit_codes = cluster.stop()
             report = Report(done_killing, expected, conversation.deliveries, sum(b.starts for b in bots), 0.0)
-            report.seconds = time.monotonic() - started
+            report.seconds, report.held_back = time.monotonic() - started, held_back
             report.problems += [f"a bot exited with {code} on SIGTERM" for code in exit_codes if code != 0]
             await _check(report, slack, db, conversation)
         finally:
@@ -291,6 +317,7 @@ def line(seed: int, report: Report) -> str:
         f"seed {seed}: {report.events} messages, {report.kills} kills, {report.deliveries} deliveries, "
         f"{report.seconds:.0f} s: lost {lost}, doubled {doubled}, recall not once {recall}, "
         f"given up {sum(report.gave_up.values())}, batched posts {report.batched}, "
+        f"kills put off while a suspect ran alone {report.held_back}, "
         f"left unfinished {report.pending_events}+{report.pending_replies}, facts whole {report.facts_ok}"
     )
 
