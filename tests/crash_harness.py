@@ -513,7 +513,7 @@ def tally_posts(report: Report, slack: FakeSlack) -> None:
         elif text == GAVE_UP:
             report.gave_up[str(call.args.get("channel", "")).removeprefix("D")] += 1
         else:
-            report.problems.append(f"unexpected post: {text[:80]!r}")
+            report.problems.append(f"unexpected post to {call.args.get('channel')}: {text[:80]!r}")
 
 
 def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:

@@ -15,6 +15,7 @@ from bot.durable.inbox import GAVE_UP, MAX_RESTARTS, Inbox
 from bot.durable.outbox import retry_delay
 from bot.durable.redelivery import Redelivery
 from bot.events import UserMessage
+from memory.types import Message
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, say
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually
@@ -337,3 +338,29 @@ async def test_a_suspect_stays_one_through_kills_before_its_run(bot: SlackBot) -
         deaths += 1  # ... and the bot dies on it
         assert deaths <= MAX_RESTARTS + 1
     assert deaths == MAX_RESTARTS + 1  # the first in company, then MAX_RESTARTS alone
+
+
+async def test_an_older_message_answered_by_a_newer_events_run_is_not_answered_again(
+    bot: SlackBot, llm_server: FakeLLMServer
+) -> None:
+    """The multi-process harness's case: a newer event ran before a killed
+    process's older one was taken over, and the older one's message was
+    recorded after the newer one's (by a run killed before it answered). The
+    newer event's redo then showed the model both and answered both; the
+    older one's replay must not answer its message a second time."""
+    await bot.runtime.receive("slack", "EvOld", "T1:U1", recorded("EvOld", "am I late?"))
+    await bot.runtime.receive("slack", "EvNew", "T1:U1", recorded("EvNew", "and where do we meet?"))
+    agent = await bot.runtime.agent(KEY)
+    for event_id, text in (("EvNew", "and where do we meet?"), ("EvOld", "am I late?")):  # recorded out of order
+        await agent.record_messages([Message(role="user", content=text, name="user_message", event_id=event_id)])
+    llm_server.set_handler(lambda request: say("not late; at the station"))
+    redos = {redo.event_id: redo for redo in await bot.runtime.inbox.leftovers("slack")}
+    assert await bot.adapter.replay([redos["EvNew"]]) == 1
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["not late; at the station"]
+    [request] = llm_server.requests
+    shown = [str(m["content"]).rsplit("\n", 1)[-1] for m in request["messages"] if m["role"] == "user"]
+    assert shown[-2:] == ["and where do we meet?", "am I late?"]  # the newer run saw both
+    assert await bot.adapter.replay([redos["EvOld"]]) == 1
+    assert len(llm_server.requests) == 1  # the older one's replay did not ask again ...
+    assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["not late; at the station"]  # ... nor answer
+    assert await bot.runtime.store.journal_pending("slack") == []

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from bot.durable.leases import Leases, NoLeases
 from bot.events import Delivery, Event, Reply, agent_key
 from memory.store import OutboxEntry, Store, StoreError
-from memory.types import utc_now
+from memory.types import Message, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -180,15 +180,22 @@ class Outbox:
 async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool:
     """Whether the message of `event`, recorded and never answered, was shown
     to the model by a later event's run since: another event's message was
-    recorded after it, and a step after that. A redo would answer a message
-    the conversation has moved past. (With several processes, a newer event
-    of the person can run before a killed process's older one is taken over.)"""
+    recorded after it, and a step after that; or (a durable event) a reply
+    was sent after it. A redo would answer a message the conversation has
+    moved past. (With several processes, a newer event of the person can run
+    before a killed process's older one is taken over, and the older one's
+    message can even be recorded after the newer one's, by a run killed
+    before it answered: the newer one's redo then answered both.)"""
     seq = await store.event_message_seq(agent_id, event.event_id)
     if seq is None:
         return False
     own = {member.event_id for member in event.members()}
     another = False
     for message in await store.messages_since(agent_id, seq + 1, place=event.place.key):
+        if event.durable and message.role == "assistant" and _sends(message):
+            # A send step is stored with its outbox entry (Agent.send), and this
+            # event has none (the caller looked): another event's run sent it.
+            return True
         if message.role == "user" and message.event_id and message.event_id not in own:
             # A replayed batch leader comes without its followers (replays are not
             # debounced), but their messages were recorded with it: they are its own.
@@ -200,3 +207,8 @@ async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool
         elif another and message.role == "assistant":
             return True
     return False
+
+
+def _sends(message: Message) -> bool:
+    """Whether an assistant step called send_message (a reply to the person)."""
+    return any((call.get("function") or {}).get("name") == "send_message" for call in message.tool_calls or ())
