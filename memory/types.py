@@ -50,6 +50,10 @@ class Message:
             payload["tool_call_id"] = self.tool_call_id
         return payload
 
+    def calls(self, name: str) -> bool:
+        """Whether this (assistant) step called the function `name`."""
+        return any((call.get("function") or {}).get("name") == name for call in self.tool_calls or ())
+
     def searchable_text(self) -> str:
         """Text that recall search indexes: the content plus any call arguments."""
         parts = [self.content or ""]

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 from bot.durable.leases import Leases, NoLeases
 from bot.events import Delivery, Event, Reply, agent_key
 from memory.store import OutboxEntry, Store, StoreError
-from memory.types import Message, utc_now
+from memory.types import utc_now
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool
     own = {member.event_id for member in event.members()}
     another = False
     for message in await store.messages_since(agent_id, seq + 1, place=event.place.key):
-        if event.durable and message.role == "assistant" and _sends(message):
+        if event.durable and message.role == "assistant" and message.calls("send_message"):
             # A send step is stored with its outbox entry (Agent.send), and this
             # event has none (the caller looked): another event's run sent it.
             return True
@@ -207,8 +207,3 @@ async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool
         elif another and message.role == "assistant":
             return True
     return False
-
-
-def _sends(message: Message) -> bool:
-    """Whether an assistant step called send_message (a reply to the person)."""
-    return any((call.get("function") or {}).get("name") == "send_message" for call in message.tool_calls or ())

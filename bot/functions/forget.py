@@ -116,8 +116,6 @@ def _under_way(agent: Agent) -> frozenset[int]:
     """The seq of the step calling the confirm: recorded before it runs, its
     results come after, so it stays (a result without its call is refused)."""
     for message in reversed([entry.message for entry in agent.queue.entries]):
-        if message.role == "assistant" and any(
-            call.get("function", {}).get("name") == NAME for call in message.tool_calls or []
-        ):
+        if message.role == "assistant" and message.calls(NAME):
             return frozenset({message.seq})
     return frozenset()
