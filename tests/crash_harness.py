@@ -257,6 +257,7 @@ class Report:
     held_back: int = 0  # kills put off because a suspect ran alone (kill_blaming_no_one)
     batched: int = 0  # posts that answered several messages at once (debounce on)
     gave_up: Counter[str] = field(default_factory=Counter)  # "could not process" notices, by user
+    unexpected: Counter[str] = field(default_factory=Counter)  # posts that are neither answers nor notices, by user
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -506,14 +507,16 @@ def tally_posts(report: Report, slack: FakeSlack) -> None:
     """Count what the bot posted: the messages each answer names, give-up notices, anything else."""
     for call in slack.calls_to("chat.postMessage"):
         text = str(call.args.get("text", ""))
+        user = str(call.args.get("channel", "")).removeprefix("D")  # a DM channel: "D" + the user
         asked = answered_in(text)
         if asked:
             report.answers.update(asked)
             report.batched += len(asked) > 1
         elif text == GAVE_UP:
-            report.gave_up[str(call.args.get("channel", "")).removeprefix("D")] += 1
+            report.gave_up[user] += 1
         else:
-            report.problems.append(f"unexpected post to {call.args.get('channel')}: {text[:80]!r}")
+            report.unexpected[user] += 1
+            report.problems.append(f"unexpected post to {user}: {text[:80]!r}")
 
 
 def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:
@@ -549,7 +552,7 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
             if missing:
                 report.facts_ok = False
                 report.problems.append(f"working context of {key} lost facts {sorted(missing)[:5]}")
-        troubled = set()
+        troubled = set(report.unexpected)
         for (user, number), count in sorted(report.answers.items()):
             if count > 1 or (count == 0 and user not in report.gave_up):
                 report.problems.append(f"{user}'s message {number} answered {count} times")

@@ -261,7 +261,7 @@ async def _check(report: Report, slack: FakeSlack, db: object, conversation: Con
         if missing:
             report.facts_ok = False
             report.problems.append(f"working context of {user} lost facts {sorted(missing)[:5]}")
-    troubled = {problem.split()[3].removeprefix("D").rstrip(":") for problem in report.problems if "post to" in problem}
+    troubled = set(report.unexpected)
     for (user, number), count in sorted(report.answers.items()):
         if count != 1:
             report.problems.append(f"{user}'s message {number} answered {count} times")
