@@ -69,7 +69,7 @@ class FakePlatform:
             display_name=arrival.user_id,
             event_id=arrival.event_id,
             reply_to={"conversation": arrival.conversation},
-            durable=arrival.durable,
+            in_inbox=arrival.in_inbox,
         )
         return [message]
 

@@ -8,23 +8,24 @@ is here, once, in the order an event meets it:
 
 1. take: an arrival joins the person's open burst in its conversation, if it
    may (bot/durable/debounce.py), or starts its own work, whose first step
-   takes the person's lane (bot/durable/lanes.py): arrival order holds;
+   takes the agent's turn at its door (`EventPort.turn`, bot/door.py): arrival
+   order holds;
 2. record: the bot's inbox keeps it before the platform is answered
-   (`BotPort.receive`); a repeat is dropped. When it cannot be recorded, a
+   (`EventPort.receive`); a repeat is dropped. When it cannot be recorded, a
    platform that delivers unacknowledged events again (Slack) is not
    answered, so it sends the event again; one that never does (Discord) has
    it handled all the same, without crash recovery;
-3. in the lane: the burst's window closes, each member is built, and a burst
+3. in the turn: the burst's window closes, each member is built, and a burst
    of plain messages becomes one event (`merge`);
-4. run: each event goes to the bot (`BotPort.handle`) while the platform
-   shows it is working, and its replies are delivered in the person's order,
-   each reported to the outbox (`Lanes.deliver`, `BotPort.report_delivery`);
-   a failure earns the person one apology (`APOLOGY`);
-5. finish: the inbox marks the event done (`BotPort.finished`), in the
+4. run: each event goes through the agent's door (`EventPort.handle`: the
+   bot's gates, bot/door.py) while the platform shows it is working, and its
+   replies are delivered in the person's order, each reported to the outbox
+   (`EventPort.deliver`); a failure earns the person one apology (`APOLOGY`);
+5. finish: the inbox marks the event done (`EventPort.finished`), in the
    same round trip to the store as the report of its last reply;
 6. recover / replay: at start, what the last run left unfinished is redone
-   in arrival order ahead of new events (`hold_new_events`, `recover`); the
-   storage wait's leftovers are redone the same way (`replay`);
+   in arrival order ahead of new events (`hold_new_events`, `recover`: the
+   start gate); the storage wait's leftovers are redone the same way (`replay`);
 7. drain / close: work in flight gets a grace period; an event arriving
    meanwhile is refused (a platform that delivers it again) or kept in the
    inbox for the next start (one that never does).
@@ -33,14 +34,14 @@ Connecting and closing are the adapter's own (`start`, `wait_ready`, `close`:
 cli/app.py's Adapter); `OnPipeline` gives it the rest of what `memgpt-bot
 run` calls (`hold_new_events`, `recover`, `replay`, `deliver`).
 
-Bot-side rules (leases, quarantine, the storage wait, follower linking) are
-the bot's (bot/durable/); this module only calls the port.
+Bot-side rules (the gates: the store wait, leases, quarantine, follower
+linking, limits) are the agent's door's (bot/door.py); this module only calls
+the event port.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
@@ -49,9 +50,9 @@ from functools import partial
 from typing import Any, Protocol
 
 from bot.durable.debounce import Burst, Debouncer, merge
-from bot.durable.lanes import Lanes, Report
+from bot.durable.lanes import Report, StartGate, Turn
 from bot.events import Delivery, Event, Redo, Reply, agent_key
-from bot.ports import BotPort
+from bot.ports import EventPort
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class Arrival:
     mergeable: bool = False  # a plain message, which may join the person's burst
     awaits_answer: bool = True  # someone wrote and waits: told when it fails
     live: Any = None  # the platform's own object, in the process that received it
-    durable: bool = True  # recorded in the inbox (False: handled without crash recovery)
+    in_inbox: bool = True  # recorded in the inbox (False: handled without crash recovery)
     repeat: bool = False  # the inbox had it already
     refused: bool = False  # could not be recorded, and the platform will deliver it again
     notice: str = ""  # given up by the inbox: this is said instead of a redo
@@ -145,9 +146,9 @@ class OnPipeline:
 
 
 class _Finish:
-    """Marks one arrival's event done in the inbox (`BotPort.finished`), once."""
+    """Marks one arrival's event done in the inbox (`EventPort.finished`), once."""
 
-    def __init__(self, bot: BotPort, arrival: Arrival) -> None:
+    def __init__(self, bot: EventPort, arrival: Arrival) -> None:
         self.bot, self.arrival, self.done = bot, arrival, False
 
     async def __call__(self) -> None:
@@ -171,10 +172,12 @@ class _Finish:
 class Pipeline:
     """The durable path of one platform's events, from taking one to its last reply."""
 
-    def __init__(self, bot: BotPort, platform: Platform, debounce_seconds: float = 0.0) -> None:
+    def __init__(self, bot: EventPort, platform: Platform, debounce_seconds: float = 0.0) -> None:
         self.bot = bot
         self.platform = platform
-        self.lanes = Lanes()
+        # Closed by `hold_new_events`: at start, new events wait here until the
+        # events the last run left unfinished have taken their places in their lanes.
+        self.start_gate = StartGate()
         self.bursts: Debouncer[Arrival] = Debouncer(debounce_seconds)
         self._tasks: set[asyncio.Task[None]] = set()
         self.closing = False
@@ -221,7 +224,7 @@ class Pipeline:
             log.warning(
                 "%s: could not record event %s (%s); handling it without crash recovery", name, arrival.event_id, error
             )
-            arrival.durable = False
+            arrival.in_inbox = False
 
     def _start(self, burst: Burst[Arrival], *, early: bool = False) -> asyncio.Task[None]:
         # Our own task (not the platform library's) so close() can wait for it.
@@ -241,7 +244,9 @@ class Pipeline:
                 member.answered.set()
 
     async def _in_lane(self, burst: Burst[Arrival], early: bool) -> None:
-        async with self.lanes.hold(agent_key(self.platform.name, burst.members[0].user_id), early=early):
+        key = agent_key(self.platform.name, burst.members[0].user_id)
+        # The agent's turn (bot/door.py), held from building to the last reply.
+        async with self.bot.turn(key, after=None if early else self.start_gate) as turn:
             members = await self.bursts.gather(burst)
             for member in members:
                 await member.recorded.wait()
@@ -256,12 +261,12 @@ class Pipeline:
             readable = [items for _, items in built if items is not None]
             batch = merge(readable) if len(readable) == len(built) else None
             if batch is not None:
-                await self._run(built[0][0], [batch])
+                await self._run(built[0][0], [batch], turn)
                 for member, _ in built[1:]:
                     await self.bot.finished(member.event_id)
             else:
                 for member, items in built:
-                    await self._run(member, items)
+                    await self._run(member, items, turn)
 
     async def _build(self, arrival: Arrival) -> list[Item] | None:
         """The arrival's items; None (logged) when they cannot be built."""
@@ -277,10 +282,10 @@ class Pipeline:
             log.exception("%s: reading event %s failed", self.platform.name, arrival.event_id)
             return None
 
-    async def _run(self, arrival: Arrival, items: list[Item] | None) -> None:
+    async def _run(self, arrival: Arrival, items: list[Item] | None, turn: Turn) -> None:
         """Hand the items of one arrival to the bot, deliver the replies, finish it."""
         # Not reached when a crash stops the work: then it stays pending and is redone.
-        finish = _Finish(self.bot, arrival) if arrival.durable else None
+        finish = _Finish(self.bot, arrival) if arrival.in_inbox else None
         try:
             if items is None:
                 raise RuntimeError("the event could not be read")
@@ -290,7 +295,7 @@ class Pipeline:
                     await self.deliver([item], answering=arrival, finish=last)
                     continue
                 async with self.platform.working(arrival):
-                    replies = await self.bot.handle(item)
+                    replies = await self.bot.handle(item, turn)
                 await self.deliver(replies, answering=arrival, finish=last)
         except Exception:
             log.exception("%s: handling event %s failed", self.platform.name, arrival.event_id)
@@ -304,19 +309,19 @@ class Pipeline:
         self, replies: Sequence[Reply], *, answering: Arrival | None = None, finish: _Finish | None = None
     ) -> None:
         """Send replies in order, each person's behind their replies that wait for a retry
-        (Lanes.deliver), reporting each one with an outbox entry. Also the way in for
+        (EventPort.deliver), reporting each one with an outbox entry. Also the way in for
         proactive messages and the outbox's retries. With `finish`: the event is
         marked done together with the report of its last reply (one round trip to
         the store): once that reply is sent, every reply was sent or handed to the retrier."""
         report: Report = self.bot.report_delivery
         if finish is not None and replies:
             report = finish.with_report_of(replies[-1], report)
-        await self.lanes.deliver(replies, partial(self.platform.send, answering=answering), report)
+        await self.bot.deliver(replies, partial(self.platform.send, answering=answering), report)
 
     # -- crash recovery ------------------------------------------------------------
     def hold_new_events(self) -> None:
         """New events wait until `recover` has put the last run's unfinished ones in line."""
-        self.lanes.hold_back()
+        self.start_gate.close()
 
     async def recover(self) -> int:
         """Replay the events a crash left unfinished, in arrival order, and wait for them;
@@ -324,7 +329,7 @@ class Pipeline:
         try:
             redos = await self.bot.leftovers(self.platform.name)
         except BaseException:
-            self.lanes.release()
+            self.start_gate.open()
             raise
         return await self.replay(redos)
 
@@ -340,7 +345,7 @@ class Pipeline:
             arrival.notice = redo.notice
             arrival.recorded.set()
             replays.append(self._start(self._alone(arrival), early=True))  # replays are never debounced
-        self.lanes.release()  # after the replays' tasks: they join their lanes first
+        self.start_gate.open()  # after the replays' tasks: they join their lanes first
         if replays:
             await asyncio.wait(replays)
         return len(redos)
@@ -352,11 +357,10 @@ class Pipeline:
             await asyncio.wait(set(self._tasks))
 
     async def close(self, grace: float = 10.0) -> None:
-        """Refuse new events, give work in flight `grace` seconds to finish, then cancel it."""
+        """Refuse new events, give the work in flight `grace` seconds to finish (the bot's one
+        shutdown wait: `EventPort.settle`), then cancel what is left of this platform's."""
         self.closing = True
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(grace):
-                await self.drain()
+        await self.bot.settle(grace)
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -111,7 +111,7 @@ class TerminalChat:
             display_name=str(payload["display_name"]),
             channel="terminal",
             event_id=arrival.event_id,
-            durable=arrival.durable,
+            in_inbox=arrival.in_inbox,
         )
         return [message]
 

@@ -281,7 +281,7 @@ class Agent:
         if await self.record_event_message(event, event.render()):
             return False
         # Without an outbox (terminal chat) a redo after a storage fault just runs the steps again.
-        sent = await store.outbox_for_event(event.event_id) if event.durable else []
+        sent = await store.outbox_for_event(event.event_id) if event.replies_in_outbox else []
         if not sent and await seen_by_a_later_run(store, self.id, event):
             log.info("agent %s: event %s was seen by a later event's run; not redone", self.id, event.event_id)
             return True
@@ -430,7 +430,7 @@ class Agent:
             conversation.show(self.working_context)
 
     async def send(self, text: str) -> None:
-        """A reply to the current event. For a durable event it goes into the
+        """A reply to the current event. For an event whose replies are kept it goes into the
         outbox (memory/store.py) with the step's record (record_messages),
         before the model sees that it was sent and before the event's replies
         are handed back to be delivered: a crash from then on cannot lose it,
@@ -439,7 +439,7 @@ class Agent:
         if event is None:
             raise RuntimeError("send() outside an event")
         reply = event.reply(text)
-        if event.durable:
+        if event.replies_in_outbox:
             entry = outbox_entry(event, text, len(self._outbox))
             reply.outbox_id = entry.id
             self._unsaved.append(entry)

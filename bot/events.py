@@ -52,9 +52,12 @@ class Event:
     # to a channel: a reminder set there wakes the agent in the DM, with all it
     # knows (bot/checkins/functions.py). Adapters set it; empty: unknown.
     dm_reply_to: dict[str, Any] = field(default_factory=dict)
-    # Replies go through the outbox and the event can be redone after a crash
-    # (bot/durable/): set by adapters that report deliveries, and by check-ins.
-    durable: bool = False
+    # It has an inbox row: redone after a crash (bot/durable/). Set by the
+    # pipeline for the events it recorded (adapters/pipeline.py).
+    in_inbox: bool = False
+    # Its replies go through the outbox with no inbox row of its own: a check-in
+    # tick (a check-in written is delivered, even across a crash or a failed send).
+    outbox_only: bool = False
     # The journal entry the event came in as (several events may share one: a
     # message with files); the event's own id when not given.
     journal_id: str = ""
@@ -65,6 +68,11 @@ class Event:
 
     def __post_init__(self) -> None:
         self.journal_id = self.journal_id or self.event_id
+
+    @property
+    def replies_in_outbox(self) -> bool:
+        """Each reply is recorded in the outbox before it is sent, and sent once (bot/durable/outbox.py)."""
+        return self.in_inbox or self.outbox_only
 
     @property
     def agent_key(self) -> str:

@@ -84,11 +84,8 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     """Run the configured adapters on `runtime`, with the check-in scheduler
     delivering through them, until a signal or until every adapter stops."""
     from bot.checkins.scheduler import CheckinScheduler
-    from cli.health import MeteredBot
-    from cli.inflight import InFlight
 
-    in_flight = InFlight(MeteredBot(runtime))
-    plans = plan_adapters(in_flight, runtime.settings.environment if env is None else env)
+    plans = plan_adapters(runtime, runtime.settings.environment if env is None else env)
     adapters = {plan.name: plan.adapter for plan in plans if plan.adapter is not None}
     for adapter in adapters.values():
         adapter.hold_new_events()  # until its recover() below
@@ -111,8 +108,6 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         {name: adapter.deliver for name, adapter in adapters.items()},
         replayers={name: adapter.replay for name, adapter in adapters.items()},
     )
-    # While an event waits for storage, the person gets one notice through here.
-    runtime.store_wait.notify = deliver
 
     async def bring_up(name: str, adapter: Adapter) -> None:
         # Missed ticks and replays send at once: wait until this adapter can send. Each
@@ -136,16 +131,19 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
     async def start_scheduler() -> None:
         await asyncio.gather(*(bring_up(name, adapter) for name, adapter in adapters.items()))
         redelivery.start()
-        runtime.scheduler = scheduler
+        # Check-ins start; while an event waits for storage, the person gets one notice through `deliver`.
+        runtime.connect(deliver, scheduler)
         announce("check-ins: scheduler started (missed check-ins within the grace period fire now)")
         await scheduler.start()
         log.info("check-ins: %d schedules armed", len(scheduler.armed()))
 
     try:
-        await run_adapters(plans, announce, on_started=start_scheduler, settle=lambda: in_flight.settle(say=announce))
+        # The one shutdown: every kind of work in flight drains (bounded) before the adapters close.
+        await run_adapters(
+            plans, announce, on_started=start_scheduler, settle=lambda: runtime.doors.settle(say=announce)
+        )
     finally:
-        runtime.scheduler = None
-        runtime.store_wait.notify = None
+        runtime.connect(None, None)
         await scheduler.stop()
         await redelivery.stop()
         if health is not None:

@@ -1,5 +1,5 @@
-"""`memgpt-bot run`'s health endpoint and Prometheus metrics, and the meter
-that counts every event the adapters hand to the bot.
+"""`memgpt-bot run`'s health endpoint and Prometheus metrics (the events are
+counted where they enter, at the agents' doors: bot/door.py).
 
 With MEMGPT_METRICS_PORT set, an HTTP server on MEMGPT_METRICS_HOST (default
 127.0.0.1) answers:
@@ -14,50 +14,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from bot import metrics
-from bot.events import Event, Reply
 
 if TYPE_CHECKING:
-    from bot.ports import BotPort
     from bot.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
 STORE_CHECK_TIMEOUT = 5.0
-
-
-class MeteredBot:
-    """The bot as the adapters see it, counting what passes: events recorded
-    (new ones, not repeats) and events handled with their time to reply."""
-
-    def __init__(self, bot: BotPort) -> None:
-        self._bot = bot
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._bot, name)
-
-    async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
-        fresh = await self._bot.receive(platform, event_id, user_id, payload)
-        if fresh:
-            metrics.EVENTS_RECEIVED.labels(platform).inc()
-        return fresh
-
-    async def handle(self, event: Event) -> list[Reply]:
-        started = time.perf_counter()
-        try:
-            replies = await self._bot.handle(event)
-        except BaseException:
-            metrics.record_event(event.platform, time.perf_counter() - started, "error")
-            raise
-        metrics.record_event(event.platform, time.perf_counter() - started, "replied" if replies else "silent")
-        return replies
 
 
 class Startable(Protocol):

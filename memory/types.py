@@ -258,7 +258,7 @@ class JournalEntry:
     # entry: while that owner lives, no other process replays it. "" with a
     # single process (no leases).
     owner: str = ""
-    # A suspect (bot/durable/quarantine.py), to run alone, not yet through its
+    # A suspect (bot/durable/inbox.py: Quarantine), to run alone, not yet through its
     # steps: a death while it is *running* so is evidence against this event.
     alone: bool = False
 

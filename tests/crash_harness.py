@@ -135,7 +135,7 @@ SuspectRunning = Callable[[], bool | None]  # None: could not tell
 
 async def kill_blaming_no_one(bot: BotProcess, suspect_running: SuspectRunning) -> bool:
     """SIGKILL `bot` unless an event suspected of stopping the bot runs alone
-    (bot/durable/quarantine.py): a death then is, by design, evidence against
+    (bot/durable/inbox.py: Quarantine): a death then is, by design, evidence against
     that event, and a kill from outside is none (on a busy machine a start-up
     can be over before a kill timed for it lands, and four such kills gave an
     innocent event up). The bot is frozen (SIGSTOP) while its journal is read,
@@ -392,7 +392,7 @@ async def run(
                             break
                         await asyncio.sleep(0.005)
                     # Nor while an event suspected of stopping the bot runs alone
-                    # (bot/durable/quarantine.py): a kill then is, by design, the
+                    # (bot/durable/inbox.py: Quarantine): a kill then is, by design, the
                     # evidence against it, and on a busy machine a restart's
                     # first answer (a reply re-sent from the outbox) can come
                     # while the suspect still runs: four such kills gave a

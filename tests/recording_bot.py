@@ -7,20 +7,51 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.durable.lanes import Lanes, Report, Send, StartGate, Turn
 from bot.events import Delivery, Event, Redo, Reply, UserMessage
 
 
 @dataclass
 class RecordingBot:
-    """A BotPort with a journal that keeps every event and payload it is given."""
+    """A bot port with a journal that keeps every event and payload it is given."""
 
     events: list[Event] = field(default_factory=list)
     payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Each person's turn and delivery order, as the bot's doors keep them (bot/door.py).
+    lanes: Lanes = field(default_factory=Lanes)
 
-    async def handle(self, event: Event) -> list[Reply]:
+    # Turns held or awaited: what `settle` waits for, as the doors do.
+    in_flight: set[asyncio.Event] = field(default_factory=set)
+
+    @asynccontextmanager
+    async def turn(self, key: str, *, after: StartGate | None = None) -> AsyncIterator[Turn]:
+        done = asyncio.Event()
+        self.in_flight.add(done)
+        try:
+            async with self.lanes.hold(key, after=after):
+                yield Turn(key)
+        finally:
+            self.in_flight.discard(done)
+            done.set()
+
+    async def settle(self, within: float) -> int:
+        waiting = [asyncio.create_task(done.wait()) for done in self.in_flight]
+        if not waiting:
+            return 0
+        _, pending = await asyncio.wait(waiting, timeout=within)
+        for task in pending:
+            task.cancel()
+        return len(pending)
+
+    async def deliver(self, replies: Sequence[Reply], send: Send, report: Report | None = None) -> None:
+        await self.lanes.deliver(replies, send, report or self.report_delivery)
+
+    async def handle(self, event: Event, turn: Turn | None = None) -> list[Reply]:
         self.events.append(event)
         return [event.reply("noted")]
 

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from adapters.terminal import TerminalChat
+from bot.durable.lanes import Turn
 from bot.events import Event, Reply, UserMessage
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
 from tests.forks import run_cli
@@ -432,7 +433,7 @@ def test_archival_search_finds_a_passage_the_model_saved(llm_server: FakeLLMServ
 # -- the terminal adapter at a (pretend) terminal ------------------------------------
 async def test_terminal_adapter_interactive_keeps_prompts_off_stdout() -> None:
     class EchoBot(RecordingBot):
-        async def handle(self, event: Event) -> list[Reply]:
+        async def handle(self, event: Event, turn: Turn | None = None) -> list[Reply]:
             assert isinstance(event, UserMessage)
             self.events.append(event)
             return [event.reply(f"echo: {event.text}")]

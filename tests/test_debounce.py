@@ -114,7 +114,7 @@ async def test_gather_waits_for_quiet_and_closes_the_burst() -> None:
 
 
 def message(text: str, **fields: Any) -> UserMessage:
-    return UserMessage(**{"platform": "slack", "user_id": "T1:U1", "text": text, "durable": True, **fields})
+    return UserMessage(**{"platform": "slack", "user_id": "T1:U1", "text": text, "in_inbox": True, **fields})
 
 
 def test_only_plain_durable_messages_of_one_person_in_one_place_merge() -> None:
@@ -125,7 +125,7 @@ def test_only_plain_durable_messages_of_one_person_in_one_place_merge() -> None:
     channel = Place(kind="public", id="C1", name="general")
     assert merge([[message("a")], [message("b", place=channel)]]) is None
     assert merge([[message("a")], [UserMessage(platform="slack", user_id="T1:U1", text="b")]]) is None  # not durable
-    joined: list[Event | Reply] = [UserJoined(platform="slack", user_id="T1:U1", durable=True)]
+    joined: list[Event | Reply] = [UserJoined(platform="slack", user_id="T1:U1", in_inbox=True)]
     assert merge([[message("a")], joined]) is None
     assert merge([[message("a")], [message("b"), message("c")]]) is None  # a member of several events
 

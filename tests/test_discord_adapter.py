@@ -316,7 +316,7 @@ async def discord_bot(
     async_context.reset(token)
     await dpytest.empty_queue()
     assert not harness.errors, harness.errors
-    assert len(adapter.pipeline.lanes) == 0
+    assert len(runtime.doors.lanes) == 0
 
 
 # -- messages ------------------------------------------------------------------

@@ -26,6 +26,7 @@ import pytest
 from discord.ext.test import backend
 
 from adapters.discord import DiscordAdapter, nonce_of
+from bot.durable.lanes import Turn
 from bot.durable.redelivery import Redelivery
 from bot.events import Event, UserMessage
 from bot.events import Reply as BotReply
@@ -126,10 +127,10 @@ async def test_a_message_cut_short_by_a_crash_is_redone_once_at_restart(
     pending_at_handle: list[list[str]] = []
     handle = runtime.handle
 
-    async def recording_handle(event: Event) -> list[BotReply]:
+    async def recording_handle(event: Event, turn: Turn | None = None) -> list[BotReply]:
         pending_at_handle.append([entry.event_id for entry in await runtime.store.journal_pending("discord")])
-        assert event.durable
-        return await handle(event)
+        assert event.in_inbox
+        return await handle(event, turn)
 
     runtime.handle = recording_handle  # type: ignore[method-assign]
     loop = asyncio.get_running_loop()
@@ -300,7 +301,7 @@ async def test_a_retried_reply_is_not_overtaken_by_the_persons_next_answer(disco
     assert [m.content for m in sent()] == ["re: one", "re: two"]
     await dpytest.message("number three", channel=dm, member=alice)
     assert [m.content for m in sent()] == ["re: three"]
-    assert len(discord_bot.adapter.pipeline.lanes) == 0
+    assert len(discord_bot.runtime.doors.lanes) == 0
 
 
 async def test_a_person_who_closed_their_dms_gets_the_reply_dropped_not_retried(
@@ -339,7 +340,7 @@ async def test_a_message_deleted_before_the_restart_is_not_redone(
     alice = discord_bot.member("alice")
     dm = await alice.create_dm()
 
-    async def dead(event: Event) -> list[BotReply]:
+    async def dead(event: Event, turn: Turn | None = None) -> list[BotReply]:
         raise asyncio.CancelledError
 
     discord_bot.runtime.handle = dead  # type: ignore[method-assign]
@@ -358,7 +359,7 @@ async def test_a_message_deleted_before_the_restart_is_not_redone(
 async def test_a_join_cut_short_is_redone_from_its_journal_entry(
     discord_bot: Harness, make_runtime: RuntimeFactory
 ) -> None:
-    async def dead(event: Event) -> list[BotReply]:
+    async def dead(event: Event, turn: Turn | None = None) -> list[BotReply]:
         raise asyncio.CancelledError
 
     discord_bot.runtime.handle = dead  # type: ignore[method-assign]
@@ -384,7 +385,7 @@ class InboxDown(RecordingBot):
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
         raise StoreError("the store is down")
 
-    async def handle(self, event: Event) -> list[BotReply]:
+    async def handle(self, event: Event, turn: Turn | None = None) -> list[BotReply]:
         self.events.append(event)
         assert isinstance(event, UserMessage)
         return [event.reply(f"echo: {event.text}")]
@@ -398,4 +399,4 @@ async def test_a_message_the_inbox_cannot_take_is_answered_without_crash_recover
     await dpytest.message("ping", channel=await alice.create_dm(), member=alice)
     assert [m.content for m in sent()] == ["echo: ping"]
     [event] = bot.events
-    assert not event.durable
+    assert not event.in_inbox

@@ -88,7 +88,7 @@ class Person:
             text=text,
             display_name=self.words["name"],
             reply_to={"channel": self.words["channel"]},
-            durable=True,
+            in_inbox=True,
         )
 
 
@@ -141,7 +141,7 @@ async def populate(runtime: Runtime, llm: FakeLLMServer, person: Person, collect
         filename=f"{words['upload']}.md",
         data=f"# Notes\n\nThe upload says {words['upload']}.\n".encode(),
         reply_to={"channel": words["channel"]},
-        durable=True,
+        in_inbox=True,
     )
     await runtime.receive(PLATFORM, upload.event_id, person.user_id, {"file": upload.filename})
     replies = await runtime.handle(upload)

@@ -9,7 +9,7 @@ import re
 import aiohttp
 
 from bot.events import UserMessage
-from cli.health import HealthServer, MeteredBot
+from cli.health import HealthServer
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, reply_tool_calls, tool_call
 
@@ -49,7 +49,7 @@ async def test_health_and_metrics_count_what_happened(make_runtime: RuntimeFacto
                 before = await answer.text()
             usage = {"prompt_tokens": 1200, "completion_tokens": 30, "prompt_tokens_details": {"cached_tokens": 1024}}
             llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "Hello!"}), usage=usage))
-            bot = MeteredBot(runtime)
+            bot = runtime  # its doors count what enters (bot/door.py)
             assert await bot.receive("slack", "ev-1", "U1", {"text": "hi"})
             assert not await bot.receive("slack", "ev-1", "U1", {"text": "hi"})  # a repeat is not counted
             replies = await bot.handle(UserMessage(platform="slack", user_id="U1", text="hi", event_id="ev-1"))

@@ -492,7 +492,11 @@ async def run_scenario(rig: Rig, scenario: Scenario) -> list[str]:
 
     n = next(rig.ids)
     event = UserMessage(
-        platform="terminal", user_id=f"prop{n}", text=f"hello marker-{n}", display_name="prop", durable=scenario.durable
+        platform="terminal",
+        user_id=f"prop{n}",
+        text=f"hello marker-{n}",
+        display_name="prop",
+        in_inbox=scenario.durable,
     )
     async with asyncio.timeout(EVENT_DEADLINE):  # a hang fails the example instead of the run
         result = await runtime.handle_with_details(event)

@@ -8,6 +8,7 @@ import pytest
 
 from adapters.fake import FakePlatform
 from adapters.pipeline import APOLOGY, Pipeline, PipelineClosing
+from bot.durable.lanes import Turn
 from bot.events import Event, Reply
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, say
@@ -38,7 +39,7 @@ async def test_a_message_is_answered_once_and_a_repeat_delivery_is_dropped(
 
 async def test_a_failure_earns_one_apology() -> None:
     class Broken(RecordingBot):
-        async def handle(self, event: Event) -> list[Reply]:
+        async def handle(self, event: Event, turn: Turn | None = None) -> list[Reply]:
             raise RuntimeError("a bug")
 
     platform = FakePlatform()

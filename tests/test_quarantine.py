@@ -1,11 +1,11 @@
 """Suspects (events running when the bot last died) run one at a time and
-alone; other events run together as before (bot/durable/quarantine.py)."""
+alone; other events run together as before (bot/durable/inbox.py: Quarantine)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from bot.durable.quarantine import Quarantine
+from bot.durable.inbox import Quarantine
 
 
 async def _run(quarantine: Quarantine, journal_id: str, running: set[str], seen: list[set[str]]) -> None:

@@ -129,7 +129,7 @@ async def tell_and_forget(runtime: Runtime, llm_server: FakeLLMServer, store: St
     agent = await runtime.agent(f"slack:{USER}")
     # The DM's summary, as a flush would have written it.
     await store.update_queue(agent.id, SUMMARY, agent.conversation.record.queue_start_seq, utc_now(), place=DM.key)
-    runtime._agents.clear()
+    runtime.doors.drop_agent(f"slack:{USER}")
     await runtime.handle(said("Please forget what I told you about my diagnosis."))
     asked = llm_server.requests[-1]
     assert SECRET.search(json.dumps(asked)), "the question shows what was found"

@@ -35,6 +35,7 @@ from adapters.slack import (
     SlackConfig,
 )
 from adapters.slack.format import markdown_to_mrkdwn, slack_to_plain
+from bot.durable.lanes import Turn
 from bot.events import Event
 from bot.events import Reply as BotReply
 from bot.runtime import Runtime
@@ -481,7 +482,7 @@ async def test_an_error_in_the_bot_gets_an_apology_and_the_next_message_an_answe
     class FlakyBot(RecordingBot):
         calls = 0
 
-        async def handle(self, event: Event) -> list[BotReply]:
+        async def handle(self, event: Event, turn: Turn | None = None) -> list[BotReply]:
             self.calls += 1
             if self.calls == 1:
                 raise RuntimeError("the database went away")

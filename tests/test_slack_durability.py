@@ -88,7 +88,7 @@ async def test_a_replayed_event_is_answered_once_and_recorded_once(start_bot: St
     from memory.types import Message
 
     agent = await bot.runtime.agent(KEY)
-    event = UserMessage(platform="slack", user_id="T1:U1", text="are you there?", event_id="EvR1", durable=True)
+    event = UserMessage(platform="slack", user_id="T1:U1", text="are you there?", event_id="EvR1", in_inbox=True)
     await agent.record_messages([Message(role="user", content=event.render(), name=event.kind, event_id="EvR1")])
     llm_server.set_handler(lambda request: say("after the restart"))
     assert await bot.adapter.recover() == 1
@@ -228,7 +228,7 @@ async def test_a_retried_reply_is_not_overtaken_by_the_persons_later_replies(
     assert await bot.event(dm("number three"), event_id="EvQ3") == 200
     await bot.adapter.drain()
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["re: one", "re: two", "re: three"]
-    assert len(bot.adapter.pipeline.lanes) == 0  # nothing kept per user once idle
+    assert len(bot.runtime.doors.lanes) == 0  # nothing kept per user once idle
 
 
 def recorded(event_id: str, text: str) -> dict[str, object]:
@@ -328,7 +328,7 @@ async def test_a_suspect_stays_one_through_kills_before_its_run(bot: SlackBot) -
     store = bot.runtime.store
     await bot.runtime.receive("slack", "EvP1", "T1:U1", recorded("EvP1", "poison"))
     await store.journal_update("EvP1", state="running", alone=False)  # the first death, in company
-    event = UserMessage(platform="slack", user_id="T1:U1", text="poison", event_id="EvP1", durable=True)
+    event = UserMessage(platform="slack", user_id="T1:U1", text="poison", event_id="EvP1", in_inbox=True)
     deaths = 1
     while not (await Inbox(store).leftovers("slack"))[0].notice:  # a start that is killed before the run
         inbox = Inbox(store)

@@ -676,7 +676,7 @@ async def test_the_notice_and_message_are_once_per_outage(
         lock.inject()
         first, second = [
             await runtime.handle_with_details(
-                UserMessage(platform="slack", user_id="T1:U1", text=text, event_id=event_id, durable=True)
+                UserMessage(platform="slack", user_id="T1:U1", text=text, event_id=event_id, in_inbox=True)
             )
             for text, event_id in (("one", "E1"), ("two", "E2"))
         ]
@@ -754,7 +754,7 @@ async def test_a_store_fault_inside_a_function_redoes_the_event_and_never_reache
     llm_server.set_handler(model)
     try:
         await runtime.receive("slack", "E1", "T1:U1", {"kind": "message"})
-        event = UserMessage(platform="slack", user_id="T1:U1", text="hello", event_id="E1", durable=True)
+        event = UserMessage(platform="slack", user_id="T1:U1", text="hello", event_id="E1", in_inbox=True)
         result = await runtime.handle_with_details(event)
     finally:
         await runtime.close(close_embedder=False)

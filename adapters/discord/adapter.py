@@ -145,7 +145,7 @@ class DiscordAdapter(OnPipeline):
         kind = payload.get("kind")
         if kind == "join":
             event = parse_member_join(payload)
-            event.durable = arrival.durable
+            event.in_inbox = arrival.in_inbox
             return [event]
         if kind != "message":
             log.error("cannot handle Discord event %s of unknown kind %r; dropping it", arrival.event_id, kind)
@@ -159,12 +159,12 @@ class DiscordAdapter(OnPipeline):
         place = place_from_json(payload.get("place")) or place_of(message.channel)
         # Files first, so the agent has read them by the time it answers the text.
         items: list[Item] = [
-            await self._upload(message, attachment, place, durable=arrival.durable)
+            await self._upload(message, attachment, place, in_inbox=arrival.in_inbox)
             for attachment in message.attachments
         ]
         if text:
             context = await self._channel_context(message, place)
-            items.append(parse_message(message, text, durable=arrival.durable, place=place, context=context))
+            items.append(parse_message(message, text, in_inbox=arrival.in_inbox, place=place, context=context))
         return items
 
     async def send(self, reply: Reply, answering: Arrival | None) -> tuple[Delivery, str]:
@@ -211,7 +211,7 @@ class DiscordAdapter(OnPipeline):
         return [line for line in lines if line is not None]
 
     async def _upload(
-        self, message: discord.Message, attachment: discord.Attachment, place: Place, *, durable: bool
+        self, message: discord.Message, attachment: discord.Attachment, place: Place, *, in_inbox: bool
     ) -> Item:
         reason = refusal(attachment, self.config.max_upload_bytes)
         if reason is None:
@@ -221,7 +221,7 @@ class DiscordAdapter(OnPipeline):
                 log.warning("could not download attachment %s of message %s: %s", attachment.id, message.id, error)
                 reason = f"I couldn't download {attachment.filename}; please try again."
             else:
-                return parse_attachment(message, attachment, data, durable=durable, place=place)
+                return parse_attachment(message, attachment, data, in_inbox=in_inbox, place=place)
         return Reply(reason, PLATFORM, str(message.author.id), reply_to(message), f"{message.id}:{attachment.id}")
 
     async def _fetch_again(self, payload: Mapping[str, Any]) -> discord.Message | None:

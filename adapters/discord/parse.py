@@ -124,7 +124,7 @@ def parse_message(
     message: discord.Message,
     text: str,
     *,
-    durable: bool = False,
+    in_inbox: bool = False,
     place: Place | None = None,
     context: list[ChannelLine] | None = None,
 ) -> UserMessage:
@@ -138,7 +138,7 @@ def parse_message(
         event_id=str(message.id),
         reply_to=reply_to(message),
         dm_reply_to=dm_address(message.author.id),  # no fallback: never a channel
-        durable=durable,
+        in_inbox=in_inbox,
         place=place or place_of(message.channel),
         channel_context=context or [],
     )
@@ -149,7 +149,7 @@ def parse_attachment(
     attachment: discord.Attachment,
     data: bytes,
     *,
-    durable: bool = False,
+    in_inbox: bool = False,
     place: Place | None = None,
 ) -> FileUploaded:
     return FileUploaded(
@@ -164,7 +164,7 @@ def parse_attachment(
         journal_id=str(message.id),
         reply_to=reply_to(message),
         dm_reply_to=dm_address(message.author.id),  # no fallback: never a channel
-        durable=durable,
+        in_inbox=in_inbox,
         place=place or place_of(message.channel),
     )
 

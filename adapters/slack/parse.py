@@ -98,7 +98,7 @@ class Origin:
             "dm_reply_to": {"dm_user": self.user},  # the DM, opened on demand (send.py)
             "event_id": self.event_id,
             "created_at": self.created_at,
-            "durable": True,
+            "in_inbox": True,
             "journal_id": self.event_id,  # a file's event has its own id, the inbox entry is the payload's
             **extra,
         }

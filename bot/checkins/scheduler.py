@@ -167,7 +167,7 @@ class CheckinScheduler:
             reason=tick_reason(schedule),
             local_time=format_local(now, schedule.timezone),
             since_last_conversation=humanize(now - last_seen) if last_seen else "",
-            durable=True,  # a check-in written is delivered, even across a crash or a failed send
+            outbox_only=True,  # a check-in written is delivered, even across a crash or a failed send
         )
         log.info("check-in %s of %s: tick due at %s", schedule.id, schedule.agent_key, due_at.isoformat())
         async with self._slots:

@@ -34,7 +34,7 @@ event or a reply is in its database row, never only in this process's memory.
    *running* counts a restart against its event; at MAX_RESTARTS it is given
    up: the person is told (Redo.notice) and an error is logged, never a
    silent drop. Events that were running when the process died are suspects
-   until they finish: they run one at a time, alone (quarantine.py), so a
+   until they finish: they run one at a time, alone (inbox.py: Quarantine), so a
    death while one runs is that one event's, and a poison event cannot take
    the others down with it. A reply that reached the platform just before a crash comes
    back marked `resend`: the adapter looks for it on the platform before

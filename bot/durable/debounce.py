@@ -136,7 +136,7 @@ def merge(built: Sequence[Sequence[Event | Reply]]) -> UserMessage | None:
     events = [items[0] for items in built if len(items) == 1]
     if len(built) < 2 or len(events) != len(built):
         return None
-    messages = [event for event in events if isinstance(event, UserMessage) and event.durable]
+    messages = [event for event in events if isinstance(event, UserMessage) and event.in_inbox]
     if len(messages) != len(events):
         return None
     leader, *followers = messages

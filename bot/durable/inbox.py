@@ -13,7 +13,7 @@ that died, each row by one process (Store.journal_claim); a row waiting for
 storage is replayed (`due`) by its owner, or, the owner dead, claimed likewise.
 
 Evidence against an event. A row found *running* when its process died makes
-the event a suspect: it runs again alone (quarantine.py), marked `alone` in
+the event a suspect: it runs again alone (`Quarantine`, below), marked `alone` in
 its row from then until its steps are through (so the mark outlives kills
 that land before its run, whichever process takes it over). Only a death while it ran alone, before its
 steps were through, counts against it (`attempts`); at MAX_RESTARTS such
@@ -23,14 +23,15 @@ or was being delivered, is not blamed, however slow the machine.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from bot.durable.leases import Leases, NoLeases
-from bot.durable.quarantine import Quarantine
 from bot.events import Event, Redo, agent_key
 from bot.sanitize import fix_surrogates_in
 from memory.store import JournalEntry, Store, StoreError
@@ -84,7 +85,7 @@ class Inbox:
         # their next `due` round replays them without waiting for their time.
         self._waiting: set[str] = set()
         self._answered: set[str] = set()
-        # Events running when the process died run one at a time, alone (quarantine.py).
+        # Events running when the process died run one at a time, alone (`Quarantine`, below).
         self.quarantine = Quarantine()
         # Replayed entries that were debounced into another (JournalEntry.absorbed_into).
         self._absorbed: set[str] = set()
@@ -192,7 +193,7 @@ class Inbox:
         """Work on `event` starts: its entry is running (a waiting one stays
         waiting), and the entries debounced into it name it, before any of
         their messages is recorded (bot/durable/debounce.py)."""
-        if event.durable:
+        if event.in_inbox:
             # A suspect keeps its mark while it runs alone: a death now is evidence against it.
             alone = self.quarantine.is_suspect(event.journal_id)
             await self.store.journal_update(event.journal_id, state="running", alone=alone, only_from=("pending",))
@@ -203,7 +204,7 @@ class Inbox:
     async def ran(self, event: Event) -> None:
         """The steps of a suspect went through: a death from here on (while
         its replies are delivered) is no evidence against it."""
-        if event.durable and self.quarantine.is_suspect(event.journal_id):
+        if event.in_inbox and self.quarantine.is_suspect(event.journal_id):
             await self.store.journal_update(event.journal_id, alone=False)
 
     async def answered_with_its_batch(self, agent_id: str, event: Event) -> bool:
@@ -287,3 +288,65 @@ class Inbox:
             log.info("event %s: cannot write that it waits yet (%s); will try again", event_id, error)
             return False
         return True
+
+
+class Quarantine:
+    """After a crash, the events that were running when the process died are
+    suspects: one of them may be what killed it (a poison event), the others were
+    only in the way. Run together again, a poison event would take them down with
+    it at every restart, and each would be blamed for it in turn.
+
+    So suspects run one at a time, and alone: a suspect waits until no other
+    event is running, and no event starts while a suspect runs or waits. A death
+    during a suspect's run then counts against that one event (Inbox.leftovers),
+    and a poison event is given up after MAX_RESTARTS deaths of its own, while
+    the innocent ones, each run alone, simply finish. Once a suspect finishes,
+    it is an ordinary event again; everything else runs concurrently as before.
+
+    Which events are suspect comes from the journal rows at start (their restart
+    count), so it holds across any number of restarts."""
+
+    def __init__(self) -> None:
+        self._suspects: set[str] = set()
+        self._changed = asyncio.Condition()
+        self._running = 0  # events running now, suspect or not
+        self._suspects_waiting = 0
+        self._suspect_running = False
+
+    def suspect(self, journal_ids: Iterable[str]) -> None:
+        self._suspects.update(journal_ids)
+
+    def is_suspect(self, journal_id: str) -> bool:
+        return journal_id in self._suspects
+
+    def __len__(self) -> int:
+        return len(self._suspects)
+
+    @asynccontextmanager
+    async def admit(self, journal_id: str) -> AsyncIterator[None]:
+        """Hold a place to run event `journal_id` for the `async with` body."""
+        suspect = journal_id in self._suspects
+        async with self._changed:
+            if suspect:
+                self._suspects_waiting += 1
+                try:
+                    await self._changed.wait_for(lambda: self._running == 0)
+                finally:
+                    self._suspects_waiting -= 1
+                self._suspect_running = True
+                log.debug("running suspect event %s alone", journal_id)
+            else:
+                await self._changed.wait_for(lambda: not self._suspect_running and not self._suspects_waiting)
+            self._running += 1
+        finished = False
+        try:
+            yield
+            finished = True
+        finally:
+            async with self._changed:
+                self._running -= 1
+                if suspect:
+                    self._suspect_running = False
+                    if finished:
+                        self._suspects.discard(journal_id)
+                self._changed.notify_all()

@@ -4,10 +4,9 @@
 arrived: nothing awaits before the lane's queue is joined, and asyncio.Lock
 wakes its waiters in order. A lane is dropped as soon as nobody holds or waits
 for it (and no reply of that user waits for a retry), so a bot that met a
-million people keeps no million locks. The adapters use it for their per-user
-order (reading names and downloading files come before the bot sees an event,
-sending after), the runtime and the storage wait for theirs, the leases for
-their ticket draws and local turns: one implementation, several instances
+million people keeps no million locks. The agents' doors (bot/door.py) hold
+one instance: each agent's one lane, in which an event is built, handled and
+answered; the leases use their own for their ticket draws and local turns
 (an instance held across a call must not be taken again inside it).
 
 `Lanes.deliver` is the one delivery order, for both platforms: replies to one
@@ -39,6 +38,13 @@ Report = Callable[[Reply, Delivery, str], Awaitable[Delivery]]
 HOLD_AT_MOST = 3 * 3_600.0
 
 
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """Proof that the holder is in its agent's lane (bot/door.py: so its handling does not queue again)."""
+
+    key: str
+
+
 @dataclass(eq=False)
 class _Lane:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -54,9 +60,6 @@ class _Lane:
 class Lanes:
     def __init__(self) -> None:
         self._lanes: dict[str, _Lane] = {}
-        # Closed by `hold_back`: at start, new events wait here until the
-        # events the last run left unfinished have taken their places.
-        self._gate = _Gate()
 
     def __len__(self) -> int:
         return len(self._lanes)
@@ -71,25 +74,15 @@ class Lanes:
         if lane.idle and self._lanes.get(key) is lane:
             del self._lanes[key]
 
-    def hold_back(self) -> None:
-        """Until `release`, holders other than `early` ones wait before joining
-        their lane (in the order they came): so at start a new message cannot
-        overtake the replay of the same person's older one."""
-        self._gate.close()
-
-    def release(self) -> None:
-        """Let the held-back holders in, behind the early ones (see _Gate.open)."""
-        self._gate.open()
-
     @asynccontextmanager
-    async def hold(self, key: str, *, early: bool = False) -> AsyncIterator[None]:
-        """Wait for `key`'s turn and hold it for the `async with` body.
-        `early`: an event the last run left unfinished, never held back."""
-        waited = not early and await self._gate.wait()
+    async def hold(self, key: str, *, after: StartGate | None = None) -> AsyncIterator[None]:
+        """Wait for `key`'s turn and hold it for the `async with` body. `after`: a
+        start-up gate to pass first (an event the last run left unfinished passes none)."""
+        waited = after is not None and await after.wait()
         lane = self._lane(key)
         lane.users += 1
-        if waited:
-            self._gate.joined()  # in its lane (or its lock's queue) before any await
+        if waited and after is not None:
+            after.joined()  # in its lane (or its lock's queue) before any await
         try:
             async with lane.lock:
                 yield
@@ -134,9 +127,12 @@ class Lanes:
             lane.waiting.pop(outbox_id, None)
 
 
-class _Gate:
-    """The start-up gate of `Lanes`: while closed, and until everyone who
-    waited at it has joined a lane, holders wait here in arrival order.
+class StartGate:
+    """A platform's start-up gate (adapters/pipeline.py): closed until the events
+    the last run left unfinished have taken their places in their lanes, so a new
+    message cannot overtake the replay of the same person's older one. While
+    closed, and until everyone who waited at it has joined a lane, holders wait
+    here in arrival order.
 
     Why not an asyncio.Event: the place in line is taken in a task's first
     step, and a task created before `open` may run that step after it. Seen

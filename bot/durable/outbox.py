@@ -192,7 +192,7 @@ async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool
     own = {member.event_id for member in event.members()}
     another = False
     for message in await store.messages_since(agent_id, seq + 1, place=event.place.key):
-        if event.durable and message.role == "assistant" and message.calls("send_message"):
+        if event.replies_in_outbox and message.role == "assistant" and message.calls("send_message"):
             # A send step is stored with its outbox entry (Agent.send), and this
             # event has none (the caller looked): another event's run sent it.
             return True

@@ -8,9 +8,9 @@ a durable event's message is recorded once (Message.event_id) and its replies
 once (the outbox); the runtime drops its cached agent before each redo,
 since a failed write can leave that copy ahead of the store.
 
-- Order: the user's *line* is held across attempts, so their later events
-  wait behind this one. The lease and the agent lock are let go between
-  attempts (another process, or /forget, may go ahead meanwhile).
+- Order: it runs inside the agent's turn (bot/door.py), held across attempts,
+  so their later events wait behind this one. The lease is let go between
+  attempts (another process may go ahead meanwhile).
 - The person: after the first failed attempt at a message or upload they get
   one notice (TROUBLE_NOTICE) through `notify`, which `memgpt-bot run` wires
   to the adapters' deliver (cli/app.py). Replies only leave at the end of an
@@ -34,7 +34,6 @@ from collections.abc import Awaitable, Callable
 
 from bot.agent import ANSWERED_KINDS, EventResult
 from bot.durable.inbox import Inbox
-from bot.durable.lanes import Lanes
 from bot.durable.leases import LeaseLostError
 from bot.durable.redelivery import Sender
 from bot.events import Event
@@ -73,7 +72,6 @@ class StoreWait:
         self.clock = clock
         # Sends replies that answer no event (set by `memgpt-bot run`); None: no interim notice.
         self.notify: Sender | None = None
-        self._lines = Lanes()
         self._noticed: set[str] = set()  # users sent TROUBLE_NOTICE since storage last answered
         self._told: set[str] = set()  # users told KEPT_MESSAGE since storage last answered
 
@@ -86,31 +84,30 @@ class StoreWait:
         deadline = self.clock() + self.wait
         delay = self.first_delay
         tries = 0
-        async with self._lines.hold(key):  # free: no suspension, so arrival order holds
-            while True:
-                tries += 1
-                try:
-                    result = await attempt()
-                except StoreError as error:
-                    left = deadline - self.clock()
-                    if left <= 0:
-                        return await self._give_up(event, error, tries)
-                    pause = min(delay, left)
-                    log.warning(
-                        "event %s of %s: storage failed (%s); trying again in %.1f s", event.event_id, key, error, pause
-                    )
-                    if not isinstance(error, LeaseLostError):  # redone at once under a new heartbeat: nothing to tell
-                        await self._notice(event)
-                    await asyncio.sleep(pause)
-                    delay = min(delay * 2, self.max_delay)
-                    continue
-                if tries > 1:
-                    log.info("event %s of %s went through after %d attempts", event.event_id, key, tries)
-                self._noticed.discard(key)
-                self._told.discard(key)
-                # Storage answers: events deferred earlier need not wait for their timer.
-                self.inbox.storage_answered()
-                return result
+        while True:
+            tries += 1
+            try:
+                result = await attempt()
+            except StoreError as error:
+                left = deadline - self.clock()
+                if left <= 0:
+                    return await self._give_up(event, error, tries)
+                pause = min(delay, left)
+                log.warning(
+                    "event %s of %s: storage failed (%s); trying again in %.1f s", event.event_id, key, error, pause
+                )
+                if not isinstance(error, LeaseLostError):  # redone at once under a new heartbeat: nothing to tell
+                    await self._notice(event)
+                await asyncio.sleep(pause)
+                delay = min(delay * 2, self.max_delay)
+                continue
+            if tries > 1:
+                log.info("event %s of %s went through after %d attempts", event.event_id, key, tries)
+            self._noticed.discard(key)
+            self._told.discard(key)
+            # Storage answers: events deferred earlier need not wait for their timer.
+            self.inbox.storage_answered()
+            return result
 
     async def _notice(self, event: Event) -> None:
         key = event.agent_key
@@ -124,7 +121,7 @@ class StoreWait:
             log.exception("could not send the storage-trouble notice to %s", key)
 
     async def _give_up(self, event: Event, error: StoreError, tries: int) -> EventResult:
-        key, kept = event.agent_key, event.durable
+        key, kept = event.agent_key, event.in_inbox
         log.error(
             "event %s of %s: storage unreachable for %.0f s (%d attempts; last: %s); %s",
             event.event_id,

@@ -1,8 +1,8 @@
 """The runtime's memory-ledger calls (a mixin of Runtime): the ledger, one
 item forgotten, a topic shown and then forgotten, for the CLI and, through
-the port (bot/ports.py), the platforms' `/memory` and `/forget`. Each waits for
-the person's agent to be idle (lease, then lane) and drops the loaded agent
-after a change, so its next event reads what is left."""
+the port (bot/ports.py), the platforms' `/memory` and `/forget`. Each enters
+through the person's door (bot/door.py: its turn, and for a change its lease),
+which drops the loaded agent after a change, so its next event reads what is left."""
 
 from __future__ import annotations
 
@@ -15,13 +15,11 @@ from bot.forgetting.erasing import Receipt
 from bot.forgetting.ledger import Item, LedgerPage, UnknownItem, describe_found, forget_item, ledger_page
 from bot.forgetting.matching import Found
 from bot.forgetting.service import find_about, forget_about
-from memory.types import Block
+from memory.types import Block, Message, Passage
 from memory.working_context import MemoryEditError
 
 if TYPE_CHECKING:
-    from bot.agent import Agent
-    from bot.durable.lanes import Lanes
-    from bot.durable.leases import Leases
+    from bot.door import Doors
     from bot.services import AgentServices
     from memory.store import Store
 
@@ -33,48 +31,56 @@ SEARCH_RESULTS = 5  # of each kind, for /memory search
 class LedgerCommands:
     store: Store
     services: AgentServices
-    leases: Leases
-    _lanes: Lanes
-    _agents: dict[str, Agent]
+    doors: Doors
     # Runtime's (the lease, the lane, the loaded agent reloaded): key, label, line id.
     share_line: Callable[[str, str, str], Awaitable[Block]]
 
     async def ledger(self, key: str, page: int = 1) -> LedgerPage | None:
-        async with self._lanes.hold(key):
+        async def reading() -> LedgerPage | None:
             record = await self.store.find_agent(key)
             return None if record is None else await ledger_page(self.store, record.id, page)
 
+        return await self.doors.admin(key, reading, changes=False)
+
     async def forget_one(self, key: str, item_id: str) -> Receipt:
         """Forget one ledger item; UnknownItem when there is none by that id."""
-        async with self.leases.hold(key), self._lanes.hold(key):
+
+        async def forgetting() -> Receipt:
             record = await self.store.find_agent(key)
             if record is None:
                 raise UnknownItem("I hold nothing on you.")
-            receipt = await forget_item(self.store, record.id, item_id)
-            self._agents.pop(key, None)
-            return receipt
+            return await forget_item(self.store, record.id, item_id)
+
+        return await self.doors.admin(key, forgetting)
 
     async def preview_forget(self, key: str, about: str) -> Found:
-        async with self._lanes.hold(key):
+        async def finding() -> Found:
             record = await self.store.find_agent(key)
             return Found(about) if record is None else await find_about(self.services, record.id, about)
 
+        return await self.doors.admin(key, finding, changes=False)
+
     async def forget_topic(self, key: str, about: str) -> Receipt:
-        async with self.leases.hold(key), self._lanes.hold(key):
+
+        async def forgetting() -> Receipt:
             record = await self.store.find_agent(key)
             if record is None:
                 return Receipt()
             _, receipt = await forget_about(self.services, record.id, about)
-            self._agents.pop(key, None)
             log.info("%s: selective forget: %s", key, receipt)
             return receipt
+
+        return await self.doors.admin(key, forgetting)
 
     async def share_note(self, key: str, item_id: str) -> str:
         """Show one note (working-context line) everywhere, by its ledger id; the answer."""
         kind, _, line_id = item_id.strip().partition(":")
-        async with self._lanes.hold(key):
+
+        async def reading() -> list[Block]:
             record = await self.store.find_agent(key)
-            blocks = await self.store.load_blocks(record.id) if record else []
+            return await self.store.load_blocks(record.id) if record else []
+
+        blocks = await self.doors.admin(key, reading, changes=False)
         label = next((b.label for b in blocks for line in b.lines if line.id == line_id), None)
         if kind != "note" or label is None:
             return f"No note {item_id!r} (it may be forgotten already): /memory lists the ids."
@@ -87,7 +93,8 @@ class LedgerCommands:
     async def search_memory(self, key: str, query: str, limit: int = SEARCH_RESULTS) -> str:
         """`/memory search <words>`: the person's own memory searched as the agent
         searches it (conversation search's ranking, archival search's hybrid)."""
-        async with self._lanes.hold(key):
+
+        async def searching() -> tuple[list[Message], list[Passage]] | str:
             record = await self.store.find_agent(key)
             if record is None or not query.strip():
                 return "I hold nothing on you." if record is None else "Search for what? /memory search <words>"
@@ -96,6 +103,12 @@ class LedgerCommands:
             if await self.store.count_passages(record.id):
                 found = await self.services.archival.search(record.id, query, limit)
                 passages = [p for p, _ in found.items if getattr(p, "collection", None) is None]
+            return messages, passages
+
+        found = await self.doors.admin(key, searching, changes=False)
+        if isinstance(found, str):
+            return found
+        messages, passages = found
         items = [Item("", "message", m.content or m.searchable_text(), m.place, m.created_at) for m in messages]
         items += [Item(f"passage:{p.id}", "passage", p.text, p.place, p.created_at) for p in passages]
         if not items:
