@@ -83,11 +83,11 @@ class Door:
 
     async def handle(self, event: Event, turn: Turn | None = None) -> EventResult:
         """Run `event` through every gate; `turn`: the caller holds the lane already."""
-        for member in event.members():  # debounced followers too (bot/durable/debounce.py)
-            sanitize_event(member)  # before anything stores or renders it (bot/sanitize.py)
         if turn is None:
             async with self.turn() as held:
                 return await self.handle(event, held)
+        for member in event.members():  # debounced followers too (bot/durable/debounce.py)
+            sanitize_event(member)  # before anything stores or renders it (bot/sanitize.py)
         doors = self._doors
         result = await doors.store_wait.run(event, lambda: self._attempt(event))
         # Followers a batch could not take (bot/durable/debounce.py): each handled alone.

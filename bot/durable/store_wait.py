@@ -78,9 +78,8 @@ class StoreWait:
     async def run(self, event: Event, attempt: Attempt) -> EventResult:
         """`attempt()` until it gets through the store or the wait is over."""
         key = event.agent_key
-        # Counted from arrival, not from the head of the line: each event of a
-        # user gives up at most MEMGPT_STORE_WAIT after it came, however many
-        # of theirs wait ahead of it.
+        # Counted from the event's first try, in its turn (bot/door.py): the
+        # person's later events wait behind it, each for its own wait at most.
         deadline = self.clock() + self.wait
         delay = self.first_delay
         tries = 0
