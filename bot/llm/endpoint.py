@@ -4,7 +4,7 @@ One `Endpoint` per client (one base URL), shared by every agent of the process:
 
 - parameters the server refused (sent once, then never again);
 - repairs its refusals needed: messages to leave out (by fingerprint), and
-  whether function calls must go as plain text (bot/request_shape.py);
+  whether function calls must go as plain text (bot/llm/shape.py);
 - per model, the server's own context limit when it named one, and the ratio
   between the server's prompt token count and ours (its tokenizer and chat
   template are not tiktoken): from the usage it reports on every call, and
