@@ -4,7 +4,7 @@ beside the agent: it reads and changes the agent's queue and conversation,
 which the client knows nothing of.
 
 - Before each step the queue is fitted to what the server taught (its context
-  limit, its token count per ours: bot/llm/endpoint.py), then flushed as needed.
+  limit, its token count per ours: bot/llm/client.py), then flushed as needed.
 - A step the server refuses as over its context flushes harder (the limits
   learned from the refusal, or one more eviction) and is sent again.
 - Every call carries a `max_tokens` for its purpose (a step: the response
@@ -25,7 +25,6 @@ from bot.llm import Completion, ContextLimitError, Request, TokenUsage
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from bot.services import AgentServices
 from memory.queue_manager import PRESSURE_MARKER, ContextOverflowError, QueueManager, render_transcript
-from memory.store import Store
 from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import Message
 
@@ -49,9 +48,6 @@ class CallingAgent(Protocol):
 
     @property
     def id(self) -> str: ...
-
-    @property
-    def store(self) -> Store: ...
 
     @property
     def queue(self) -> QueueManager: ...
@@ -152,7 +148,7 @@ class AgentCalls:
     async def _evict(self) -> None:
         agent = self.agent
         eviction = await agent.queue.evict(agent.status_line(), self.summarize)
-        await agent.conversation.flushed(agent.store, eviction)
+        await agent.conversation.flushed(agent.services.store, eviction)
         log.info(
             "agent %s: evicted %d messages (summary by %s)",
             agent.id,
@@ -221,7 +217,7 @@ class AgentCalls:
         here, with the model's tokenizer (the daily budget, bot/limits.py):
         the prompt with its function schemas, plus the completion. Never the
         server's token counts for the budget, which a proxy or local server may
-        not send or may get wrong (they teach the client its margin, bot/llm/endpoint.py);
+        not send or may get wrong (they teach the client its margin, bot/llm/client.py);
         only its word on how much of the prompt it served from its cache, which
         nothing local can know, and which at most lowers a cached token's weight
         (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails counts nothing."""
@@ -236,7 +232,7 @@ class AgentCalls:
                 call_functions=call_functions,
                 max_tokens=max_tokens,
                 deadline=self.deadline,
-                # Our count, for the server's ratio to the agent's prompts (bot/llm/endpoint.py).
+                # Our count, for the server's ratio to the agent's prompts (bot/llm/client.py: Endpoint).
                 prompt_tokens=prompt if teaches_ratio else 0,
             )
         )

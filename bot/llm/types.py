@@ -35,7 +35,7 @@ class Request:
     max_tokens: int = 0  # the answer's cap; 0: none sent
     deadline: float | None = None  # a time.monotonic() by which to give up
     # Our count of the prompt, compared with the server's to learn its ratio
-    # (bot/llm/endpoint.py); 0: nothing to learn from this request.
+    # (bot/llm/client.py: Endpoint); 0: nothing to learn from this request.
     prompt_tokens: int = 0
 
 
