@@ -58,8 +58,8 @@ for _ in range(int(sys.argv[2])):
     client.chat.completions.create(model="bench", messages=[{"role": "user", "content": "hi"}])
 """
 
-# The same client, async and on the SDK's aiohttp transport as the bot's (bot/llm.py), sending the chat's own request
-# bodies in order: what this client costs for these payloads (a 8k-window prompt
+# The same client, async and on the SDK's aiohttp transport as the bot's (bot/llm/client.py),
+# sending the chat's own request bodies in order: what this client costs for these payloads (a 8k-window prompt
 # with its schemas is ~30 KB to build and send) and these answers to parse.
 BARE_REPLAY = """
 import asyncio, json, sys, openai

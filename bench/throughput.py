@@ -66,7 +66,7 @@ def rss_mb() -> float:
 async def bare_rate(base_url: str, requests: int, concurrency: int, *, aiohttp: bool = False) -> tuple[float, float]:
     """Requests per second, and CPU milliseconds per request in this process, of the
     bare openai client: with its default httpx transport, or (`aiohttp`) with the
-    SDK's aiohttp transport, which the bot uses (bot/llm.py)."""
+    SDK's aiohttp transport, which the bot uses (bot/llm/client.py)."""
     http_client = openai.DefaultAioHttpClient() if aiohttp else None
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0, http_client=http_client)
     semaphore = asyncio.Semaphore(concurrency)

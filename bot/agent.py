@@ -18,12 +18,12 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from bot.agent_calls import AgentCalls
 from bot.channel_context import render_channel_context
 from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation, seen_from
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
-from bot.llm_calls import AgentCalls
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
 from memory.queue_manager import (
@@ -56,7 +56,6 @@ SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
 # outbox entry is keyed by event and position, so a redo cannot send twice).
 # Their steps skip the extra write that records the calls before they run.
 SAFE_TO_REDO = frozenset({"send_message", "conversation_search", "conversation_search_date", "archival_memory_search"})
-MAX_FLUSHES_PER_STEP = 3
 # Room for the assistant message that asked for a page and the result's JSON wrapper.
 PAGE_CALL_ALLOWANCE = 160
 MIN_PAGE_TOKENS = 96
@@ -88,7 +87,7 @@ class Agent:
         self.conversations: dict[str, Conversation] = {dm.key: dm}
         # The conversation of the event being handled (the DM's between events).
         self.conversation = dm
-        # Tokens of every LLM call this agent made, counted locally (bot/llm_calls.py):
+        # Tokens of every LLM call this agent made, counted locally (bot/agent_calls.py):
         # what the daily budget charges (cached tokens at their weight), and the
         # parts (prompt, the share the server said it cached, completion).
         self.tokens_used = 0
@@ -103,7 +102,7 @@ class Agent:
         self.current_event: Event | None = None
         # The channel's recent lines for this event's calls only (bot/channel_context.py).
         self._channel_context = ""
-        # Every LLM call of this agent (bot/llm_calls.py), and the best plain text
+        # Every LLM call of this agent (bot/agent_calls.py), and the best plain text
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""

@@ -20,10 +20,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from bot.checkins.rules import CheckinSettings
-from bot.durable.leases import LeaseSettings
 from bot.errors import ConfigError
 from bot.events import agent_key, parse_user
+from bot.settings import CheckinSettings, LeaseSettings
 
 # Context windows of models people commonly point this bot at. Unknown models
 # get DEFAULT_CONTEXT_WINDOW; MEMGPT_CONTEXT_WINDOW overrides either.

@@ -6,7 +6,7 @@ budget, counted in the store so that they hold across bot processes.
   joins and system alerts never do.
 - **Budget**: at most MEMGPT_DAILY_TOKEN_BUDGET tokens of LLM calls per UTC
   day, counted locally with the model's tokenizer (the whole prompt with the
-  function schemas, plus the completion: AgentCalls.complete in bot/llm_calls.py), never taken from
+  function schemas, plus the completion: AgentCalls.complete in bot/agent_calls.py), never taken from
   the server's token counts. A prompt token the server says it served from
   its prompt cache counts at MEMGPT_CACHED_TOKEN_WEIGHT (default 1: in full).
   An event that starts under budget runs to its end, so a user can overshoot

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 if TYPE_CHECKING:
-    from bot.completion import Completion
+    from bot.llm.types import TokenUsage
 
 # Our own registry: nothing of the process's default collectors or of other
 # libraries, and a test can read exact values.
@@ -60,19 +60,17 @@ PENDING_OUTBOX = Gauge("memgpt_outbox_pending", "Replies not yet confirmed sent"
 AGENTS_LOADED = Gauge("memgpt_agents_in_memory", "Agents loaded in this process", registry=REGISTRY)
 
 
-def record_llm_call(seconds: float, *, ok: bool) -> None:
-    """One LLM call (with the SDK's retries), answered or failed."""
-    LLM_CALLS.labels("ok" if ok else "error").inc()
+def record_llm_call(seconds: float, usage: TokenUsage | None) -> None:
+    """One LLM call (with the SDK's retries): answered, with the tokens of its
+    answer as the server counted them (0: not reported), or failed (None)."""
+    LLM_CALLS.labels("ok" if usage is not None else "error").inc()
     LLM_SECONDS.observe(seconds)
-    if not ok:
+    if usage is None:
         ERRORS.labels("llm").inc()
-
-
-def record_tokens(completion: Completion) -> None:
-    """The tokens of one answer, as the server counted them (0: not reported)."""
-    LLM_TOKENS.labels("prompt").inc(completion.server_prompt_tokens)
-    LLM_TOKENS.labels("completion").inc(completion.server_completion_tokens)
-    LLM_TOKENS.labels("cached").inc(completion.cached_tokens)
+        return
+    LLM_TOKENS.labels("prompt").inc(usage.prompt)
+    LLM_TOKENS.labels("completion").inc(usage.completion)
+    LLM_TOKENS.labels("cached").inc(usage.cached)
 
 
 def record_event(platform: str, seconds: float, outcome: str) -> None:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from bot.agent import Agent, EventResult
 from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
-from bot.checkins.rules import CheckinSettings
 from bot.config import Settings
 from bot.door import Doors
 from bot.durable.inbox import Inbox
@@ -33,6 +32,7 @@ from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
 from bot.reports import describe_user, render_description
 from bot.services import AgentServices
+from bot.settings import CheckinSettings
 from memory.archival import ArchivalMemory
 from memory.backends import open_store, sqlite_url
 from memory.embeddings import Embedder

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from bot.functions.registry import FunctionSet
 from bot.llm import LLMClient
@@ -21,7 +22,10 @@ class AgentServices:
     recall: RecallMemory
     llm: LLMClient
     counter: TokenCounter
-    functions: FunctionSet
+    # The functions the model may call, each run for the agent that holds these
+    # services: FunctionSet[Agent] (bot/functions/core.py), which cannot be named
+    # here without the agent and its services importing each other.
+    functions: FunctionSet[Any]
     instructions: str
     context_window: int
     warning_threshold: float

@@ -42,7 +42,7 @@ class Message:
 
     def to_openai(self) -> dict[str, Any]:
         # Content is always a string, "" beside tool calls: the shape every server
-        # accepts (bot/request_shape.py), so a request needs no copy of the message.
+        # accepts (bot/llm/shape.py), so a request needs no copy of the message.
         payload: dict[str, Any] = {"role": self.role, "content": self.content or ""}
         if self.tool_calls:
             payload["tool_calls"] = self.tool_calls

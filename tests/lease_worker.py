@@ -35,10 +35,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from bot.config import Settings
-from bot.durable.leases import AgentLeases, LeaseSettings
+from bot.durable.leases import AgentLeases
 from bot.events import UserMessage
 from bot.llm import LLMClient
 from bot.runtime import Runtime
+from bot.settings import LeaseSettings
 from memory.embeddings import Embedder
 from memory.mongo.store import MongoStore
 

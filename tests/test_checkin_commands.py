@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from bot.checkins.commands import checkin_command
-from bot.checkins.rules import CheckinSettings
 from bot.config import Settings
+from bot.settings import CheckinSettings
 from cli.checkins import add_checkin_commands
 from memory.schedules import ScheduleStore
 from memory.sqlite.store import SQLiteStore

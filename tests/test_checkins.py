@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 from bot.checkins.rules import (
-    CheckinSettings,
     Schedule,
     backoff_skips,
     format_local,
@@ -25,6 +24,7 @@ from bot.checkins.rules import (
     parse_when,
 )
 from bot.errors import ConfigError
+from bot.settings import CheckinSettings
 from memory.schedules import CheckinPrefs, ScheduleStore
 from memory.sqlite.store import SQLiteStore
 from tests.mongo_server import shared_target

@@ -34,10 +34,10 @@ from bson import Binary
 from pymongo import MongoClient
 
 from bot.config import Settings
-from bot.durable.leases import LeaseSettings
 from bot.events import FileUploaded, UserMessage, agent_key
 from bot.llm import LLMClient
 from bot.runtime import Runtime
+from bot.settings import LeaseSettings
 from memory.embeddings import Embedder
 from memory.mongo.store import MongoStore
 from memory.sqlite.store import SQLiteStore

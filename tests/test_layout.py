@@ -2,8 +2,9 @@
 the source with `ast`, nothing imported.
 
 - No import circles between modules of bot, memory, adapters and cli.
-  Imports inside functions count (they are still a dependency); imports under
-  `if TYPE_CHECKING:` do not (they never run).
+  Every import counts: those inside functions (still a dependency) and those
+  under `if TYPE_CHECKING:` (they never run, but a circle through types is a
+  circle of ideas all the same; the type moves to where both sides can import it).
 - Arrows point down only: memory imports nothing from bot, adapters or cli;
   adapters nothing from memory or cli; bot nothing from adapters or cli. Only
   cli (the wiring) imports every layer.
@@ -44,29 +45,16 @@ def source_files() -> dict[str, Path]:
     return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
 
 
-def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
-    )
-
-
-def _runtime_imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import statement that can run: all but the `if TYPE_CHECKING:` bodies."""
-    for child in ast.iter_child_nodes(node):
-        if isinstance(child, (ast.Import, ast.ImportFrom)):
-            yield child
-        elif isinstance(child, ast.If) and _is_type_checking(child.test):
-            for other in child.orelse:
-                yield from _runtime_imports(ast.Module(body=[other], type_ignores=[]))
-        else:
-            yield from _runtime_imports(child)
+def _imports(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement: at the top, in functions, under `if TYPE_CHECKING:`."""
+    return (child for child in ast.walk(node) if isinstance(child, (ast.Import, ast.ImportFrom)))
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
-    """The project modules `name` imports at run time."""
+    """The project modules `name` imports, at run time or for types only."""
     is_package = path.name == "__init__.py"
     found: set[str] = set()
-    for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
         else:
@@ -131,10 +119,11 @@ def test_the_checker_sees_circles_and_type_checking_imports() -> None:
         "if TYPE_CHECKING:\n    import only_for_types\nelse:\n    import at_run_time\n"
         "def later():\n    import lazily\n"
     )
-    assert sorted(alias.name for node in _runtime_imports(tree) for alias in node.names) == [
+    assert sorted(alias.name for node in _imports(tree) for alias in node.names) == [
         "TYPE_CHECKING",
         "at_run_time",
         "lazily",
+        "only_for_types",
     ]
 
 

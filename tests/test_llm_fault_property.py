@@ -4,7 +4,7 @@ Hypothesis drives 1,000 random sequences of LLM faults (HTTP errors, timeouts, r
 cut connections, bodies that are not a chat completion, and model misbehaviour: plain text,
 floods of tool calls, arguments that are not JSON, unknown functions, endless heartbeats)
 through the scripted local server (tests/fake_llm.py), the real `openai` client in
-bot/llm.py, a real SQLite store and the real embedder. For every event it checks that:
+bot/llm/, a real SQLite store and the real embedder. For every event it checks that:
 
 - `Runtime.handle_with_details` never raises and never hangs;
 - the agent stops within the step cap;
@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 from openai.types.chat import ChatCompletion
 
 from bot.events import UserMessage
-from bot.llm import LLMClient, LLMUnavailableError
+from bot.llm import LLMClient, LLMUnavailableError, Request
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import (
@@ -635,7 +635,7 @@ async def test_odd_but_readable_completions_are_coerced(body: object, llm_server
     llm_server.script(json_body(body))
     client = LLMClient("m", api_key="k", base_url=llm_server.base_url, timeout=5, max_retries=0)
     try:
-        completion = await client.complete([{"role": "user", "content": "hi"}])
+        completion = await client.complete(Request([{"role": "user", "content": "hi"}]))
     finally:
         await client.close()
     assert completion.content is None or isinstance(completion.content, str)
@@ -653,7 +653,7 @@ async def test_completions_without_a_message_are_llm_trouble(body: object, llm_s
     client = LLMClient("m", api_key="k", base_url=llm_server.base_url, timeout=5, max_retries=0)
     try:
         with pytest.raises(LLMUnavailableError) as caught:
-            await client.complete([{"role": "user", "content": "hi"}])
+            await client.complete(Request([{"role": "user", "content": "hi"}]))
     finally:
         await client.close()
     assert is_clear_trouble(caught.value.user_message)

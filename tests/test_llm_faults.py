@@ -71,7 +71,7 @@ async def test_malformed_body_and_disconnect(make_runtime: RuntimeFactory, llm_s
 async def test_a_server_that_is_down_is_not_called_slow(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
-    """The SDK's aiohttp transport (bot/llm.py) reports a refused connection or a
+    """The SDK's aiohttp transport (bot/llm/client.py) reports a refused connection or a
     connection the server closed as a connect timeout; the person is told the
     server can't be reached, and a slow server is still "not answering in time"."""
     with RefusedPort() as refused:

@@ -73,7 +73,7 @@ async def test_hundreds_of_turns_never_exceed_a_small_window(
     # the bot got back. (Not always the one just before: on a busy machine a
     # summary call can time out and be sent again, and the model's first answer
     # to it never reaches the bot.) Where it is depends on the request's form
-    # (bot/llm_calls.py summarize): the agent's own prompt with the summary in its
+    # (bot/agent_calls.py summarize): the agent's own prompt with the summary in its
     # system text when that fits, else a transcript under "Previous summary" in the
     # last message; which one fits varies with the timestamps' tokens.
     summary_requests = [r for r in llm_server.requests if is_summary_request(r)]

@@ -1,5 +1,5 @@
 """Each server's words for a refusal, through the real openai client: what the bot
-reads from them (bot/refusals.py) and what it sends next."""
+reads from them (bot/llm/refusals.py) and what it sends next."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bot.llm import ContextLimitError, LLMClient, LLMUnavailableError
+from bot.llm import ContextLimitError, LLMClient, LLMUnavailableError, Request
 from tests.fake_llm import FakeLLMServer, fault_status, reply_text
 
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
@@ -76,7 +76,7 @@ async def test_context_limit_refusals_are_read(server: str, llm_server: FakeLLMS
     client = LLMClient("m", api_key="k", base_url=llm_server.base_url, max_retries=0)
     try:
         with pytest.raises(ContextLimitError) as caught:
-            await client.complete(HI, prompt_tokens=1_000)
+            await client.complete(Request(HI, prompt_tokens=1_000))
     finally:
         await client.close()
     assert (caught.value.limit, caught.value.server_prompt_tokens) == (limit, prompt)
@@ -116,8 +116,8 @@ async def test_a_refused_parameter_is_not_sent_again(server: str, llm_server: Fa
     llm_server.script(fault_status(400, {"error": error}), reply_text("fine"), reply_text("again"))
     client = LLMClient("m", api_key="k", base_url=llm_server.base_url, max_retries=0)
     try:
-        assert (await client.complete(HI, TOOLS, max_tokens=100)).content == "fine"
-        assert (await client.complete(HI, TOOLS, max_tokens=100)).content == "again"
+        assert (await client.complete(Request(HI, TOOLS, max_tokens=100))).content == "fine"
+        assert (await client.complete(Request(HI, TOOLS, max_tokens=100))).content == "again"
     finally:
         await client.close()
     first, *later = llm_server.requests
@@ -136,7 +136,7 @@ async def test_an_outage_is_no_refusal(llm_server: FakeLLMServer) -> None:
     llm_server.script(reply_text("back"))
     client = LLMClient("m", api_key="k", base_url=llm_server.base_url, max_retries=1)
     try:
-        assert (await client.complete([{"role": "assistant", "content": None}, *HI])).content == "back"
+        assert (await client.complete(Request([{"role": "assistant", "content": None}, *HI]))).content == "back"
     finally:
         await client.close()
     assert json.loads(llm_server.raw_requests[0].raw_body)["messages"][0]["content"] == ""
@@ -148,7 +148,7 @@ async def test_a_refusal_no_repair_lifts_is_one_clear_error(llm_server: FakeLLMS
     client = LLMClient("m", api_key="k", base_url=llm_server.base_url, max_retries=0)
     try:
         with pytest.raises(LLMUnavailableError) as caught:
-            await client.complete([{"role": "system", "content": "s"}, *HI, *CALL, *HI])
+            await client.complete(Request([{"role": "system", "content": "s"}, *HI, *CALL, *HI]))
     finally:
         await client.close()
     assert "refused my request" in caught.value.user_message and "saved" in caught.value.user_message

@@ -1,4 +1,4 @@
-"""The request body the bot encodes itself (bot/request_run.py) is the one the
+"""The request body the bot encodes itself (bot/llm/shape.py) is the one the
 openai client would have sent, byte for byte, and follows its schemas' changes."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 from openai._utils._json import openapi_dumps
 
 from bot.functions.core import build_core_functions
-from bot.request_run import RequestEncoder
+from bot.llm.shape import RequestEncoder
 
 
 def test_bodies_are_the_clients_own_bytes_and_schemas_are_encoded_once() -> None:

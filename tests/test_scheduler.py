@@ -18,10 +18,10 @@ import pytest
 from bot.agent import EventResult
 from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
-from bot.checkins.rules import CheckinSettings
 from bot.checkins.scheduler import CheckinScheduler, TickOutcome
 from bot.events import Event, Reply, UserMessage
 from bot.runtime import Runtime
+from bot.settings import CheckinSettings
 from memory.schedules import Schedule, ScheduleStore
 from memory.store import Store
 from memory.types import utc_now

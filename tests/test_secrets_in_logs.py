@@ -36,7 +36,7 @@ from aiohttp import web
 from bot.config import Settings
 from bot.errors import ConfigError
 from bot.events import UserMessage
-from bot.llm import LLMClient, LLMUnavailableError
+from bot.llm import LLMClient, LLMUnavailableError, Request
 from memory.mongo.store import MongoStore
 from memory.store import StoreError
 from tests import secrets_catalog as catalog
@@ -142,7 +142,7 @@ async def test_llm_errors_never_show_the_api_key(
     )
     try:
         with caplog.at_level(logging.DEBUG), pytest.raises(LLMUnavailableError) as failed:
-            await client.complete([{"role": "user", "content": "hi"}])
+            await client.complete(Request([{"role": "user", "content": "hi"}]))
     finally:
         await client.close()
     # The key was really sent (so the test is about this key)...

@@ -52,13 +52,14 @@ from urllib.parse import urlsplit
 import pytest
 
 from adapters.slack import APOLOGY
-from bot.durable.leases import AgentLeases, LeaseSettings, NoLeases
+from bot.durable.leases import AgentLeases, NoLeases
 from bot.durable.redelivery import Redelivery
 from bot.durable.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from bot.events import Reply as BotReply
 from bot.events import UserMessage
 from bot.llm import LLMClient
 from bot.runtime import Runtime
+from bot.settings import LeaseSettings
 from memory.embeddings import Embedder
 from memory.mongo.store import MongoStore
 from memory.sqlite.store import SQLiteStore

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from bot.agent import NO_ANSWER
-from bot.request_shape import LEVEL_NAMES, TOOLS_AS_TEXT
+from bot.llm.shape import LEVEL_NAMES, TOOLS_AS_TEXT
 from tests.conftest import TEST_MODEL, RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
 from tests.helpers import said

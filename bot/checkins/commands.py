@@ -10,7 +10,6 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime, time
 
 from bot.checkins.rules import (
-    CheckinSettings,
     Schedule,
     describe,
     format_local,
@@ -22,6 +21,7 @@ from bot.checkins.rules import (
 )
 from bot.events import agent_key
 from bot.reports import plural
+from bot.settings import CheckinSettings
 from memory.schedules import CheckinPrefs, ScheduleKind, ScheduleStore
 
 Clock = Callable[[], datetime]

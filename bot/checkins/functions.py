@@ -11,7 +11,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from bot.checkins.rules import (
-    CheckinSettings,
     Schedule,
     format_local,
     humanize,
@@ -20,6 +19,7 @@ from bot.checkins.rules import (
     parse_when,
 )
 from bot.functions.registry import HEARTBEAT, FunctionError, FunctionSet, function_schema
+from bot.settings import CheckinSettings
 from memory.schedules import ScheduleStore
 from memory.types import utc_now
 
@@ -60,7 +60,7 @@ def _sender(agent: Agent) -> tuple[str, str, dict[str, Any]]:
 
 
 def register_checkin_functions(
-    functions: FunctionSet,
+    functions: FunctionSet[Agent],
     schedules: ScheduleStore,
     settings: CheckinSettings | None = None,
     clock: Callable[[], datetime] = utc_now,

@@ -9,23 +9,20 @@ model type ("daily 09:00", "in 2 hours", "tomorrow 09:00").
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta, tzinfo
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from apscheduler.triggers.cron import CronTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
-from bot.errors import ConfigError
 from bot.reports import plural
+from bot.settings import CheckinSettings
 from memory.schedules import SCHEDULE_KINDS, CheckinPrefs, Schedule, ScheduleKind, whole_seconds
 
 __all__ = [
     "SCHEDULE_KINDS",
     "WEEKDAYS",
     "CheckinPrefs",
-    "CheckinSettings",
     "Schedule",
     "ScheduleKind",
     "backoff_skips",
@@ -47,50 +44,6 @@ _CRON_DAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 # Bounds the walk over occurrences (back-off, quiet hours): a year of hourly ticks.
 _MAX_STEPS = 10_000
 _TICK = timedelta(microseconds=1)
-
-
-@dataclass(frozen=True, slots=True)
-class CheckinSettings:
-    backoff_after: int = 2  # unanswered ticks before back-off starts; 0 turns it off
-    max_backoff_days: int = 14  # back-off never leaves a longer gap than this
-    grace_minutes: int = 30  # a tick missed by at most this much still fires (once)
-    max_reminders: int = 20  # pending one-time reminders per user
-    min_reminder_minutes: int = 1  # how soon a reminder may be, from now
-    max_checkins: int = 10  # recurring check-ins per user
-    resync_seconds: int = 30  # how often a process re-reads the shared schedules
-    concurrency: int = 8  # ticks run at once per process (09:00 is popular; LLM rate limits)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> CheckinSettings:
-        default = cls()
-
-        def read(name: str, attribute: str, minimum: int) -> int:
-            return _env_int(env, name, getattr(default, attribute), minimum=minimum)
-
-        values = {
-            "backoff_after": read("MEMGPT_CHECKIN_BACKOFF_AFTER", "backoff_after", 0),
-            "max_backoff_days": read("MEMGPT_CHECKIN_MAX_BACKOFF_DAYS", "max_backoff_days", 1),
-            "grace_minutes": read("MEMGPT_CHECKIN_GRACE_MINUTES", "grace_minutes", 0),
-            "max_reminders": read("MEMGPT_MAX_REMINDERS", "max_reminders", 1),
-            "min_reminder_minutes": read("MEMGPT_MIN_REMINDER_MINUTES", "min_reminder_minutes", 0),
-            "max_checkins": read("MEMGPT_MAX_CHECKINS", "max_checkins", 1),
-            "resync_seconds": read("MEMGPT_CHECKIN_RESYNC_SECONDS", "resync_seconds", 1),
-            "concurrency": read("MEMGPT_CHECKIN_CONCURRENCY", "concurrency", 1),
-        }
-        return cls(**values)
-
-
-def _env_int(env: Mapping[str, str], name: str, default: int, *, minimum: int) -> int:
-    raw = env.get(name)
-    if raw is None or not raw.strip():
-        return default
-    try:
-        value = int(raw.replace("_", ""))
-    except ValueError:
-        raise ConfigError(f"{name} must be a whole number, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(f"{name} must be at least {minimum}, got {value}")
-    return value
 
 
 # -- parsing what people type ------------------------------------------------

@@ -32,7 +32,6 @@ from apscheduler.triggers.interval import IntervalTrigger
 
 from bot.agent import EventResult
 from bot.checkins.rules import (
-    CheckinSettings,
     backoff_skips,
     format_local,
     humanize,
@@ -41,6 +40,7 @@ from bot.checkins.rules import (
     tick_reason,
 )
 from bot.events import Event, Reply, ScheduledTick
+from bot.settings import CheckinSettings
 from memory.schedules import Schedule, ScheduleStore
 from memory.store import Store
 from memory.types import utc_now

@@ -73,18 +73,17 @@ import random
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import Protocol
 
 from bot.durable.lanes import Lanes
-from bot.errors import ConfigError
+from bot.settings import LeaseSettings
 from memory.roles import LeaseStore
 from memory.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
-LeaseMode = Literal["auto", "on", "off"]
 VALID_FOR = 0.8  # of ttl after a renewal was sent: how long a process counts on its heartbeat
 POLL_FIRST = 0.01  # seconds between a waiter's polls, growing 1.5x...
 POLL_MAX = 0.25  # ...up to this, times the number of tickets ahead...
@@ -98,51 +97,6 @@ class LeaseLostError(StoreError):
 
 class LeaseTimeoutError(StoreError):
     """Another process kept the agent busy for longer than MEMGPT_LEASE_WAIT."""
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseSettings:
-    mode: LeaseMode = "auto"  # auto: on with MongoDB, off with SQLite
-    # Seconds an owner lives without a renewal; renewed six times in that span,
-    # so a database stalled for up to about 0.8 ttl - renew_every (19 s by
-    # default) costs no lease: a stall must not stop work a process holds.
-    ttl: float = 30.0
-    renew_every: float = 5.0
-    max_wait: float = 300.0  # seconds an event waits for its turn before giving up
-
-    def __post_init__(self) -> None:
-        if self.ttl <= 0 or not 0 < self.renew_every <= self.ttl / 2:
-            raise ConfigError(
-                f"need MEMGPT_LEASE_TTL > 0 and 0 < MEMGPT_LEASE_RENEW <= MEMGPT_LEASE_TTL / 2, "
-                f"got {self.ttl} and {self.renew_every}"
-            )
-        if self.max_wait <= 0:
-            raise ConfigError(f"MEMGPT_LEASE_WAIT must be positive, got {self.max_wait}")
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> LeaseSettings:
-        mode = (env.get("MEMGPT_LEASES") or "auto").strip().lower()
-        if mode not in ("auto", "on", "off"):
-            raise ConfigError(f"MEMGPT_LEASES must be auto, on or off, got {mode!r}")
-        default = cls()
-        ttl = _seconds(env, "MEMGPT_LEASE_TTL", default.ttl)
-        return cls(
-            mode=mode,  # type: ignore[arg-type]
-            ttl=ttl,
-            # The renewal period follows a changed ttl unless set too.
-            renew_every=_seconds(env, "MEMGPT_LEASE_RENEW", ttl / 6),
-            max_wait=_seconds(env, "MEMGPT_LEASE_WAIT", default.max_wait),
-        )
-
-
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = (env.get(name) or "").strip()
-    if not raw:
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ConfigError(f"{name} must be a number of seconds, got {raw!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

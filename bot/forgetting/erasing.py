@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from bot.forgetting.matching import Found, Matcher, sentences
-from bot.llm import LLMClient
+from bot.llm import LLMClient, Request
 from bot.reports import plural
 from memory.store import Store
 from memory.types import utc_now
@@ -82,12 +82,12 @@ async def _drop_lines(store: Store, agent_id: str, found: Found) -> int:
 
 async def rewrite_summary(llm: LLMClient, matcher: Matcher, summary: str, model: str = "") -> str:
     """`summary` without the topic: the LLM's rewrite if it passes the check, else the sentences left."""
-    request = [
+    messages = [
         {"role": "system", "content": REWRITE_INSTRUCTIONS.format(about=matcher.about)},
         {"role": "user", "content": summary},
     ]
     try:
-        completion = await llm.complete(request, model=model or None)
+        completion = await llm.complete(Request(messages, model=model or None))
         rewritten = (completion.content or "").strip()
     except Exception as error:  # the LLM down or refusing: the sentences still go
         log.warning("summary rewrite failed, removing the sentences instead: %s", error)

@@ -184,7 +184,7 @@ async def conversation_search_date(agent: Agent, args: dict[str, Any]) -> str:
 
 
 # In the order the model is shown them.
-CORE_FUNCTIONS: list[tuple[dict[str, Any], Implementation]] = [
+CORE_FUNCTIONS: list[tuple[dict[str, Any], Implementation[Agent]]] = [
     (SEND_MESSAGE, send_message),
     (CORE_MEMORY_APPEND, core_memory_append),
     (CORE_MEMORY_REPLACE, core_memory_replace),
@@ -195,8 +195,8 @@ CORE_FUNCTIONS: list[tuple[dict[str, Any], Implementation]] = [
 ]
 
 
-def build_core_functions() -> FunctionSet:
-    functions = FunctionSet()
+def build_core_functions() -> FunctionSet[Agent]:
+    functions: FunctionSet[Agent] = FunctionSet()
     for schema, implementation in CORE_FUNCTIONS:
         functions.register(schema, implementation)
     return functions

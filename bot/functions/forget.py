@@ -57,7 +57,7 @@ class Proposal:
     at: datetime
 
 
-def register_forget_functions(functions: FunctionSet) -> None:
+def register_forget_functions(functions: FunctionSet[Agent]) -> None:
     proposals: dict[str, Proposal] = {}  # by agent id; one open question per person
 
     async def forget_memories(agent: Agent, arguments: dict[str, Any]) -> str:

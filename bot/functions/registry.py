@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 from jsonschema import Draft202012Validator
 
 from bot.sanitize import fix_surrogates_in
 
-if TYPE_CHECKING:
-    from bot.agent import Agent
+# The agent a function runs for (bot/agent.py): a type parameter, since the
+# agent holds its function set (bot/services.py) and the machinery needs
+# nothing of it but to hand it on.
+AgentT = TypeVar("AgentT")
 
 HEARTBEAT = {"type": "boolean", "description": "true: run again after this."}
 PAGE = {"type": "integer", "minimum": 0, "description": "Result page, 0 first."}
@@ -49,19 +51,19 @@ class FunctionOutcome:
     heartbeat: bool
 
 
-Implementation = Callable[["Agent", dict[str, Any]], Awaitable[str]]
+Implementation = Callable[[AgentT, dict[str, Any]], Awaitable[str]]
 
 
-class FunctionSet:
+class FunctionSet(Generic[AgentT]):
     """Schemas plus implementations; validates and runs one call at a time."""
 
     def __init__(self) -> None:
         self.schemas: list[dict[str, Any]] = []
         self._validators: dict[str, Draft202012Validator] = {}
-        self._implementations: dict[str, Implementation] = {}
+        self._implementations: dict[str, Implementation[AgentT]] = {}
         self._takes_heartbeat: set[str] = set()
 
-    def register(self, schema: dict[str, Any], implementation: Implementation) -> None:
+    def register(self, schema: dict[str, Any], implementation: Implementation[AgentT]) -> None:
         name = schema["function"]["name"]
         strict = dict(schema["function"]["parameters"], additionalProperties=False)
         self.schemas.append(schema)
@@ -104,7 +106,7 @@ class FunctionSet:
             raise FunctionError(f"Invalid arguments for {name}: {details}.")
         return arguments
 
-    async def run(self, agent: Agent, name: str, raw_arguments: str) -> FunctionOutcome:
+    async def run(self, agent: AgentT, name: str, raw_arguments: str) -> FunctionOutcome:
         name = self.known_name(name)
         try:
             arguments = self.parse(name, raw_arguments)

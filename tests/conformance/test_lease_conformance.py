@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 from bot.durable.inbox import Inbox
-from bot.durable.leases import AgentLeases, LeaseLostError, LeaseSettings, LeaseTimeoutError, NoLeases, leases_for
+from bot.durable.leases import AgentLeases, LeaseLostError, LeaseTimeoutError, NoLeases, leases_for
+from bot.settings import LeaseSettings
 from memory.mongo.store import MongoStore
 from memory.store import Store, StoreError
 

@@ -1,8 +1,10 @@
 """Every LLM call one agent makes: the step's call, the summaries that make room
-for it, and their metering.
+for it, and their metering. The agent's use of the client (bot/llm/), kept
+beside the agent: it reads and changes the agent's queue and conversation,
+which the client knows nothing of.
 
 - Before each step the queue is fitted to what the server taught (its context
-  limit, its token count per ours: bot/endpoint.py), then flushed as needed.
+  limit, its token count per ours: bot/llm/client.py), then flushed as needed.
 - A step the server refuses as over its context flushes harder (the limits
   learned from the refusal, or one more eviction) and is sent again.
 - Every call carries a `max_tokens` for its purpose (a step: the response
@@ -16,16 +18,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from bot.llm import Completion, ContextLimitError, TokenUsage
+from bot.conversation import Conversation
+from bot.llm import Completion, ContextLimitError, Request, TokenUsage
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
-from memory.queue_manager import PRESSURE_MARKER, ContextOverflowError, render_transcript
+from bot.services import AgentServices
+from memory.queue_manager import PRESSURE_MARKER, ContextOverflowError, QueueManager, render_transcript
 from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import Message
-
-if TYPE_CHECKING:
-    from bot.agent import Agent
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,30 @@ UNCOUNTED_MARGIN = 1.15
 MAX_RATIO = 4.0
 
 
+class CallingAgent(Protocol):
+    """What the calls need of their agent (bot/agent.py): its services, the queue
+    and conversation of the current place, and its token counts, which they add to."""
+
+    services: AgentServices
+    usage: TokenUsage
+    tokens_used: int
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def queue(self) -> QueueManager: ...
+
+    @property
+    def conversation(self) -> Conversation: ...
+
+    def status_line(self) -> str: ...
+
+    async def record_messages(self, messages: list[Message]) -> bool: ...
+
+
 class AgentCalls:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: CallingAgent) -> None:
         self.agent = agent
         # time.monotonic() by which the current event's calls must be done (None: no budget).
         self.deadline: float | None = None
@@ -125,7 +148,7 @@ class AgentCalls:
     async def _evict(self) -> None:
         agent = self.agent
         eviction = await agent.queue.evict(agent.status_line(), self.summarize)
-        await agent.conversation.flushed(agent.store, eviction)
+        await agent.conversation.flushed(agent.services.store, eviction)
         log.info(
             "agent %s: evicted %d messages (summary by %s)",
             agent.id,
@@ -194,7 +217,7 @@ class AgentCalls:
         here, with the model's tokenizer (the daily budget, bot/limits.py):
         the prompt with its function schemas, plus the completion. Never the
         server's token counts for the budget, which a proxy or local server may
-        not send or may get wrong (they teach the client its margin, bot/endpoint.py);
+        not send or may get wrong (they teach the client its margin, bot/llm/client.py);
         only its word on how much of the prompt it served from its cache, which
         nothing local can know, and which at most lowers a cached token's weight
         (MEMGPT_CACHED_TOKEN_WEIGHT). A call that fails counts nothing."""
@@ -202,19 +225,21 @@ class AgentCalls:
         counter = agent.services.counter
         prompt = prompt_tokens or counter.count_request(messages, tools or ())
         completion = await agent.services.llm.complete(
-            messages,
-            tools,
-            model=model,
-            call_functions=call_functions,
-            max_tokens=max_tokens,
-            deadline=self.deadline,
-            # Our count, for the server's ratio to the agent's prompts (bot/endpoint.py).
-            prompt_tokens=prompt if teaches_ratio else 0,
+            Request(
+                messages,
+                tools,
+                model=model,
+                call_functions=call_functions,
+                max_tokens=max_tokens,
+                deadline=self.deadline,
+                # Our count, for the server's ratio to the agent's prompts (bot/llm/client.py: Endpoint).
+                prompt_tokens=prompt if teaches_ratio else 0,
+            )
         )
         answer = counter.count(completion.content or "")
         for call in completion.tool_calls:
             answer += TOKENS_PER_MESSAGE + counter.count(call.name) + counter.count(call.arguments)
-        cached = min(prompt, completion.cached_tokens)
+        cached = min(prompt, completion.usage.cached)
         agent.usage.add(TokenUsage(prompt, cached, answer))
         agent.tokens_used += prompt - cached + round(cached * agent.services.cached_token_weight) + answer
         return completion

@@ -1,4 +1,7 @@
-"""What a server's refusal of a request means, from its status and its words.
+"""What a server's error means: a refusal of the request (`classify`, from its
+status and its words), which the client may repair, or an outage or a refusal
+past repair, an `LLMUnavailableError` with a note a person can act on
+(`unavailable`, `unrepaired`).
 
 Each server words a refusal its own way; these are the ones seen in the wild:
 
@@ -32,7 +35,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import openai
+
+from bot.llm.types import LATE, LLMUnavailableError, trouble
 
 # Parameters the bot sends that a request can do without.
 OPTIONAL_PARAMETERS = ("max_tokens", "max_completion_tokens", "tool_choice", "parallel_tool_calls")
@@ -139,4 +145,59 @@ def _first(patterns: list[re.Pattern[str]], text: str) -> int | None:
         match = pattern.search(text)
         if match:
             return int(match.group(1))
+    return None
+
+
+def refusal_summary(refusal: Refusal | None) -> str:
+    return "" if refusal is None else f"HTTP {refusal.status}: {' '.join(refusal.text.split())[:200]}"
+
+
+def unrepaired(refusal: Refusal) -> LLMUnavailableError:
+    """A refusal no repair lifted."""
+    return LLMUnavailableError(
+        f"the LLM server refused the request, also repaired ({refusal_summary(refusal)})",
+        trouble("my language model refused my request, even simplified (an admin can see why in the log)"),
+    )
+
+
+def unavailable(error: Exception, model: str) -> LLMUnavailableError:
+    """The error a person can act on, for an exception of the `openai` client."""
+    if isinstance(error, openai.AuthenticationError):
+        return LLMUnavailableError(
+            f"authentication failed: {error}",
+            trouble("my language model refused my API key (an admin needs to check OPENAI_API_KEY)", "later"),
+        )
+    if isinstance(error, openai.NotFoundError):
+        return LLMUnavailableError(
+            f"model or endpoint not found: {error}",
+            trouble(f"my language model server does not know the model '{model}'", "later"),
+        )
+    if isinstance(error, openai.RateLimitError):
+        return LLMUnavailableError(
+            f"rate limited after retries: {error}", trouble("my language model is rate-limiting me", "in a minute")
+        )
+    refused = _refused_connection(error)
+    if isinstance(error, openai.APITimeoutError) and refused is None:
+        return LLMUnavailableError("timed out after retries", trouble(LATE))
+    if isinstance(error, openai.APIConnectionError):
+        return LLMUnavailableError(
+            f"connection failed after retries: {refused or error}",
+            trouble("I can't connect to my language model right now"),
+        )
+    # APIStatusError (5xx and other statuses) and bodies that are not JSON.
+    return LLMUnavailableError(
+        f"bad answer from the LLM server: {type(error).__name__}: {error}",
+        trouble("my language model answered with an error"),
+    )
+
+
+def _refused_connection(error: BaseException) -> BaseException | None:
+    """The failed connection (refused, reset, closed by the server) behind a
+    timeout the SDK's aiohttp transport reported: it maps every aiohttp
+    connection error to a connect timeout. None for a real timeout."""
+    cause = error.__cause__
+    while cause is not None:
+        if isinstance(cause, aiohttp.ClientConnectionError) and not isinstance(cause, TimeoutError):
+            return cause
+        cause = cause.__cause__
     return None

@@ -1,6 +1,10 @@
-"""What an LLM server answered, read defensively: whatever it sends, the agent
-gets a `Completion` of plain strings or an `LLMUnavailableError`, never another
-exception; and the errors a person is told about."""
+"""The client's types: the `Request` it is given, the `Completion` it gives
+back with the server's `TokenUsage`, and the errors a person is told about.
+
+What the server answered is read defensively (`parse_completion`): whatever it
+sends, the caller gets a `Completion` of plain strings or an
+`LLMUnavailableError`, never another exception.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +17,50 @@ from bot.sanitize import fix_surrogates
 # Every note the person gets says: what is wrong, that their message is kept, and
 # that they can try again (tests/test_llm_fault_property.py checks all three).
 SAVED = "Your message is saved; please try again"
+LATE = "my language model is not answering in time"
 
 
 def trouble(what: str, when: str = "shortly") -> str:
     return f"I'm having trouble: {what}. {SAVED} {when}."
+
+
+@dataclass(slots=True)
+class Request:
+    """One chat completion to ask for."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    model: str | None = None  # None: the client's (another: a cheaper summarizer)
+    call_functions: bool = True  # False: tool_choice "none" (a summary from the agent's own prompt)
+    max_tokens: int = 0  # the answer's cap; 0: none sent
+    deadline: float | None = None  # a time.monotonic() by which to give up
+    # Our count of the prompt, compared with the server's to learn its ratio
+    # (bot/llm/client.py: Endpoint); 0: nothing to learn from this request.
+    prompt_tokens: int = 0
+
+
+@dataclass(slots=True)
+class TokenUsage:
+    """Tokens of LLM calls: the prompt, how many of its tokens the server said it
+    had cached, and the completion. A `Completion`'s are the server's counts (0
+    where it does not say); the agent's own are counted locally (bot/agent_calls.py)."""
+
+    prompt: int = 0
+    cached: int = 0
+    completion: int = 0
+
+    def add(self, other: TokenUsage) -> None:
+        self.prompt += other.prompt
+        self.cached += other.cached
+        self.completion += other.completion
+
+    def since(self, earlier: TokenUsage) -> TokenUsage:
+        return TokenUsage(
+            self.prompt - earlier.prompt, self.cached - earlier.cached, self.completion - earlier.completion
+        )
+
+    def copy(self) -> TokenUsage:
+        return TokenUsage(self.prompt, self.cached, self.completion)
 
 
 class LLMUnavailableError(Exception):
@@ -41,21 +85,18 @@ class ToolCall:
 class Completion:
     content: str | None
     tool_calls: list[ToolCall] = field(default_factory=list)
-    # Prompt tokens the server says it served from its prompt cache
-    # (`usage.prompt_tokens_details.cached_tokens`: OpenAI, vLLM); 0 if it does not say.
-    cached_tokens: int = 0
-    # The server's count of the prompt (`usage.prompt_tokens`); 0 if it does not say.
-    server_prompt_tokens: int = 0
-    # The server's count of the answer (`usage.completion_tokens`); 0 if it does not say.
-    server_completion_tokens: int = 0
+    # The server's counts (`usage`): `prompt_tokens`, `completion_tokens`, and the
+    # prompt tokens it served from its prompt cache (`prompt_tokens_details.cached_tokens`:
+    # OpenAI, vLLM); 0 where it does not say.
+    usage: TokenUsage = field(default_factory=TokenUsage)
     finish_reason: str = ""
-    # What was sent differs from what was asked (a repair, bot/request_run.py).
+    # What was sent differs from what was asked (a repair, bot/llm/client.py).
     repaired: bool = False
     content_is_text: bool = True
 
 
 class ContextLimitError(LLMUnavailableError):
-    """The server said the prompt is over its context limit (bot/refusals.py)."""
+    """The server said the prompt is over its context limit (bot/llm/refusals.py)."""
 
     def __init__(self, reason: str, limit: int | None, server_prompt_tokens: int | None) -> None:
         super().__init__(reason, trouble("my memory is too full for my language model", "in a moment"))
@@ -99,9 +140,7 @@ def parse_completion(response: Any) -> Completion:
     return Completion(
         content=text,
         tool_calls=calls,
-        cached_tokens=_cached_tokens(response),
-        server_prompt_tokens=_usage_count(response, "prompt_tokens"),
-        server_completion_tokens=_usage_count(response, "completion_tokens"),
+        usage=_usage(_field(response, "usage")),
         finish_reason=finish if isinstance(finish, str) else "",
         # A number or an object where the text belongs is coerced for the queue,
         # but it is no answer to send a person.
@@ -110,17 +149,17 @@ def parse_completion(response: Any) -> Completion:
     )
 
 
-def _usage_count(response: Any, name: str) -> int:
-    count = _field(_field(response, "usage"), name)
-    return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+def _usage(usage: Any) -> TokenUsage:
+    """The server's counts, each 0 unless it sent a sensible one (the cached count,
+    `prompt_tokens_details.cached_tokens`: OpenAI and vLLM; most others send no details)."""
+    cached = _field(_field(usage, "prompt_tokens_details"), "cached_tokens")
+    return TokenUsage(
+        _count(_field(usage, "prompt_tokens")), _count(cached), _count(_field(usage, "completion_tokens"))
+    )
 
 
-def _cached_tokens(response: Any) -> int:
-    """`usage.prompt_tokens_details.cached_tokens`, if the server sent a
-    sensible one (OpenAI and vLLM do; most others send no details): else 0."""
-    details = _field(_field(response, "usage"), "prompt_tokens_details")
-    cached = _field(details, "cached_tokens")
-    return cached if isinstance(cached, int) and not isinstance(cached, bool) and cached > 0 else 0
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _field(obj: Any, name: str) -> Any:
