@@ -35,6 +35,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from datetime import datetime
 from typing import Any, TypeVar
 
 from bot import metrics
@@ -96,7 +97,7 @@ class Door:
         if doors.on_active is not None and not result.unfinished and isinstance(event, UserMessage | FileUploaded):
             # The person answered: check-in back-off starts over.
             try:
-                await doors.on_active(self.key, event)
+                await doors.on_active(self.key, event.created_at)
             except StoreError as error:
                 # The replies must still go out (they are in the outbox, unsent); the back-off catches up later.
                 log.warning("could not note %s as active for check-ins (%s)", self.key, error)
@@ -160,8 +161,8 @@ class Doors:
         self.outbox = outbox
         self.store_wait = store_wait
         self.limits = limits
-        # Told when a person wrote (check-in back-off); set by `memgpt-bot run`.
-        self.on_active: Callable[[str, Event], Awaitable[None]] | None = None
+        # Told when a person wrote, with when (check-in back-off starts over); set by `memgpt-bot run`.
+        self.on_active: Callable[[str, datetime], Awaitable[None]] | None = None
         self.lanes = Lanes()  # gate 1 for every agent, and each person's delivery order
         self._agents: dict[str, Agent] = {}
         # id(batch) -> the followers split off it by `_attempt`, to handle alone after it.

@@ -128,7 +128,6 @@ class Runtime(LedgerCommands):
             store_wait=self.store_wait,
             limits=self.limits,
         )
-        self.doors.on_active = self._active
         # The event port (bot/ports.py) is the doors'.
         self.handle = self.doors.handle
         self.turn = self.doors.turn
@@ -235,10 +234,7 @@ class Runtime(LedgerCommands):
         and hears when a person wrote. None, None: disconnected, at shutdown."""
         self.store_wait.notify = deliver
         self.scheduler = scheduler
-
-    async def _active(self, key: str, event: Event) -> None:
-        if self.scheduler is not None:
-            await self.scheduler.user_active(key, event.created_at)
+        self.doors.on_active = scheduler.user_active if scheduler is not None else None
 
     async def _schedules_changed(self) -> None:
         if self.scheduler is not None:
