@@ -35,6 +35,7 @@ from adapters.slack import (
     SlackConfig,
 )
 from adapters.slack.format import markdown_to_mrkdwn, slack_to_plain
+from bot.commands.catalog import NOTHING_HELD
 from bot.events import Event
 from bot.events import Reply as BotReply
 from bot.runtime import Runtime
@@ -538,7 +539,7 @@ async def test_memory_command_answers_privately(bot: SlackBot, llm_server: FakeL
     assert await bot.command("/memory", tag="before") == (200, "")
     [empty] = await bot.slack.wait_for("response_url")
     assert empty.args["response_type"] == "ephemeral"
-    assert empty.args["text"] == "I don't hold anything about you yet."
+    assert empty.args["text"] == NOTHING_HELD
 
     llm_server.script(
         reply_tool_calls(
@@ -668,6 +669,41 @@ async def test_checkin_command_manages_check_ins_delivered_to_the_dm(start_bot: 
     assert answer.args["response_type"] == "ephemeral"
     assert answer.args["text"] == "Check-in #1: *daily* at 09:00 &lt;Europe/Paris&gt;"
     assert checkins.calls == [("slack", "T1:U1", "daily 09:00 water the plants", {"dm_user": "U1"})]
+
+
+async def test_close_waits_for_command_answers_under_way_then_cuts_the_rest_short(start_bot: Start) -> None:
+    class SlowCheckins(RecordingBot):
+        """`/checkin slow` answers after a moment; `/checkin stuck` never does."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: list[str] = []
+            self.cancelled: list[str] = []
+
+        async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
+            self.started.append(text)
+            try:
+                await asyncio.sleep(0.3 if text == "slow" else 3600)
+            except asyncio.CancelledError:
+                self.cancelled.append(text)
+                raise
+            return f"answered {text}"
+
+    checkins = SlowCheckins()
+    bot = await start_bot(checkins)
+    for text in ("slow", "stuck"):
+        assert await bot.command("/checkin", tag=text, text=text) == (200, "")
+    deadline = time.monotonic() + 10
+    while len(checkins.started) < 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+    started = time.monotonic()
+    await bot.adapter.close(grace=1.0)
+    assert time.monotonic() - started < 3  # bounded: the stuck one does not hold shutdown
+    # The answer under way was sent before close returned; the stuck one was cancelled, unanswered.
+    assert [call.args["text"] for call in bot.slack.calls_to("response_url")] == ["answered slow"]
+    assert checkins.cancelled == ["stuck"]
 
 
 # --------------------------------------------------------------------------- files

@@ -8,10 +8,10 @@ from adapters.slack.app import EVENTS_PATH
 from adapters.slack.commands import FORGET_ABOUT, FORGET_CANCEL, FORGET_CONFIRM, FORGET_ITEM, SHARE_ITEM
 from adapters.slack.config import PLATFORM, REPLY_LIMIT, SlackConfig, SlackSetupError
 from adapters.slack.send import METADATA_TYPE
-from bot.ports import BotPort
+from bot.ports import AdapterPort
 
 
-def plan(bot: BotPort, env: Mapping[str, str]) -> tuple[SlackAdapter | None, str]:
+def plan(bot: AdapterPort, env: Mapping[str, str]) -> tuple[SlackAdapter | None, str]:
     """The adapter for `memgpt-bot run` (adapters/platforms.py), or None and why not."""
     try:
         config = SlackConfig.from_env(env)

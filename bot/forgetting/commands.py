@@ -1,8 +1,9 @@
 """The runtime's memory-ledger calls (a mixin of Runtime): the ledger, one
 item forgotten, a topic shown and then forgotten, for the CLI and, through
-the port (bot/ports.py), the platforms' `/memory` and `/forget`. Each waits for
-the person's agent to be idle (lease, then lane) and drops the loaded agent
-after a change, so its next event reads what is left."""
+the command port (bot/commands/port.py), the platforms' `/memory` and
+`/forget`. Each waits for the person's agent to be idle (lease, then lane)
+and drops the loaded agent after a change, so its next event reads what is
+left."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ class LedgerCommands:
         lines = [f"Best matches for {query!r} (messages, then saved passages):"]
         return "\n".join([*lines, *(item.line(n) for n, item in enumerate(items, 1))])
 
-    # -- the port's (bot/ports.py) -------------------------------------------
+    # -- the command port's (bot/commands/port.py) ------------------------
     async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
         return await self.search_memory(agent_key(platform, user_id), query)
 
