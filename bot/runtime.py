@@ -24,14 +24,14 @@ from bot.durable.lanes import Lanes
 from bot.durable.leases import Leases, leases_for
 from bot.durable.outbox import Outbox
 from bot.durable.store_wait import StoreWait
-from bot.events import Event, FileUploaded, Reply, UserMessage, agent_key
+from bot.events import Event, FileUploaded, Reply, UserMessage
 from bot.forgetting.commands import LedgerCommands
 from bot.functions.core import build_core_functions
 from bot.functions.forget import register_forget_functions
 from bot.limits import UsageLimits
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
-from bot.reports import describe_user, plural, render_description
+from bot.reports import describe_user, plural
 from bot.sanitize import sanitize_event
 from bot.services import AgentServices
 from memory.archival import ArchivalMemory
@@ -307,12 +307,7 @@ class Runtime(LedgerCommands):
             self._agents.pop(key, None)  # a loaded agent reloads its blocks as stored
             return block
 
-    # -- the adapters' slash commands (/memory, /forget) -----------------------
-    async def memory_report(self, platform: str, user_id: str) -> str | None:
-        """What the bot holds on this user, as text for them; None if nothing."""
-        description = await self.describe(agent_key(platform, user_id))
-        return render_description(description) if description else None
-
+    # -- /checkin, for the slash commands (bot/commands/) -----------------------
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
         """`/checkin ...` on any platform: manage this user's scheduled check-ins."""
         return await checkin_command(
@@ -329,9 +324,6 @@ class Runtime(LedgerCommands):
     async def _schedules_changed(self) -> None:
         if self.scheduler is not None:
             await self.scheduler.resync()
-
-    async def forget_user(self, platform: str, user_id: str) -> bool:
-        return await self.forget(agent_key(platform, user_id))
 
     async def describe(self, key: str) -> dict[str, Any] | None:
         """Working context, summary and counts (for `/memory` and `memory show`)."""

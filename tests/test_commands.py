@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
-from bot.commands import COMMANDS, Caller, press, run
-from bot.commands.catalog import FORGET_FAILED, FORGET_QUESTION, MEMORY_FAILED, NOTHING_HELD
-from bot.forgetting.ledger import Item, LedgerPage
+from bot.commands.catalog import COMMANDS, FORGET_FAILED, FORGET_QUESTION, MEMORY_FAILED, NOTHING_HELD, press, run
+from bot.commands.model import Caller
+from bot.forgetting.erasing import Receipt
+from bot.forgetting.ledger import Item, LedgerPage, UnknownItem
+from bot.forgetting.matching import Found
 from memory.places import DM_KEY
+from memory.types import Passage
 
 ALICE = Caller("slack", "T1:U1", {"dm_user": "U1"})
 
@@ -23,41 +26,46 @@ class Port:
         self.failing = failing
         self.calls: list[tuple[str, ...]] = []
 
-    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
-        self.calls.append(("ledger", user_id, str(page)))
+    async def ledger(self, key: str, page: int = 1) -> LedgerPage | None:
+        self.calls.append(("ledger", key, str(page)))
         if self.failing:
             raise RuntimeError("store down")
         items = [Item("note:7", "note", "Loves jazz.", DM_KEY, None), Item("", "messages", "3 messages", DM_KEY, None)]
         return LedgerPage(items, page, 2, 12)
 
-    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
-        self.calls.append(("forget", user_id, item_id))
+    async def forget_one(self, key: str, item_id: str) -> Receipt:
+        self.calls.append(("forget", key, item_id))
         if self.failing:
             raise RuntimeError("store down")
-        return f"Forgotten: {item_id}"
+        if item_id != "note:7":
+            raise UnknownItem(f"No item {item_id!r}.")
+        return Receipt(notes=1)
 
-    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
-        self.calls.append(("share", user_id, item_id))
+    async def share_note(self, key: str, item_id: str) -> str:
+        self.calls.append(("share", key, item_id))
         return f"Shared: {item_id}"
 
-    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
-        self.calls.append(("search", user_id, query))
+    async def search_memory(self, key: str, query: str) -> str:
+        self.calls.append(("search", key, query))
         return f"Best matches for {query!r}"
 
-    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
-        self.calls.append(("preview", user_id, about))
-        return None if about == "nothing" else f"About {about!r} I hold 1 item."
+    async def preview_forget(self, key: str, about: str) -> Found:
+        self.calls.append(("preview", key, about))
+        found = Found(about)
+        if about != "nothing":
+            found.passages.append(Passage(f"My {about} number.", id=1))
+        return found
 
-    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
-        self.calls.append(("forget about", user_id, about))
-        return "Forgotten: 1 saved passage"
+    async def forget_topic(self, key: str, about: str) -> Receipt:
+        self.calls.append(("forget about", key, about))
+        return Receipt(passages=1)
 
-    async def forget_user(self, platform: str, user_id: str) -> bool:
-        self.calls.append(("forget user", user_id))
+    async def forget(self, key: str) -> bool:
+        self.calls.append(("forget everything", key))
         return True
 
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
-        self.calls.append(("checkin", user_id, text, str(reply_to)))
+        self.calls.append(("checkin", platform, user_id, text, str(reply_to)))
         return f"checkin {text}"
 
 
@@ -85,7 +93,7 @@ def test_a_line_of_text_names_an_option_or_fills_the_rest(name: str, text: str, 
 async def test_memory_lists_the_page_with_a_button_per_item_that_can_be_forgotten_or_shared() -> None:
     port = Port()
     answer = await run(port, "memory", ALICE, {"page": 2})
-    assert port.calls == [("ledger", "T1:U1", "2")]
+    assert port.calls == [("ledger", "slack:T1:U1", "2")]
     assert answer.text == "What I hold on you: 12 items, page 2 of 2."
     note, count = answer.entries
     assert note.text.startswith("11. Note: Loves jazz.") and count.text.startswith("12. Messages: 3 messages")
@@ -100,8 +108,10 @@ async def test_memory_lists_the_page_with_a_button_per_item_that_can_be_forgotte
 
 async def test_memory_verbs_reach_the_same_work_as_the_buttons() -> None:
     port = Port()
-    assert (await run(port, "memory", ALICE, {"forget": " note:7 "})).text == "Forgotten: note:7"
-    assert (await press(port, "forget_item", ALICE, "note:7")).text == "Forgotten: note:7"
+    forgotten = (await run(port, "memory", ALICE, {"forget": " note:7 "})).text
+    assert forgotten.startswith("Forgotten: ") and "1 note" in forgotten
+    assert (await press(port, "forget_item", ALICE, "note:7")).text == forgotten
+    assert (await press(port, "forget_item", ALICE, "note:8")).text == "No item 'note:8'."
     assert (await run(port, "memory", ALICE, {"share": "note:7"})).text == "Shared: note:7"
     assert (await run(port, "memory", ALICE, {"search": "jazz"})).text == "Best matches for 'jazz'"
 
@@ -114,21 +124,22 @@ async def test_forget_asks_first_and_only_a_press_deletes() -> None:
     assert (await press(port, "forget_cancel", ALICE, "")).text == "Cancelled: nothing was deleted."
     assert port.calls == []
     assert (await press(port, "forget_confirm", ALICE, "")).text.startswith("Done: I have forgotten everything")
-    assert port.calls == [("forget user", "T1:U1")]
+    assert port.calls == [("forget everything", "slack:T1:U1")]
 
 
 async def test_forget_about_shows_what_matches_and_its_button_carries_the_topic() -> None:
     port = Port()
     assert (await run(port, "forget", ALICE, {"about": "nothing"})).text == "I hold nothing about 'nothing'."
     question = await run(port, "forget", ALICE, {"about": "passport"})
-    assert question.text == "About 'passport' I hold 1 item." and question.buttons[0].value == "passport"
-    assert (await press(port, "forget_about", ALICE, "passport")).text == "Forgotten: 1 saved passage"
+    assert question.text.startswith("About 'passport' I hold ") and "My passport number." in question.text
+    assert question.buttons[0].value == "passport"
+    assert "1 saved passage" in (await press(port, "forget_about", ALICE, "passport")).text
 
 
 async def test_checkin_defaults_to_help_and_goes_to_the_callers_dm() -> None:
     port = Port()
     assert (await run(port, "checkin", ALICE, {})).text == "checkin help"
-    assert port.calls == [("checkin", "T1:U1", "help", "{'dm_user': 'U1'}")]
+    assert port.calls == [("checkin", "slack", "T1:U1", "help", "{'dm_user': 'U1'}")]
 
 
 async def test_a_failure_is_logged_and_answered_with_the_commands_apology(caplog: pytest.LogCaptureFixture) -> None:
@@ -140,7 +151,7 @@ async def test_a_failure_is_logged_and_answered_with_the_commands_apology(caplog
 
 async def test_nothing_held_says_so() -> None:
     class Empty(Port):
-        async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
+        async def ledger(self, key: str, page: int = 1) -> LedgerPage | None:
             return None
 
     assert (await run(Empty(), "memory", ALICE, {})).text == NOTHING_HELD

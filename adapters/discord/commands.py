@@ -22,7 +22,9 @@ from discord import app_commands
 from adapters.discord.config import MESSAGE_LIMIT, PLATFORM
 from adapters.discord.parse import dm_address
 from adapters.splitting import split_at_most
-from bot.commands import ACTIONS, COMMANDS, Answer, Button, Caller, CommandPort, SlashCommand, press, run
+from bot.commands.catalog import ACTIONS, COMMANDS, press, run
+from bot.commands.model import Answer, Button, Caller, SlashCommand
+from bot.commands.port import CommandPort
 
 log = logging.getLogger(__name__)
 
@@ -97,19 +99,17 @@ def _first(answer: Answer) -> str:
 
 async def send_answer(
     port: CommandPort, interaction: discord.Interaction, answer: Answer, *, forget_timeout: float = FORGET_TIMEOUT
-) -> AnswerView | None:
+) -> None:
     """Send the answer to a deferred interaction: its text in messages, the buttons under the last."""
-    chunks = split_at_most(answer.whole, MESSAGE_LIMIT)
-    for text in chunks[:-1]:
+    *chunks, last = split_at_most(answer.whole, MESSAGE_LIMIT)
+    for text in chunks:
         await interaction.followup.send(text, ephemeral=True)
     if not answer.all_buttons:
-        await interaction.followup.send(chunks[-1], ephemeral=True)
-        return None
-    timeout = forget_timeout if answer.expires else LIST_TIMEOUT
-    view = AnswerView(port, interaction.user.id, answer, timeout=timeout)
-    await interaction.followup.send(chunks[-1], ephemeral=True, view=view)
+        await interaction.followup.send(last, ephemeral=True)
+        return
+    view = AnswerView(port, interaction.user.id, answer, timeout=forget_timeout if answer.expires else LIST_TIMEOUT)
+    await interaction.followup.send(last, ephemeral=True, view=view)
     view.question = interaction
-    return view
 
 
 def slash_command(

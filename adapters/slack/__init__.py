@@ -5,7 +5,6 @@ from collections.abc import Mapping
 from adapters.pipeline import APOLOGY
 from adapters.slack.adapter import SlackAdapter
 from adapters.slack.app import EVENTS_PATH
-from adapters.slack.commands import FORGET_ABOUT, FORGET_CANCEL, FORGET_CONFIRM, FORGET_ITEM, SHARE_ITEM
 from adapters.slack.config import PLATFORM, REPLY_LIMIT, SlackConfig, SlackSetupError
 from adapters.slack.send import METADATA_TYPE
 from bot.ports import AdapterPort
@@ -31,14 +30,9 @@ def plan(bot: AdapterPort, env: Mapping[str, str]) -> tuple[SlackAdapter | None,
 __all__ = [
     "APOLOGY",
     "EVENTS_PATH",
-    "FORGET_ABOUT",
-    "FORGET_CANCEL",
-    "FORGET_CONFIRM",
-    "FORGET_ITEM",
     "METADATA_TYPE",
     "PLATFORM",
     "REPLY_LIMIT",
-    "SHARE_ITEM",
     "SlackAdapter",
     "SlackConfig",
     "SlackSetupError",

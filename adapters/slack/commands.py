@@ -23,7 +23,9 @@ from adapters.slack.api import CALL_ERRORS, error_code
 from adapters.slack.config import PLATFORM, REPLY_LIMIT
 from adapters.slack.format import escape, markdown_to_mrkdwn
 from adapters.splitting import split_at_most
-from bot.commands import ACTIONS, COMMANDS, Answer, Button, Caller, CommandPort, press, run
+from bot.commands.catalog import ACTIONS, COMMANDS, press, run
+from bot.commands.model import Answer, Button, Caller
+from bot.commands.port import CommandPort
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +37,6 @@ VALUE_LIMIT = 2_000  # characters of a button's value
 def action_id(action: str) -> str:
     """A button's Block Kit action_id, from the neutral action's name."""
     return f"memgpt_{action}"
-
-
-FORGET_CONFIRM = action_id("forget_confirm")
-FORGET_CANCEL = action_id("forget_cancel")
-FORGET_ITEM = action_id("forget_item")  # "Forget this" under an item of /memory; its value is the item id
-SHARE_ITEM = action_id("share_item")  # "Share everywhere" under a note of /memory
-FORGET_ABOUT = action_id("forget_about")  # the confirm button of /forget about:; its value is the topic
 
 
 def answer_messages(answer: Answer) -> list[dict[str, Any]]:

@@ -6,21 +6,3 @@ the bot's, through the command port (bot/commands/port.py).
 A new command is one `SlashCommand` in catalog.py's COMMANDS (and, for its
 buttons, an `Action` in ACTIONS): the adapters register and render whatever
 is there."""
-
-from bot.commands.catalog import ACTIONS, COMMANDS, press, run
-from bot.commands.model import Answer, Button, Caller, Entry, Option, SlashCommand
-from bot.commands.port import CommandPort
-
-__all__ = [
-    "ACTIONS",
-    "COMMANDS",
-    "Answer",
-    "Button",
-    "Caller",
-    "CommandPort",
-    "Entry",
-    "Option",
-    "SlashCommand",
-    "press",
-    "run",
-]

@@ -10,7 +10,7 @@ import logging
 
 from bot.commands.model import Action, Answer, Args, Button, Caller, Entry, Option, SlashCommand
 from bot.commands.port import CommandPort
-from bot.forgetting.ledger import PAGE_SIZE, LedgerPage
+from bot.forgetting.ledger import PAGE_SIZE, LedgerPage, UnknownItem, describe_found
 
 log = logging.getLogger(__name__)
 
@@ -35,12 +35,12 @@ CANCEL = Button("forget_cancel", "", "Cancel")
 # -- /memory -------------------------------------------------------------------
 async def memory(port: CommandPort, caller: Caller, args: Args) -> Answer:
     if "search" in args:
-        return Answer(await port.search_memory_for(caller.platform, caller.user_id, str(args["search"])))
+        return Answer(await port.search_memory(caller.key, str(args["search"])))
     for verb in ("forget", "share"):
         item = str(args.get(verb, "")).strip()
         if item:  # the text way to a button
             return Answer(await ACTIONS[f"{verb}_item"].act(port, caller, item))
-    page = await port.memory_ledger(caller.platform, caller.user_id, int(args.get("page", 1)))
+    page = await port.ledger(caller.key, int(args.get("page", 1)))
     return ledger_answer(page) if page is not None and page.total else Answer(NOTHING_HELD)
 
 
@@ -63,15 +63,26 @@ async def forget(port: CommandPort, caller: Caller, args: Args) -> Answer:
     if not about:
         confirm = Button("forget_confirm", "", "Delete everything", danger=True)
         return Answer(FORGET_QUESTION, markdown=True, buttons=(confirm, CANCEL), expires=FORGET_TIMED_OUT)
-    preview = await port.preview_forget_about(caller.platform, caller.user_id, about)
-    if preview is None:
+    found = await port.preview_forget(caller.key, about)
+    if found.empty:
         return Answer(f"I hold nothing about {about!r}.")
     confirm = Button("forget_about", about, "Delete all of this", danger=True)
-    return Answer(preview, buttons=(confirm, CANCEL), expires=FORGET_TIMED_OUT)
+    return Answer(describe_found(found), buttons=(confirm, CANCEL), expires=FORGET_TIMED_OUT)
+
+
+async def forget_item(port: CommandPort, caller: Caller, item: str) -> str:
+    try:
+        return (await port.forget_one(caller.key, item)).text()
+    except UnknownItem as error:
+        return str(error)
+
+
+async def forget_about(port: CommandPort, caller: Caller, about: str) -> str:
+    return (await port.forget_topic(caller.key, about)).text()
 
 
 async def forget_everything(port: CommandPort, caller: Caller, value: str) -> str:
-    return FORGET_DONE if await port.forget_user(caller.platform, caller.user_id) else FORGET_NOTHING
+    return FORGET_DONE if await port.forget(caller.key) else FORGET_NOTHING
 
 
 async def cancel(port: CommandPort, caller: Caller, value: str) -> str:
@@ -120,19 +131,10 @@ COMMANDS: dict[str, SlashCommand] = {
 
 # The buttons' actions, by the name a Button carries.
 ACTIONS: dict[str, Action] = {
-    "forget_item": Action(
-        lambda port, caller, item: port.forget_memory_item(caller.platform, caller.user_id, item), FORGET_FAILED
-    ),
-    "share_item": Action(
-        lambda port, caller, item: port.share_memory_item(caller.platform, caller.user_id, item), MEMORY_FAILED
-    ),
+    "forget_item": Action(forget_item, FORGET_FAILED),
+    "share_item": Action(lambda port, caller, item: port.share_note(caller.key, item), MEMORY_FAILED),
     "forget_confirm": Action(forget_everything, FORGET_FAILED, closes=True, working=FORGET_WORKING),
-    "forget_about": Action(
-        lambda port, caller, about: port.forget_memories_about(caller.platform, caller.user_id, about),
-        FORGET_FAILED,
-        closes=True,
-        working=FORGET_ABOUT_WORKING,
-    ),
+    "forget_about": Action(forget_about, FORGET_FAILED, closes=True, working=FORGET_ABOUT_WORKING),
     "forget_cancel": Action(cancel, FORGET_FAILED, closes=True),
 }
 

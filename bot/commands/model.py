@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bot.commands.port import CommandPort
+from bot.events import agent_key
 
 Args = Mapping[str, str | int]
 
@@ -20,6 +21,11 @@ class Caller:
     platform: str
     user_id: str
     reply_to: dict[str, Any] = field(default_factory=dict)  # their DM: where check-ins go
+
+    @property
+    def key(self) -> str:
+        """Their agent's key: whose memory every command acts on."""
+        return agent_key(self.platform, self.user_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +38,7 @@ class Button:
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
-    """One item of a listed answer, with the buttons that act on it."""
-
+class Entry:  # one item of a listed answer, with the buttons that act on it
     text: str
     buttons: tuple[Button, ...] = ()
 
