@@ -14,7 +14,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from bot.ports import BotPort
+from bot.ports import AdapterPort
 
 PLATFORMS: dict[str, str] = {
     "discord": "adapters.discord",
@@ -22,7 +22,7 @@ PLATFORMS: dict[str, str] = {
 }
 
 
-def plan_platform(name: str, bot: BotPort, env: Mapping[str, str]) -> tuple[Any, str]:
+def plan_platform(name: str, bot: AdapterPort, env: Mapping[str, str]) -> tuple[Any, str]:
     """The platform's adapter on `bot` (None when it is not configured) and the reason."""
     adapter, reason = importlib.import_module(PLATFORMS[name]).plan(bot, env)
     return adapter, str(reason)

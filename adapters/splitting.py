@@ -68,3 +68,18 @@ def split_message(text: str, limit: int) -> list[str]:
     if rest.strip() or not chunks:
         chunks.append(rest.rstrip() if chunks else rest)
     return chunks
+
+
+TRUNCATED = "\n… (cut short: there is more than fits here)"
+
+
+def split_at_most(text: str, limit: int, most: int = 5) -> list[str]:
+    """`split_message`, cut to `most` chunks (a wall of private answers helps nobody),
+    the last saying it was cut."""
+    chunks = split_message(text, limit)
+    if len(chunks) <= most:
+        return chunks
+    kept = chunks[:most]
+    # Re-split the last kept chunk so the note fits without cutting through a code fence.
+    kept[-1] = split_message(kept[-1], limit - len(TRUNCATED))[0] + TRUNCATED
+    return kept

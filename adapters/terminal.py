@@ -10,7 +10,7 @@ The smallest platform of the contract (adapters/pipeline.py): a line is an
 arrival, `build` makes its `UserMessage`, `send` prints a reply. Each line
 takes the same durable path as a Slack or Discord message (recorded, in the
 person's lane, answered, finished), and the next is read once it is answered.
-Like every adapter it knows nothing of memory: it calls only the `BotPort`.
+Like every adapter it knows nothing of memory: it calls only the `EventPort`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any, TextIO
 
 from adapters.pipeline import Arrival, Item, Pipeline
 from bot.events import Delivery, Reply, UserMessage
-from bot.ports import BotPort
+from bot.ports import EventPort
 
 PLATFORM = "terminal"
 PROMPT = "you> "
@@ -73,7 +73,7 @@ class TerminalChat:
 
     def __init__(
         self,
-        bot: BotPort,
+        bot: EventPort,
         user_id: str,
         *,
         platform: str = PLATFORM,

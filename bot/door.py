@@ -177,11 +177,12 @@ class Doors:
     # -- gate 1, and the count of work in flight ----------------------------------
     @asynccontextmanager
     async def turn(self, key: str, *, after: StartGate | None = None) -> AsyncIterator[Turn]:
-        with self._in_flight():
+        with self.counted():
             async with self.lanes.hold(key, after=after):
                 yield Turn(key)
 
-    def _in_flight(self) -> _Open:
+    def counted(self) -> _Open:
+        """Counts the `with` body as work in flight, for `settle`."""
         return _Open(self._open)
 
     @property
@@ -237,14 +238,14 @@ class Doors:
 
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
         # Its work is counted in flight by the turn its task takes first (adapters/pipeline.py).
-        with self._in_flight():
+        with self.counted():
             fresh = await self.inbox.receive(platform, event_id, user_id, payload)
         if fresh:
             metrics.EVENTS_RECEIVED.labels(platform).inc()
         return fresh
 
     async def finished(self, event_id: str) -> None:
-        with self._in_flight():
+        with self.counted():
             await self.inbox.finished(event_id)
 
     async def leftovers(self, platform: str) -> list[Redo]:

@@ -9,9 +9,9 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import PurePath
 from typing import Any, Protocol
 
+from bot.commands.port import CommandPort
 from bot.durable.lanes import Report, Send, StartGate, Turn
 from bot.events import Delivery, Event, Redo, Reply
-from bot.forgetting.ledger import LedgerPage
 from memory.ingest.documents import document_kind
 
 
@@ -76,43 +76,5 @@ class EventPort(Protocol):
         ...
 
 
-class BotPort(EventPort, Protocol):
-    """The event port and the slash commands' calls."""
-
-    async def memory_report(self, platform: str, user_id: str) -> str | None:
-        """Text describing what the bot holds on this user (for /memory); None if nothing."""
-        ...
-
-    async def forget_user(self, platform: str, user_id: str) -> bool:
-        """Delete everything held on this user (for /forget); whether there was anything."""
-        ...
-
-    # The memory ledger (bot/forgetting/): what is held, item by item, and selective forget.
-    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
-        """One page of the items held on this user (for /memory); None if nothing."""
-        ...
-
-    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
-        """Forget one item by its ledger id; the answer to show (a receipt, or why not)."""
-        ...
-
-    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
-        """`/memory search <words>`: the person's memory searched as the agent searches it; the answer."""
-        ...
-
-    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
-        """Show one note (a working-context line) everywhere, the person's choice; the answer."""
-        ...
-
-    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
-        """What forgetting `about` would delete, to confirm (for /forget about:); None if nothing."""
-        ...
-
-    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
-        """Forget everything about `about`, everywhere; the receipt."""
-        ...
-
-    async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
-        """`/checkin ...`: manage the user's scheduled check-ins; the answer to show them.
-        `reply_to` is where future check-ins are delivered (usually the user's DM)."""
-        ...
+class AdapterPort(EventPort, CommandPort, Protocol):
+    """What a platform adapter is given: its pipeline's events and its slash commands."""

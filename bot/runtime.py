@@ -23,14 +23,14 @@ from bot.durable.leases import Leases, leases_for
 from bot.durable.outbox import Outbox
 from bot.durable.redelivery import Sender
 from bot.durable.store_wait import StoreWait
-from bot.events import Event, agent_key
+from bot.events import Event
 from bot.forgetting.commands import LedgerCommands
 from bot.functions.core import build_core_functions
 from bot.functions.forget import register_forget_functions
 from bot.limits import UsageLimits
 from bot.llm import LLMClient
 from bot.prompts import SYSTEM_INSTRUCTIONS
-from bot.reports import describe_user, render_description
+from bot.reports import describe_user
 from bot.services import AgentServices
 from bot.settings import CheckinSettings
 from memory.archival import ArchivalMemory
@@ -209,24 +209,21 @@ class Runtime(LedgerCommands):
 
         return await self.doors.admin(key, sharing)  # a loaded agent reloads its blocks as stored
 
-    # -- the adapters' slash commands (/memory, /forget) -----------------------
-    async def memory_report(self, platform: str, user_id: str) -> str | None:
-        """What the bot holds on this user, as text for them; None if nothing."""
-        description = await self.describe(agent_key(platform, user_id))
-        return render_description(description) if description else None
-
+    # -- /checkin, for the slash commands (bot/commands/) -----------------------
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
-        """`/checkin ...` on any platform: manage this user's scheduled check-ins."""
-        return await checkin_command(
-            platform,
-            user_id,
-            text,
-            reply_to,
-            self.schedules,
-            utc_now,
-            settings=self.checkin_settings,
-            on_change=self._schedules_changed,
-        )
+        """`/checkin ...` on any platform: manage this user's scheduled check-ins (no agent's
+        turn: it reads and writes only the schedules; counted in flight for the shutdown wait)."""
+        with self.doors.counted():
+            return await checkin_command(
+                platform,
+                user_id,
+                text,
+                reply_to,
+                self.schedules,
+                utc_now,
+                settings=self.checkin_settings,
+                on_change=self._schedules_changed,
+            )
 
     def connect(self, deliver: Sender | None, scheduler: CheckinScheduler | None) -> None:
         """What `memgpt-bot run` (cli/app.py) wires once its adapters are up: `deliver` sends
@@ -239,9 +236,6 @@ class Runtime(LedgerCommands):
     async def _schedules_changed(self) -> None:
         if self.scheduler is not None:
             await self.scheduler.resync()
-
-    async def forget_user(self, platform: str, user_id: str) -> bool:
-        return await self.forget(agent_key(platform, user_id))
 
     async def describe(self, key: str) -> dict[str, Any] | None:
         """Working context, summary and counts (for `/memory` and `memory show`)."""

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from adapters.platforms import PLATFORMS, plan_platform
 from bot.durable.redelivery import Redelivery
 from bot.events import Redo, Reply
-from bot.ports import BotPort
+from bot.ports import AdapterPort
 from memory.store import StoreError
 from memory.types import utc_now
 
@@ -68,7 +68,7 @@ class NoAdapterError(Exception):
     """No platform has credentials configured, or every adapter stopped with an error."""
 
 
-def plan_adapters(bot: BotPort, env: Mapping[str, str] | None = None) -> list[AdapterPlan]:
+def plan_adapters(bot: AdapterPort, env: Mapping[str, str] | None = None) -> list[AdapterPlan]:
     env = os.environ if env is None else env
     plans = []
     for name in PLATFORMS:  # adapters/platforms.py

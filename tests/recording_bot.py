@@ -14,6 +14,9 @@ from typing import Any
 
 from bot.durable.lanes import Lanes, Report, Send, StartGate, Turn
 from bot.events import Delivery, Event, Redo, Reply, UserMessage
+from bot.forgetting.erasing import Receipt
+from bot.forgetting.ledger import UnknownItem
+from bot.forgetting.matching import Found
 
 
 @dataclass
@@ -73,30 +76,27 @@ class RecordingBot:
     async def file_notice(self, reply: Reply) -> list[Reply]:
         return [reply]
 
-    async def memory_report(self, platform: str, user_id: str) -> str | None:
-        return None
-
-    async def forget_user(self, platform: str, user_id: str) -> bool:
+    # The command port: this bot holds nothing, so there is nothing to list, share or forget.
+    async def forget(self, key: str) -> bool:
         return False
 
-    # The memory ledger: this bot holds nothing, so there is nothing to list, share or forget.
-    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> None:
+    async def ledger(self, key: str, page: int = 1) -> None:
         return None
 
-    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+    async def forget_one(self, key: str, item_id: str) -> Receipt:
+        raise UnknownItem("I hold nothing on you.")
+
+    async def share_note(self, key: str, item_id: str) -> str:
         return "I hold nothing on you."
 
-    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
+    async def search_memory(self, key: str, query: str) -> str:
         return "I hold nothing on you."
 
-    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
-        return "I hold nothing on you."
+    async def preview_forget(self, key: str, about: str) -> Found:
+        return Found(about)
 
-    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
-        return None
-
-    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
-        return "I hold nothing on you."
+    async def forget_topic(self, key: str, about: str) -> Receipt:
+        return Receipt()
 
     def messages(self) -> list[UserMessage]:
         return [event for event in self.events if isinstance(event, UserMessage)]

@@ -30,15 +30,14 @@ from discord.http import Route
 from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
 from adapters.discord import DiscordAdapter, DiscordConfig, dm_address
-from adapters.discord.commands import (
+from adapters.splitting import TRUNCATED, split_at_most
+from bot.commands.catalog import (
     FORGET_CANCELLED,
     FORGET_DONE,
     FORGET_QUESTION,
     FORGET_TIMED_OUT,
     FORGET_WORKING,
     NOTHING_HELD,
-    TRUNCATED,
-    report_messages,
 )
 from bot.errors import ConfigError
 from bot.events import Reply as BotReply
@@ -678,10 +677,9 @@ async def test_forget_times_out_without_deleting(discord_bot: Harness) -> None:
 
 def test_a_long_memory_report_is_split_and_cut_to_five_messages() -> None:
     report = "\n".join(f"line {i}: " + "tomatoes " * 20 for i in range(200))
-    messages = report_messages(report)
+    messages = split_at_most(report, 2_000)
     assert len(messages) == 5 and all(len(m) <= 2_000 for m in messages)
     assert messages[-1].endswith(TRUNCATED)
-    assert report_messages(None) == report_messages("  ") == [NOTHING_HELD]
 
 
 # -- configuration ---------------------------------------------------------------

@@ -366,7 +366,7 @@ async def test_forget_leaves_nothing_in_the_sqlite_file_or_the_data_folder(
         assert labels(before) == set(needles.patterns), "the scan cannot see some of what the user left"
         assert_covered(db, before)
 
-        assert await runtime.forget_user(PLATFORM, gone.user_id)
+        assert await runtime.forget(agent_key(PLATFORM, gone.user_id))
         # The bot keeps running: the WAL and the ANN folder are scanned as they are now.
         after = sqlite_hits(db, needles) | file_hits(data, needles)
         assert sorted(after) == [], "left behind after /forget (bot running):\n" + "\n".join(sorted(after))
@@ -425,7 +425,7 @@ async def test_forget_leaves_nothing_in_any_mongodb_collection(
         before = mongo_hits(mongo_target.uri, store.database, needles)
         assert labels(before) == set(needles.patterns), "the scan cannot see some of what the user left"
 
-        assert await runtime.forget_user(PLATFORM, gone.user_id)
+        assert await runtime.forget(agent_key(PLATFORM, gone.user_id))
         after = mongo_hits(mongo_target.uri, store.database, needles)
         assert sorted(after) == [], "left behind after /forget:\n" + "\n".join(sorted(after))
         assert labels(mongo_hits(mongo_target.uri, store.database, survivors)) == set(survivors.patterns)
@@ -466,7 +466,7 @@ async def test_forget_of_someone_who_only_set_check_ins(
         )
         checkpoint(db)
         assert labels(sqlite_hits(db, needles) | file_hits(data, needles)) == set(needles.patterns)
-        assert await runtime.forget_user(PLATFORM, person.user_id)
+        assert await runtime.forget(agent_key(PLATFORM, person.user_id))
         after = sqlite_hits(db, needles) | file_hits(data, needles)
         assert sorted(after) == [], "left behind after /forget:\n" + "\n".join(sorted(after))
     finally:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from bot.events import ChannelLine, ScheduledTick, UserMessage
+from bot.reports import render_description
 from memory.places import DM, Place
 from memory.types import utc_now
 from memory.working_context import PRIVATE_BLOCK, default_blocks
@@ -122,8 +123,9 @@ async def test_memory_report_says_what_is_private_and_what_is_shared(
     before = len(llm_server.requests)
     await runtime.handle(said("CMD find hello", DM))
     assert "(in #general)" in json.dumps(results(llm_server.requests[before:])), "search results say where"
-    report = await runtime.memory_report("slack", "T1:U1")
-    assert report is not None
+    description = await runtime.describe("slack:T1:U1")
+    assert description is not None
+    report = render_description(description)
     assert "Direct messages (private: only your DMs with me see this)" in report
     assert "Public channel #general (shared: seen wherever you talk to me) [public:C1]" in report
     assert "1 saved passage" in report and "[private] (private)" in report

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from bot.commands.catalog import run
+from bot.commands.model import Caller
 from bot.events import UserMessage
 from bot.forgetting.erasing import REWRITE_INSTRUCTIONS
 from bot.llm import LLMClient
@@ -235,18 +237,20 @@ async def test_one_ledger_item_is_forgotten_by_its_id(
     await runtime.handle(said("I was diagnosed with hypothyroidism last spring."))
     agent = await runtime.agent(f"slack:{USER}")
     await runtime.store.update_queue(agent.id, SUMMARY, 1, utc_now(), place=DM.key)
-    page = await runtime.memory_ledger("slack", USER)
+    page = await runtime.ledger(f"slack:{USER}")
     assert page is not None
     text = page.text()
     assert "Note: Diagnosed with hypothyroidism." in text and "learned in your DMs" in text
     assert "Messages: " in text
     item = next(i for i in page.items if i.kind == item_kind and SECRET.search(i.text))
-    answer = await runtime.forget_memory_item("slack", USER, item.id)
-    assert answer.startswith("Forgotten: ")
-    after = await runtime.memory_ledger("slack", USER)
+    # As `/memory forget <id>` asks it, on any platform.
+    alice = Caller("slack", USER)
+    answer = await run(runtime, "memory", alice, {"forget": item.id})
+    assert answer.text.startswith("Forgotten: ")
+    after = await runtime.ledger(f"slack:{USER}")
     assert after is not None and item.id not in {i.id for i in after.items}
-    again = await runtime.forget_memory_item("slack", USER, item.id)
-    assert again.startswith("No item")
+    again = await run(runtime, "memory", alice, {"forget": item.id})
+    assert again.text.startswith("No item")
 
 
 def test_the_cli_imports_embedded_shows_items_and_forgets_a_topic(llm_server: FakeLLMServer, tmp_path: Path) -> None:

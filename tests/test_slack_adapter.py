@@ -25,16 +25,13 @@ import pytest
 
 from adapters.slack import (
     APOLOGY,
-    FORGET_ABOUT,
-    FORGET_CANCEL,
-    FORGET_CONFIRM,
-    FORGET_ITEM,
     REPLY_LIMIT,
-    SHARE_ITEM,
     SlackAdapter,
     SlackConfig,
 )
+from adapters.slack.commands import action_id
 from adapters.slack.format import markdown_to_mrkdwn, slack_to_plain
+from bot.commands.catalog import NOTHING_HELD
 from bot.durable.lanes import Turn
 from bot.events import Event
 from bot.events import Reply as BotReply
@@ -111,7 +108,7 @@ def echo_number(request: dict[str, Any]) -> Reply:
 @dataclass
 class SlackBot:
     adapter: SlackAdapter
-    runtime: Runtime  # or any BotPort
+    runtime: Runtime  # or any EventPort
     slack: FakeSlack
     session: aiohttp.ClientSession
 
@@ -539,7 +536,7 @@ async def test_memory_command_answers_privately(bot: SlackBot, llm_server: FakeL
     assert await bot.command("/memory", tag="before") == (200, "")
     [empty] = await bot.slack.wait_for("response_url")
     assert empty.args["response_type"] == "ephemeral"
-    assert empty.args["text"] == "I don't hold anything about you yet."
+    assert empty.args["text"] == NOTHING_HELD
 
     llm_server.script(
         reply_tool_calls(
@@ -560,11 +557,13 @@ async def test_memory_command_answers_privately(bot: SlackBot, llm_server: FakeL
     [at] = [n for n, block in enumerate(blocks) if block["type"] == "section" and "jazz" in block["text"]["text"]]
     assert "Note: Loves jazz &amp; &lt;b&gt;blues&lt;/b&gt;. (learned in your DMs, " in blocks[at]["text"]["text"]
     button, share = blocks[at + 1]["elements"]  # the note's buttons, under it
-    assert button["action_id"] == FORGET_ITEM and button["text"]["text"] == "Forget this"
-    assert share["action_id"] == SHARE_ITEM and share["value"] == button["value"]  # a DM note may be shared
+    assert button["action_id"] == action_id("forget_item") and button["text"]["text"] == "Forget this"
+    assert (
+        share["action_id"] == action_id("share_item") and share["value"] == button["value"]
+    )  # a DM note may be shared
 
     # The button forgets that one note, for whoever clicks it.
-    assert (await bot.click(FORGET_ITEM, tag="item", value=button["value"]))[0] == 200
+    assert (await bot.click(action_id("forget_item"), tag="item", value=button["value"]))[0] == 200
     answer = (await bot.slack.wait_for("response_url", 3))[2]
     assert answer.args["text"].startswith("Forgotten: 0 messages, 0 saved passages, 1 note")
     agent = await bot.runtime.store.find_agent("slack:T1:U1")
@@ -592,14 +591,14 @@ async def test_forget_command_asks_first_and_the_button_forgets(bot: SlackBot, l
     buttons = [
         element for block in question.args["blocks"] if block["type"] == "actions" for element in block["elements"]
     ]
-    assert [button["action_id"] for button in buttons] == [FORGET_CONFIRM, FORGET_CANCEL]
+    assert [button["action_id"] for button in buttons] == [action_id("forget_confirm"), action_id("forget_cancel")]
 
-    assert (await bot.click(FORGET_CANCEL, tag="cancel"))[0] == 200
+    assert (await bot.click(action_id("forget_cancel"), tag="cancel"))[0] == 200
     cancelled = (await bot.slack.wait_for("response_url", 2))[1]
     assert cancelled.args["replace_original"] is True and "Cancelled" in cancelled.args["text"]
     assert await bot.runtime.store.find_agent("slack:T1:U1") is not None
 
-    assert (await bot.click(FORGET_CONFIRM, tag="confirm"))[0] == 200
+    assert (await bot.click(action_id("forget_confirm"), tag="confirm"))[0] == 200
     done = (await bot.slack.wait_for("response_url", 3))[2]
     assert done.args["replace_original"] is True and "forgotten everything" in done.args["text"]
     assert await bot.runtime.store.find_agent("slack:T1:U1") is None
@@ -629,11 +628,11 @@ async def test_forget_about_shows_the_matches_and_the_button_forgets_them(
     buttons = [
         element for block in question.args["blocks"] if block["type"] == "actions" for element in block["elements"]
     ]
-    assert [button["action_id"] for button in buttons] == [FORGET_ABOUT, FORGET_CANCEL]
+    assert [button["action_id"] for button in buttons] == [action_id("forget_about"), action_id("forget_cancel")]
     agent = await bot.runtime.store.find_agent("slack:T1:U1")
     assert agent is not None and await bot.runtime.store.count_passages(agent.id) == 1  # nothing deleted yet
 
-    assert (await bot.click(FORGET_ABOUT, tag="confirm", value=buttons[0]["value"]))[0] == 200
+    assert (await bot.click(action_id("forget_about"), tag="confirm", value=buttons[0]["value"]))[0] == 200
     done = (await bot.slack.wait_for("response_url", 2, within=60))[1]
     assert done.args["replace_original"] is True and done.args["text"].startswith("Forgotten: ")
     assert "1 saved passage" in done.args["text"]
@@ -669,6 +668,41 @@ async def test_checkin_command_manages_check_ins_delivered_to_the_dm(start_bot: 
     assert answer.args["response_type"] == "ephemeral"
     assert answer.args["text"] == "Check-in #1: *daily* at 09:00 &lt;Europe/Paris&gt;"
     assert checkins.calls == [("slack", "T1:U1", "daily 09:00 water the plants", {"dm_user": "U1"})]
+
+
+async def test_close_waits_for_command_answers_under_way_then_cuts_the_rest_short(start_bot: Start) -> None:
+    class SlowCheckins(RecordingBot):
+        """`/checkin slow` answers after a moment; `/checkin stuck` never does."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.started: list[str] = []
+            self.cancelled: list[str] = []
+
+        async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
+            self.started.append(text)
+            try:
+                await asyncio.sleep(0.3 if text == "slow" else 3600)
+            except asyncio.CancelledError:
+                self.cancelled.append(text)
+                raise
+            return f"answered {text}"
+
+    checkins = SlowCheckins()
+    bot = await start_bot(checkins)
+    for text in ("slow", "stuck"):
+        assert await bot.command("/checkin", tag=text, text=text) == (200, "")
+    deadline = time.monotonic() + 10
+    while len(checkins.started) < 2:
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+    started = time.monotonic()
+    await bot.adapter.close(grace=1.0)
+    assert time.monotonic() - started < 3  # bounded: the stuck one does not hold shutdown
+    # The answer under way was sent before close returned; the stuck one was cancelled, unanswered.
+    assert [call.args["text"] for call in bot.slack.calls_to("response_url")] == ["answered slow"]
+    assert checkins.cancelled == ["stuck"]
 
 
 # --------------------------------------------------------------------------- files

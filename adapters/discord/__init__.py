@@ -7,10 +7,10 @@ from adapters.discord.client import intents
 from adapters.discord.config import DEFAULT_MAX_UPLOAD_BYTES, DiscordConfig
 from adapters.discord.parse import dm_address
 from adapters.discord.send import nonce_of
-from bot.ports import BotPort
+from bot.ports import AdapterPort
 
 
-def plan(bot: BotPort, env: Mapping[str, str]) -> tuple[DiscordAdapter | None, str]:
+def plan(bot: AdapterPort, env: Mapping[str, str]) -> tuple[DiscordAdapter | None, str]:
     """The adapter for `memgpt-bot run` (adapters/platforms.py), or None and why not."""
     config = DiscordConfig.from_env(env)
     if config is None:

@@ -50,7 +50,7 @@ from adapters.discord.parse import (
 from adapters.discord.send import CALL_ERRORS, send_reply, typing
 from adapters.pipeline import Arrival, Item, OnPipeline, Pipeline, Unfinished
 from bot.events import ChannelLine, Delivery, Place, Reply
-from bot.ports import BotPort
+from bot.ports import AdapterPort
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class DiscordAdapter(OnPipeline):
     name = PLATFORM
     redelivers = False  # a gateway event comes once
 
-    def __init__(self, bot: BotPort, config: DiscordConfig, *, forget_timeout: float = FORGET_TIMEOUT) -> None:
+    def __init__(self, bot: AdapterPort, config: DiscordConfig, *, forget_timeout: float = FORGET_TIMEOUT) -> None:
         self.bot = bot
         self.config = config
         self._closing = False

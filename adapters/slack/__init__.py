@@ -5,13 +5,12 @@ from collections.abc import Mapping
 from adapters.pipeline import APOLOGY
 from adapters.slack.adapter import SlackAdapter
 from adapters.slack.app import EVENTS_PATH
-from adapters.slack.commands import FORGET_ABOUT, FORGET_CANCEL, FORGET_CONFIRM, FORGET_ITEM, SHARE_ITEM
 from adapters.slack.config import PLATFORM, REPLY_LIMIT, SlackConfig, SlackSetupError
 from adapters.slack.send import METADATA_TYPE
-from bot.ports import BotPort
+from bot.ports import AdapterPort
 
 
-def plan(bot: BotPort, env: Mapping[str, str]) -> tuple[SlackAdapter | None, str]:
+def plan(bot: AdapterPort, env: Mapping[str, str]) -> tuple[SlackAdapter | None, str]:
     """The adapter for `memgpt-bot run` (adapters/platforms.py), or None and why not."""
     try:
         config = SlackConfig.from_env(env)
@@ -31,14 +30,9 @@ def plan(bot: BotPort, env: Mapping[str, str]) -> tuple[SlackAdapter | None, str
 __all__ = [
     "APOLOGY",
     "EVENTS_PATH",
-    "FORGET_ABOUT",
-    "FORGET_CANCEL",
-    "FORGET_CONFIRM",
-    "FORGET_ITEM",
     "METADATA_TYPE",
     "PLATFORM",
     "REPLY_LIMIT",
-    "SHARE_ITEM",
     "SlackAdapter",
     "SlackConfig",
     "SlackSetupError",

@@ -15,7 +15,8 @@ reply re-sent after a crash is first looked for in the conversation
 (adapters/slack/send.py). Slack's retried deliveries are dropped by Events
 API `event_id` (the inbox's key).
 
-Like every adapter it knows nothing of memory: it calls only the `BotPort`.
+Like every adapter it knows nothing of memory: it calls only the bot's ports
+(`EventPort` for events, bot/commands/ for slash commands).
 Its parts, one job each: `app` (the Bolt app and its connection), `parse`
 (payloads into typed events), `send` (replies out), `directory` (names),
 `files` (shared files), `commands` (slash commands), `format` (mrkdwn).
@@ -33,7 +34,7 @@ from slack_bolt.async_app import AsyncBoltContext, AsyncBoltRequest
 
 from adapters.pipeline import Arrival, Item, OnPipeline, Pipeline
 from adapters.slack.app import SlackApp
-from adapters.slack.commands import add_commands
+from adapters.slack.commands import SlackCommands
 from adapters.slack.config import PLATFORM, SlackConfig
 from adapters.slack.directory import Directory
 from adapters.slack.files import FileReader
@@ -49,7 +50,7 @@ from adapters.slack.parse import (
 )
 from adapters.slack.send import SlackSender
 from bot.events import Delivery, Reply
-from bot.ports import BotPort
+from bot.ports import AdapterPort
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class SlackAdapter(OnPipeline):
     name = PLATFORM
     redelivers = True  # Slack retries an event it got no acknowledgement for
 
-    def __init__(self, bot: BotPort, config: SlackConfig) -> None:
+    def __init__(self, bot: AdapterPort, config: SlackConfig) -> None:
         self.bot = bot
         self.config = config
         self.app = SlackApp(config)
@@ -77,7 +78,7 @@ class SlackAdapter(OnPipeline):
         bolt.event("app_mention")(self._on_app_mention)
         bolt.event("team_join")(self._on_team_join)
         bolt.event("member_joined_channel")(self._on_member_joined_channel)
-        add_commands(bolt, bot)
+        self.commands = SlackCommands(bolt, bot)
         self.pipeline = Pipeline(bot, self, getattr(bot, "debounce_seconds", 0.0))
         self._closed = asyncio.Event()
         self._ready = asyncio.Event()
@@ -116,7 +117,7 @@ class SlackAdapter(OnPipeline):
         self._closing = True
         try:
             await self.app.stop_receiving()
-            await self.pipeline.close(grace)
+            await asyncio.gather(self.pipeline.close(grace), self.commands.close(grace))
         finally:
             await self.app.close()
             self._closed.set()

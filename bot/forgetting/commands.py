@@ -1,8 +1,8 @@
 """The runtime's memory-ledger calls (a mixin of Runtime): the ledger, one
-item forgotten, a topic shown and then forgotten, for the CLI and, through
-the port (bot/ports.py), the platforms' `/memory` and `/forget`. Each enters
-through the person's door (bot/door.py: its turn, and for a change its lease),
-which drops the loaded agent after a change, so its next event reads what is left."""
+item forgotten, a topic shown and then forgotten, for the CLI and the slash
+commands (bot/commands/port.py). Each enters through the person's door
+(bot/door.py: its turn, and for a change its lease), which drops the loaded
+agent after a change, so its next event reads what is left."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
-from bot.events import agent_key
 from bot.forgetting.erasing import Receipt
-from bot.forgetting.ledger import Item, LedgerPage, UnknownItem, describe_found, forget_item, ledger_page
+from bot.forgetting.ledger import Item, LedgerPage, UnknownItem, forget_item, ledger_page
 from bot.forgetting.matching import Found
 from bot.forgetting.service import find_about, forget_about
 from memory.types import Block, Message, Passage
@@ -115,26 +114,3 @@ class LedgerCommands:
             return f"Nothing held matches {query!r}."
         lines = [f"Best matches for {query!r} (messages, then saved passages):"]
         return "\n".join([*lines, *(item.line(n) for n, item in enumerate(items, 1))])
-
-    # -- the port's (bot/ports.py) -------------------------------------------
-    async def search_memory_for(self, platform: str, user_id: str, query: str) -> str:
-        return await self.search_memory(agent_key(platform, user_id), query)
-
-    async def share_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
-        return await self.share_note(agent_key(platform, user_id), item_id)
-
-    async def memory_ledger(self, platform: str, user_id: str, page: int = 1) -> LedgerPage | None:
-        return await self.ledger(agent_key(platform, user_id), page)
-
-    async def forget_memory_item(self, platform: str, user_id: str, item_id: str) -> str:
-        try:
-            return (await self.forget_one(agent_key(platform, user_id), item_id)).text()
-        except UnknownItem as error:
-            return str(error)
-
-    async def preview_forget_about(self, platform: str, user_id: str, about: str) -> str | None:
-        found = await self.preview_forget(agent_key(platform, user_id), about)
-        return None if found.empty else describe_found(found)
-
-    async def forget_memories_about(self, platform: str, user_id: str, about: str) -> str:
-        return (await self.forget_topic(agent_key(platform, user_id), about)).text()

@@ -1,0 +1,159 @@
+"""The slash commands, each defined once: `/memory` (the ledger, item by item,
+with a button to forget each and to share a note; `page`, `search`, `forget`,
+`share`), `/forget` (everything, or `about` one topic, after a question with
+two buttons) and `/checkin` (scheduled check-ins), with every string they
+show. The platforms parse into these and render what they answer."""
+
+from __future__ import annotations
+
+import logging
+
+from bot.commands.model import Action, Answer, Args, Button, Caller, Entry, Option, SlashCommand
+from bot.commands.port import CommandPort
+from bot.forgetting.ledger import PAGE_SIZE, LedgerPage, UnknownItem, describe_found
+
+log = logging.getLogger(__name__)
+
+NOTHING_HELD = "I hold nothing on you."
+MEMORY_FAILED = "Sorry, I couldn't read my memory just now. Please try again later."
+FORGET_QUESTION = (
+    "**Forget everything I know about you?** This deletes our conversation history, what I noted "
+    "about you and the files you shared with me. It cannot be undone."
+)
+FORGET_WORKING = "Deleting everything I hold on you…"
+FORGET_ABOUT_WORKING = "Deleting all of this…"
+FORGET_DONE = "Done: I have forgotten everything I knew about you. If we talk again, I start from scratch."
+FORGET_NOTHING = "Done: I held nothing on you."
+FORGET_FAILED = "Sorry, deleting failed on my side; nothing may have been deleted. Please try again later."
+FORGET_CANCELLED = "Cancelled: nothing was deleted."
+FORGET_TIMED_OUT = "No answer within a minute, so nothing was deleted."
+CHECKIN_FAILED = "Sorry, I could not change your check-ins just now. Please try again later."
+
+CANCEL = Button("forget_cancel", "", "Cancel")
+
+
+# -- /memory -------------------------------------------------------------------
+async def memory(port: CommandPort, caller: Caller, args: Args) -> Answer:
+    if "search" in args:
+        return Answer(await port.search_memory(caller.key, str(args["search"])))
+    for verb in ("forget", "share"):
+        item = str(args.get(verb, "")).strip()
+        if item:  # the text way to a button
+            return Answer(await ACTIONS[f"{verb}_item"].act(port, caller, item))
+    page = await port.ledger(caller.key, int(args.get("page", 1)))
+    return ledger_answer(page) if page is not None and page.total else Answer(NOTHING_HELD)
+
+
+def ledger_answer(page: LedgerPage) -> Answer:
+    """One entry per item, with "Forget" for each that can be forgotten and "Share" for a note kept to some places."""
+    entries = []
+    for number, item in enumerate(page.items, (page.page - 1) * PAGE_SIZE + 1):
+        buttons = [Button("forget_item", item.id, "Forget this", f"Forget {number}")] if item.id else []
+        if item.shareable:
+            buttons.append(Button("share_item", item.id, "Share everywhere", f"Share {number}"))
+        entries.append(Entry(item.line(number), tuple(buttons)))
+    lines = page.text().splitlines()
+    footer = "\n".join(line for line in lines[len(entries) + 1 :] if line)
+    return Answer(lines[0], entries=tuple(entries), footer=footer)
+
+
+# -- /forget -------------------------------------------------------------------
+async def forget(port: CommandPort, caller: Caller, args: Args) -> Answer:
+    about = str(args.get("about", "")).strip()
+    if not about:
+        confirm = Button("forget_confirm", "", "Delete everything", danger=True)
+        return Answer(FORGET_QUESTION, markdown=True, buttons=(confirm, CANCEL), expires=FORGET_TIMED_OUT)
+    found = await port.preview_forget(caller.key, about)
+    if found.empty:
+        return Answer(f"I hold nothing about {about!r}.")
+    confirm = Button("forget_about", about, "Delete all of this", danger=True)
+    return Answer(describe_found(found), buttons=(confirm, CANCEL), expires=FORGET_TIMED_OUT)
+
+
+async def forget_item(port: CommandPort, caller: Caller, item: str) -> str:
+    try:
+        return (await port.forget_one(caller.key, item)).text()
+    except UnknownItem as error:
+        return str(error)
+
+
+async def forget_about(port: CommandPort, caller: Caller, about: str) -> str:
+    return (await port.forget_topic(caller.key, about)).text()
+
+
+async def forget_everything(port: CommandPort, caller: Caller, value: str) -> str:
+    return FORGET_DONE if await port.forget(caller.key) else FORGET_NOTHING
+
+
+async def cancel(port: CommandPort, caller: Caller, value: str) -> str:
+    return FORGET_CANCELLED
+
+
+# -- /checkin (bot/checkins/commands.py does the work) --------------------------
+async def checkin(port: CommandPort, caller: Caller, args: Args) -> Answer:
+    text = str(args.get("command", "")).strip() or "help"
+    return Answer(await port.checkin_command(caller.platform, caller.user_id, text, caller.reply_to), markdown=True)
+
+
+COMMANDS: dict[str, SlashCommand] = {
+    command.name: command
+    for command in (
+        SlashCommand(
+            "memory",
+            "See what I remember about you, item by item (only you see it).",
+            memory,
+            MEMORY_FAILED,
+            (
+                Option("page", "which page of items", 1),
+                Option("forget", "the id of one item to forget, e.g. passage:12"),
+                Option("share", "the id of a note to let be known everywhere"),
+                Option("search", "words to search your memory for, as I search it"),
+            ),
+        ),
+        SlashCommand(
+            "forget",
+            "Delete what I remember about you, or only about a topic (asks first).",
+            forget,
+            MEMORY_FAILED,
+            (Option("about", "only what is about this topic, e.g. 'my diagnosis'"),),
+            rest="about",
+        ),
+        SlashCommand(
+            "checkin",
+            "Scheduled check-ins: daily 09:00, weekly mon 18:30, every 4h, list…",
+            checkin,
+            CHECKIN_FAILED,
+            (Option("command", "e.g. 'daily 09:00', 'tz Europe/Paris', 'quiet 22:00-07:00', 'list', 'help'", "help"),),
+            rest="command",
+        ),
+    )
+}
+
+# The buttons' actions, by the name a Button carries.
+ACTIONS: dict[str, Action] = {
+    "forget_item": Action(forget_item, FORGET_FAILED),
+    "share_item": Action(lambda port, caller, item: port.share_note(caller.key, item), MEMORY_FAILED),
+    "forget_confirm": Action(forget_everything, FORGET_FAILED, closes=True, working=FORGET_WORKING),
+    "forget_about": Action(forget_about, FORGET_FAILED, closes=True, working=FORGET_ABOUT_WORKING),
+    "forget_cancel": Action(cancel, FORGET_FAILED, closes=True),
+}
+
+
+async def run(port: CommandPort, name: str, caller: Caller, args: Args) -> Answer:
+    """The answer to `/name` with these options; the command's apology when the bot fails."""
+    command = COMMANDS[name]
+    try:
+        return await command.run(port, caller, args)
+    except Exception:
+        log.exception("%s: /%s failed for %s", caller.platform, name, caller.user_id)
+        return Answer(command.failed)
+
+
+async def press(port: CommandPort, name: str, caller: Caller, value: str) -> Answer:
+    """The answer to pressing a button (an action of ACTIONS, on `value`), for whoever pressed it."""
+    action = ACTIONS[name]
+    try:
+        return Answer(await action.act(port, caller, value))
+    except Exception:
+        log.exception("%s: the %s button failed for %s", caller.platform, name, caller.user_id)
+        return Answer(action.failed)
