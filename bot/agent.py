@@ -72,7 +72,7 @@ class EventResult:
     tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
     held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
     # Storage stayed unreachable for MEMGPT_STORE_WAIT: not handled; a durable
-    # event stays pending in the journal for a replay (bot/durable/store_wait.py).
+    # event stays pending in the journal for a replay (bot/door.py: StoreWait).
     unfinished: bool = False
 
 
@@ -342,7 +342,7 @@ class Agent:
             except StoreError:
                 # Storage failing under a function (send_message's outbox write, a memory
                 # edit) is no failed call for the model: the whole event waits and is
-                # redone (bot/durable/store_wait.py), and the person is told it waits.
+                # redone (bot/door.py: StoreWait), and the person is told it waits.
                 raise
             except Exception as error:
                 # A function that breaks on arguments its schema let through (e.g. a page

@@ -119,7 +119,7 @@ class Settings:
     mongodb_uri: str = field(default="", repr=False)
     mongodb_db: str = "memgpt"
     # Seconds an event waits (retrying with backoff) for a busy, full or
-    # unreachable store before the person is told (bot/durable/store_wait.py).
+    # unreachable store before the person is told (bot/door.py: StoreWait).
     store_wait: float = 120.0
     # Messages of one person in one place within this many seconds of the
     # previous one become one event (bot/durable/debounce.py); 0: off.

@@ -17,12 +17,11 @@ from bot.agent import Agent, EventResult
 from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
 from bot.config import Settings
-from bot.door import Doors
+from bot.door import Doors, StoreWait
 from bot.durable.inbox import Inbox
 from bot.durable.leases import Leases, leases_for
 from bot.durable.outbox import Outbox
 from bot.durable.redelivery import Sender
-from bot.durable.store_wait import StoreWait
 from bot.events import Event
 from bot.forgetting.commands import LedgerCommands
 from bot.functions.core import build_core_functions
@@ -116,7 +115,7 @@ class Runtime(LedgerCommands):
         # Per-user message rate and daily token budget, counted in the store (bot/limits.py).
         self.limits = UsageLimits(store, settings)
         # Store faults (SQLite busy or full, MongoDB down): events wait, then are left
-        # waiting in the inbox (bot/durable/store_wait.py).
+        # waiting in the inbox (bot/door.py: StoreWait).
         self.store_wait = StoreWait(self.inbox, settings.store_wait)
         # One door per agent: every kind of work on an agent enters through it (bot/door.py).
         self.doors = Doors(

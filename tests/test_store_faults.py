@@ -1,4 +1,4 @@
-"""Store faults (bot/durable/store_wait.py, bot/durable/): SQLite busy/locked, a full
+"""Store faults (bot/door.py: StoreWait, bot/durable/): SQLite busy/locked, a full
 disk, MongoDB unreachable. Events wait (bounded) and resume, nothing
 acknowledged is lost or answered twice, and the person is told when the bot
 cannot keep up.
@@ -52,9 +52,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from adapters.slack import APOLOGY
+from bot.door import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from bot.durable.leases import AgentLeases, NoLeases
 from bot.durable.redelivery import Redelivery
-from bot.durable.store_wait import KEPT_MESSAGE, LOST_MESSAGE, TROUBLE_NOTICE
 from bot.events import Reply as BotReply
 from bot.events import UserMessage
 from bot.llm import LLMClient

@@ -20,7 +20,7 @@ event or a reply is in its database row, never only in this process's memory.
    same person that waits for its retry), or undeliverable (dropped with a
    log line). It marks the event done (Inbox.finished) beside the report of
    its last reply, once that reply was sent (adapters/pipeline.py).
-4. STORAGE DOWN (store_wait.py). An event that meets a store fault is redone
+4. STORAGE DOWN (bot/door.py: StoreWait). An event that meets a store fault is redone
    whole with backoff for up to MEMGPT_STORE_WAIT; then its row becomes
    *waiting*, with its next try (Inbox.wait_for_storage), and `finished`
    leaves it so. Should storage refuse even that write, the mark is kept
