@@ -222,7 +222,7 @@ class Agent:
     async def _run(self, event: Event, result: EventResult) -> EventResult:
         if await self._answered_before_a_crash(event, result):
             return result
-        if isinstance(event, UserMessage):
+        if isinstance(event, UserMessage) and event.channel_context:  # none in a DM
             self._channel_context = render_channel_context(
                 event, self.services.counter, self.services.channel_context_tokens
             )

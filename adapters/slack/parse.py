@@ -218,7 +218,7 @@ class SlackParser:
             text = re.sub(rf"<@{re.escape(self.directory.bot_user_id)}(?:\|[^>]*)?>", "", text)
         person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
         place = await self.place_of(event)
-        context = await self.history.before(origin.team, event, place)
+        context = [] if place.is_dm else await self.history.before(origin.team, event, place)
         plain = slack_to_plain(text, self.directory.known_names(origin.team)).strip()
         message = origin.fields(
             text=plain or "(an empty message)",
