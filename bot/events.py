@@ -64,19 +64,18 @@ class Event:
     # Where it happened: its conversation, and what the agent may read there
     # (memory/places.py). Adapters set it; a check-in tick happens in the DM.
     place: Place = DM
+    # Its agent's key (agent_key()), worked out once: it is read at every gate of the event's way.
+    agent_key: str = field(init=False, repr=False, compare=False, default="")
     kind = "event"
 
     def __post_init__(self) -> None:
         self.journal_id = self.journal_id or self.event_id
+        self.agent_key = agent_key(self.platform, self.user_id)
 
     @property
     def replies_in_outbox(self) -> bool:
         """Each reply is recorded in the outbox before it is sent, and sent once (bot/durable/outbox.py)."""
         return self.in_inbox or self.outbox_only
-
-    @property
-    def agent_key(self) -> str:
-        return agent_key(self.platform, self.user_id)
 
     def reply(self, text: str, *, event_id: str | None = None) -> Reply:
         """A reply addressed like this event (not in the outbox: see Agent.send)."""

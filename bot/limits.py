@@ -231,17 +231,22 @@ class UsageLimits:
         await self._prune(now)
         rated = isinstance(event, USER_EVENTS) and self.rate_limit > 0
         midnight = start_of_day(now)
-        # What the checks read, in one round trip: the exemption, today's tokens, the last minute's messages.
+        # What the checks read, in one round trip: today's tokens, the last minute's messages.
         windows = [(TOKENS, midnight)] if self.daily_budget else []
         windows += [(MESSAGE, window_start(now))] if rated else []
-        exempt, tallies = (True, []) if key in self.unlimited else await store.usage_check(key, windows)
-        if not exempt and self.daily_budget and tallies[0].amount >= self.daily_budget:
+        tallies = await store.usage_windows(key, windows) if windows and key not in self.unlimited else []
+        over_budget = bool(self.daily_budget and tallies and tallies[0].amount >= self.daily_budget)
+        recent = tallies[-1] if rated and tallies else None
+        over_rate = bool(recent and recent.count >= self.rate_limit and recent.oldest and recent.newest)
+        # An admin's exemption matters only over a limit: read then, not on every event.
+        if (over_budget or over_rate) and await store.usage_exempt(key):
+            over_budget = over_rate = False
+        if over_budget:
             told = (await store.usage_since(key, BUDGET_NOTICE, midnight)).count > 0
             return await self._hold(agent, event, "budget", midnight + timedelta(days=1), now, told)
         if not rated:
             return None
-        recent = tallies[-1] if tallies and not exempt else None
-        if recent and recent.count >= self.rate_limit and recent.oldest and recent.newest:
+        if over_rate and recent and recent.oldest and recent.newest:
             # Told already if a notice went out since the last message that got through.
             told = (await store.usage_since(key, RATE_NOTICE, recent.newest)).count > 0
             return await self._hold(agent, event, "rate", recent.oldest + RATE_WINDOW, now, told)

@@ -21,7 +21,7 @@ everywhere they are attached.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 PlaceKind = Literal["dm", "private", "public"]
@@ -43,15 +43,13 @@ class Place:
     id: str = ""
     name: str = ""  # for people and the model: "#general", "a direct message"
     thread: str = ""
+    # Worked out once here, not at each of the many reads of one event's way.
+    key: str = field(init=False, repr=False, compare=False)  # the conversation (what stored items record)
+    is_dm: bool = field(init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> str:
-        """The conversation this place belongs to (what stored items record)."""
-        return DM_KEY if self.kind == "dm" else f"{self.kind}:{self.id}"
-
-    @property
-    def is_dm(self) -> bool:
-        return self.kind == "dm"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", DM_KEY if self.kind == "dm" else f"{self.kind}:{self.id}")
+        object.__setattr__(self, "is_dm", self.kind == "dm")
 
     def describe(self) -> str:
         """Where the agent is speaking and who can read it, for its instructions."""

@@ -419,9 +419,9 @@ class UsageStore(Protocol):
         """The hits of `kind` for `key` at or after `since`: how many, the sum of
         their amounts, the oldest and the newest time (None when there are none)."""
 
-    async def usage_check(self, key: str, windows: Sequence[tuple[str, datetime]]) -> tuple[bool, list[UsageTally]]:
-        """Whether `key` is exempt, and `usage_since` of each (kind, since) in
-        `windows`: what admitting an event reads, in one round trip."""
+    async def usage_windows(self, key: str, windows: Sequence[tuple[str, datetime]]) -> list[UsageTally]:
+        """`usage_since` of each (kind, since) in `windows`: what admitting an
+        event reads, in one round trip (one query)."""
 
     async def prune_usage(self, before: datetime) -> int:
         """Housekeeping: delete every key's hits older than `before`; returns how many."""

@@ -138,13 +138,13 @@ async def test_an_admitted_event_reads_its_counters_in_one_call_and_writes_them_
 
         return counted
 
-    for name in ("usage_check", "usage_since", "usage_exempt", "record_usage"):
+    for name in ("usage_windows", "usage_since", "usage_exempt", "record_usage"):
         monkeypatch.setattr(store, name, spy(name))
     clock.advance(seconds=2)
     admitted_at = clock.now
     result = await runtime.handle_with_details(message("second"))
     assert [r.text for r in result.replies] == ["answered"]
-    assert calls == ["usage_check", "record_usage"]
+    assert calls == ["usage_windows", "record_usage"]
     messages = await store.usage_since(KEY, MESSAGE, START)
     assert (messages.count, messages.newest) == (2, admitted_at)
     assert (await store.usage_since(KEY, TOKENS, admitted_at)).amount == result.tokens_used
@@ -210,6 +210,28 @@ async def test_exempt_users_by_setting_are_never_held(make_runtime: RuntimeFacto
     # Somebody else is held.
     await runtime.handle(message("one", user_id="7"))
     assert (await runtime.handle_with_details(message("two", user_id="7"))).held == "budget"
+
+
+async def test_exempt_users_by_admin_are_let_through_and_the_exemption_is_read_only_over_a_limit(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm_server.set_handler(answer)
+    clock = Clock()
+    runtime = await limited(make_runtime, clock, rate_limit_per_minute=1, daily_token_budget=10**6)
+    assert await runtime.limits.set_exempt(KEY, True)
+    store, reads = runtime.store, []
+    read_exemption = store.usage_exempt
+
+    async def usage_exempt(key: str) -> bool:
+        reads.append(key)
+        return await read_exemption(key)
+
+    monkeypatch.setattr(store, "usage_exempt", usage_exempt)
+    assert (await runtime.handle_with_details(message("one"))).held == ""
+    assert reads == []  # under every limit: not read
+    assert (await runtime.handle_with_details(message("two"))).held == ""  # over the rate, but exempt
+    assert reads == [KEY]
+    assert (await runtime.limits.usage(KEY)).messages_last_minute == 2
 
 
 async def test_two_runtimes_on_one_file_share_the_counters(

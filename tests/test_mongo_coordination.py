@@ -65,6 +65,26 @@ async def test_a_number_cleared_away_meanwhile_is_given_up(
     assert await store.collection("lease_tickets").find_one({"name": "k", "seq": 1, "done": False}) is None
 
 
+async def test_the_first_position_after_a_join_is_read_with_the_join_when_nobody_is_ahead(
+    store: MongoStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await store.lease_register("a", 30)
+    seq = await store.lease_join("k", "a")
+    reads: list[Any] = []
+    real_find = AsyncCollection.find
+
+    def find(self: AsyncCollection[Any], *args: Any, **kwargs: Any) -> Any:
+        if self.name == "lease_tickets":
+            reads.append(args)
+        return real_find(self, *args, **kwargs)
+
+    monkeypatch.setattr(AsyncCollection, "find", find)
+    assert await store.lease_position("k", seq, "a") == 0
+    assert reads == []  # lease_join's check read the line too
+    assert await store.lease_position("k", seq, "a") == 0  # a later poll reads it again
+    assert len(reads) == 1
+
+
 async def test_times_are_the_servers(store: MongoStore) -> None:
     # FerretDB runs on this machine: the measured offset is about the round trip.
     assert abs(await store._store_clock() - time.time()) < 1.0

@@ -112,6 +112,8 @@ class MongoBase:
         self.capabilities: Capabilities | None = None
         # agent id -> (index, the agent's vector version it reflects)
         self._indexes: LRUCache[str, tuple[VectorIndex, int]] = LRUCache(max(max_cached_indexes, 1))
+        # agent id -> the seq of its newest message this process saw (see _newest_message)
+        self._newest_seqs: LRUCache[str, int] = LRUCache(4096)
         # One append at a time per agent inside this process: the unique index
         # settles races between processes, the lock spares us losing them here.
         self._append_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -150,6 +152,33 @@ class MongoBase:
         # What the SQLite foreign keys do: nothing is stored for a missing agent.
         if await self._c("agents").find_one({"_id": agent_id, **LIVE}, {"_id": 1}, session=session) is None:
             raise StoreError(f"MongoDB store: no agent {agent_id!r}")
+
+    async def _newest_message(self, agent_id: str, event_id: str | None, session: Session) -> tuple[Doc | None, bool]:
+        """The agent's newest message (seq, batch_end, tok_total), and whether a
+        message of `event_id` is stored. One query when this process saw the
+        agent's newest before: every message from that one on (the newest of
+        them is the agent's newest) and the event's; a plain read of the newest
+        only when that one is gone (forgotten) or was never seen here."""
+        messages, fields = self._c("messages"), {"seq": 1, "batch_end": 1, "tok_total": 1, "event_id": 1}
+        seen = self._newest_seqs.get(agent_id)
+        found: list[Doc] = []
+        if seen is not None or event_id is not None:
+            either = ([{"seq": {"$gte": seen}}] if seen is not None else []) + (
+                [{"event_id": event_id}] if event_id is not None else []
+            )
+            where = {"agent_id": agent_id, **({"$or": either} if len(either) > 1 else either[0])}
+            found = [doc async for doc in messages.find(where, fields, session=session)]
+        if event_id is not None and any(doc.get("event_id") == event_id for doc in found):
+            return None, True
+        recent = [doc for doc in found if seen is not None and doc["seq"] >= seen]
+        newest = (
+            max(recent, key=lambda doc: int(doc["seq"]))
+            if recent
+            else await messages.find_one({"agent_id": agent_id}, fields, sort=[("seq", -1)], session=session)
+        )
+        if newest is not None:
+            self._newest_seqs[agent_id] = int(newest["seq"])
+        return newest, False
 
     @staticmethod
     async def _backoff(attempt: int) -> None:

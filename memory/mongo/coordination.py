@@ -65,12 +65,15 @@ class MongoCoordination(MongoBase):
     _clock_measured = 0.0  # time.monotonic() of the last measurement
     _owners_seen: dict[str, float]  # owner -> expires_at last read (server clock)
     _tickets_drawn: dict[str, int]  # name -> the last ticket this process drew in its line
+    # name -> (a ticket just drawn, the line before it as read then): lease_position's first read
+    _lines_read: dict[str, tuple[int, list[tuple[int, str, object]]]]
 
     async def _prepare_coordination(self, db: AsyncDatabase[Doc]) -> None:
         """At open(): this process's view of the other lease owners, and of the
         lines, starts empty."""
         self._owners_seen = {}
         self._tickets_drawn = {}
+        self._lines_read = {}
 
     async def _store_clock(self) -> float:
         """The store's clock (the server's), as float seconds since the epoch."""
@@ -131,20 +134,36 @@ class MongoCoordination(MongoBase):
             # and cleared away between our read and our insert; clean-up keeps
             # each name's highest ticket, so a higher one exists then. (So does
             # one drawn right after ours: we give ours up and draw again too.)
-            if await tickets.find_one({"name": name, "seq": {"$gt": seq}}, {"_id": 1}) is None:
+            # The same read takes the line up to ours, for the first lease_position:
+            # a read made after our insert, as that one's would be.
+            line = await self._line(name, {"$or": [{"seq": {"$gt": seq}}, {"seq": {"$lte": seq}, "done": False}]})
+            if not line or line[0][0] <= seq:
                 if len(self._tickets_drawn) >= _MAX_TICKETS_DRAWN:
                     self._tickets_drawn.clear()
+                    self._lines_read.clear()
                 self._tickets_drawn[name] = seq
+                self._lines_read[name] = (seq, line)
                 return seq
             await tickets.update_one({"_id": ticket["_id"]}, {"$set": {"done": True}})
             await self._backoff(attempt)
         raise StoreError(f"MongoDB store: gave up joining the line for {name!r} after {MAX_ATTEMPTS} races")
 
+    async def _line(self, name: str, where: Doc) -> list[tuple[int, str, object]]:
+        """The tickets of `name`'s line that `where` picks, highest first: (seq, owner, _id)."""
+        cursor = self._c("lease_tickets").find({"name": name, **where}, {"seq": 1, "owner": 1})
+        return [(int(doc["seq"]), str(doc["owner"]), doc["_id"]) async for doc in cursor.sort("seq", DESCENDING)]
+
     @guarded
     async def lease_position(self, name: str, seq: int, owner: str) -> int | None:
-        tickets = self._c("lease_tickets")
-        cursor = tickets.find({"name": name, "seq": {"$lte": seq}, "done": False}, {"seq": 1, "owner": 1})
-        ahead = [(int(doc["seq"]), str(doc["owner"]), doc["_id"]) async for doc in cursor.sort("seq", DESCENDING)]
+        drawn, read = self._lines_read.pop(name, (0, []))
+        # The line as lease_join read it is enough to say nobody is ahead (no one
+        # can come ahead later); else it is read again: those ahead may be done now.
+        if drawn == seq and await self._place_in(read, seq, owner) == 0:
+            return 0
+        return await self._place_in(await self._line(name, {"seq": {"$lte": seq}, "done": False}), seq, owner)
+
+    async def _place_in(self, ahead: list[tuple[int, str, object]], seq: int, owner: str) -> int | None:
+        """lease_position from the line's tickets up to ours that are not done, highest first."""
         now = await self._store_clock()
         live = await self._live_owners({other for _, other, _ in ahead}, now)
         found = position([(n, other) for n, other, _ in ahead], seq, owner, live)
@@ -152,7 +171,7 @@ class MongoCoordination(MongoBase):
         if found is not None and dead:
             # Their owners can never come back, and ours is higher, so none of
             # them is the name's highest ticket: they can go.
-            await tickets.delete_many({"_id": {"$in": dead}})
+            await self._c("lease_tickets").delete_many({"_id": {"$in": dead}})
         return found
 
     @guarded

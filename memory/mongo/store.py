@@ -258,6 +258,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         await self._purge_sources(agent_id)
         await self._c("agents").delete_one({"_id": agent_id})
         self._indexes.pop(agent_id, None)
+        self._newest_seqs.pop(agent_id, None)
         self._conversations.forget(agent_id)
 
     # -- working context ---------------------------------------------------
@@ -313,34 +314,35 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         tokens = sum(map(len, texts))
         lock = self._append_locks.setdefault(agent_id, asyncio.Lock())
         async with lock:
-            # Checked apart from the append: the agent's events run one at a time (lease and lane).
-            if unless_event is not None and await self.event_message_seq(agent_id, unless_event) is not None:
-                return []
             for attempt in range(MAX_ATTEMPTS):
                 try:
-                    first = await self._atomic(functools.partial(self._append_once, agent_id, docs, tokens))
+                    append = functools.partial(self._append_once, agent_id, docs, tokens, unless_event)
+                    first = await self._atomic(append)
                     break
                 except LostRace:
                     await self._backoff(attempt)
             else:
                 raise StoreError(f"MongoDB store: gave up appending to agent {agent_id!r} after {MAX_ATTEMPTS} races")
+        if first is None:
+            return []  # the event's message was stored before
         # Only now, so a failed append leaves the objects untouched.
         for n, m in enumerate(messages):
             m.seq = first + n
         return list(messages)
 
-    async def _append_once(self, agent_id: str, docs: list[Doc], tokens: int, session: Session) -> int:
-        """Insert the batch after the agent's last batch and return its first
-        seq; LostRace if another writer took those seqs first (nothing of ours
-        is left behind then)."""
+    async def _append_once(
+        self, agent_id: str, docs: list[Doc], tokens: int, unless_event: str | None, session: Session
+    ) -> int | None:
+        """Insert the batch after the agent's last batch and return its first seq
+        (None if a message of `unless_event` is stored); LostRace if another writer
+        took those seqs first (nothing of ours is left behind then)."""
         messages = self._c("messages")
-        await self._require_agent(agent_id, session)
-        last = await messages.find_one(
-            {"agent_id": agent_id},
-            {"seq": 1, "batch_end": 1, "tok_total": 1},
-            sort=[("seq", DESCENDING)],
-            session=session,
-        )
+        last, recorded = await self._newest_message(agent_id, unless_event, session)
+        if recorded:
+            return None
+        if last is None:
+            # Only then: a deletion purges messages first (under the lease and lane: nothing appends).
+            await self._require_agent(agent_id, session)
         handed_out, words_so_far = _last_batch(last)
         start, end, total = handed_out + 1, handed_out + len(docs), words_so_far + tokens
         batch = [{**doc, "seq": start + n, "batch_end": end, "tok_total": total} for n, doc in enumerate(docs)]
@@ -358,6 +360,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             raise LostRace from exc
         except DuplicateKeyError as exc:
             raise LostRace from exc
+        self._newest_seqs[agent_id] = end
         return start
 
     @guarded
@@ -407,10 +410,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             return [], 0.0
         # Collection statistics from the newest batch: messages so far and
         # their words (a crash gap makes these a little high; harmless).
-        last = await messages.find_one(
-            {"agent_id": agent_id}, {"seq": 1, "batch_end": 1, "tok_total": 1}, sort=[("seq", DESCENDING)]
-        )
-        n_docs, words_so_far = _last_batch(last)
+        n_docs, words_so_far = _last_batch((await self._newest_message(agent_id, None, None))[0])
         avg_len = words_so_far / n_docs if n_docs else 0.0
         found = [_message(doc) for doc in candidates]
         texts = [words(m.searchable_text()) for m in found]

@@ -15,7 +15,6 @@ epoch (UTC), as everywhere in the MongoDB store.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
@@ -53,15 +52,9 @@ class MongoUsage(MongoBase):
     async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
         return (await self.usage_windows(key, [(kind, since)]))[0]
 
-    async def usage_check(self, key: str, windows: Sequence[tuple[str, datetime]]) -> tuple[bool, list[UsageTally]]:
-        # Two queries on every event, sent together: one round trip's wait.
-        exempt, tallies = await asyncio.gather(self.usage_exempt(key), self.usage_windows(key, windows))
-        return bool(exempt), tallies
-
     @guarded
     async def usage_windows(self, key: str, windows: Sequence[tuple[str, datetime]]) -> list[UsageTally]:
-        """`usage_since` of each (kind, since), from one query: every window's
-        hits are read together and counted here.
+        """Every window's hits are read together (one query) and counted here.
 
         Summed here, not by $group: FerretDB 1.24 computes only the first
         accumulator of a $group (the others come back 0) and has no $min or

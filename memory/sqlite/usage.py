@@ -59,18 +59,17 @@ class SQLiteUsage(SQLiteBase):
         await self.run_in_db(job, write=True)
 
     async def usage_since(self, key: str, kind: str, since: datetime) -> UsageTally:
-        return await self.run_in_db(lambda conn: _usage_since(conn, key, kind, since))
+        return (await self.usage_windows(key, [(kind, since)]))[0]
 
-    async def usage_check(self, key: str, windows: Sequence[tuple[str, datetime]]) -> tuple[bool, list[UsageTally]]:
-        # One statement, a row per window (each served by the covering index), then the exemption.
-        parts = [f"SELECT {n}, {_TALLY}" for n in range(len(windows))]
-        parts.append(f"SELECT {len(windows)}, count(*), 0, NULL, NULL FROM usage_exempt WHERE key = ?")
-        sql = " UNION ALL ".join(parts) + " ORDER BY 1"
-        args = [value for kind, since in windows for value in (key, kind, to_us(since))] + [key]
+    async def usage_windows(self, key: str, windows: Sequence[tuple[str, datetime]]) -> list[UsageTally]:
+        if not windows:
+            return []
+        # One statement, a row per window.
+        sql = " UNION ALL ".join(f"SELECT {n}, {_TALLY}" for n in range(len(windows))) + " ORDER BY 1"
+        args = [value for kind, since in windows for value in (key, kind, to_us(since))]
 
-        def job(conn: sqlite3.Connection) -> tuple[bool, list[UsageTally]]:
-            *tallies, exempt = conn.execute(sql, args).fetchall()
-            return exempt[1] > 0, [tally(*row[1:]) for row in tallies]
+        def job(conn: sqlite3.Connection) -> list[UsageTally]:
+            return [tally(*row[1:]) for row in conn.execute(sql, args).fetchall()]
 
         return await self.run_in_db(job)
 
@@ -110,7 +109,3 @@ class SQLiteUsage(SQLiteBase):
 
 # One window's tally, served by the covering index usage_hits_window alone.
 _TALLY = "count(*), coalesce(sum(amount), 0), min(at), max(at) FROM usage_hits WHERE key = ? AND kind = ? AND at >= ?"
-
-
-def _usage_since(conn: sqlite3.Connection, key: str, kind: str, since: datetime) -> UsageTally:
-    return tally(*conn.execute(f"SELECT {_TALLY}", (key, kind, to_us(since))).fetchone())

@@ -126,6 +126,30 @@ async def test_an_event_message_is_appended_once(store: Store) -> None:
     assert [m.seq for m in await store.append_messages(other.id, again, unless_event="Ev1")] == [1, 2]
 
 
+async def test_appends_follow_the_newest_message_whatever_another_process_did(store: Store, twin: Store) -> None:
+    """A store may remember the newest message it saw (MongoDB reads from there on):
+    another process's appends, and forgetting that very message, must not fool it."""
+    record, _ = await store.get_or_create_agent("slack:T1:U1", default_blocks(100, 100))
+
+    def said(text: str, event_id: str | None = None) -> list[Message]:
+        return [Message(role="user", content=text, event_id=event_id)]
+
+    seen = await store.append_messages(record.id, said("one", "Ev1") + said("two"), unless_event="Ev1")
+    await twin.append_messages(record.id, said("three", "Ev3"), unless_event="Ev3")
+    await twin.delete_messages(record.id, [seen[-1].seq])
+    assert await store.append_messages(record.id, said("three again", "Ev3"), unless_event="Ev3") == []
+    assert len(await store.append_messages(record.id, said("four", "Ev4"), unless_event="Ev4")) == 1
+    assert [m.content for m in await store.messages_since(record.id, 0)] == ["one", "three", "four"]
+    # Every message from the one it saw last on forgotten: the newest is read again.
+    later = [m.seq for m in await store.messages_since(record.id, 0)][1:]
+    await twin.delete_messages(record.id, later)
+    [five] = await store.append_messages(record.id, said("five", "Ev5"), unless_event="Ev5")
+    assert [m.content for m in await store.messages_since(record.id, 0)] == ["one", "five"]
+    assert five.seq > seen[0].seq
+    assert await store.append_messages(record.id, said("one again", "Ev1"), unless_event="Ev1") == []
+    assert await store.count_messages(record.id) == 2
+
+
 async def test_finished_entries_older_than_a_day_are_swept(store: Store) -> None:
     old = entry("EvOld")
     old.received_at = utc_now() - timedelta(days=2)

@@ -93,15 +93,13 @@ async def test_exemptions_are_set_once_and_shared(store: Store, twin: Store) -> 
     assert await store.list_usage_exempt() == ["discord:9"]
 
 
-async def test_usage_check_reads_the_exemption_and_every_window_at_once(store: Store) -> None:
+async def test_usage_windows_reads_every_window_at_once(store: Store) -> None:
     key = "slack:T1:U7"
     for seconds, kind, amount in ((0, "tokens", 70), (20, "message", 1), (40, "message", 1), (50, "tokens", 5)):
         await store.record_usage(key, {kind: amount}, T0 + timedelta(seconds=seconds))
     later = T0 + timedelta(seconds=45)
     windows = [("tokens", T0), ("message", T0 + timedelta(seconds=30)), ("notice:rate", T0), ("tokens", later)]
-    exempt, tallies = await store.usage_check(key, windows)
-    assert not exempt
+    tallies = await store.usage_windows(key, windows)
     assert tallies == [await store.usage_since(key, kind, since) for kind, since in windows]
     assert [(t.count, t.amount) for t in tallies] == [(2, 75), (1, 1), (0, 0), (1, 5)]  # a kind twice: each its own
-    await store.set_usage_exempt(key, True, T0)
-    assert await store.usage_check(key, []) == (True, [])
+    assert await store.usage_windows(key, []) == []
