@@ -70,17 +70,19 @@ _FIRST_INSTRUCTIONS = 4
 # is_dm, Event.agent_key; memory.types.utc_now a partial, no Python call per Message).
 # 34 and 108 (109 now and then) through the agent's door (issue 37: bot.door, where
 # bot.runtime, bot.durable.store_wait and bot.durable.quarantine were entered; a DM
-# enters no channel-context module).
+# enters no channel-context module); 32 and 104 with the SQLite worker thread in the
+# module of the connection it serves (memory.sqlite.base) and Slack's timestamps read by
+# its format module (adapters.slack.history is not entered for a DM).
 # Lower these as the path gets shorter.
-MAX_MODULES = 34
-MAX_RE_ENTRIES = 110
+MAX_MODULES = 32
+MAX_RE_ENTRIES = 106
 # A Discord DM, measured the same way (dpytest's dispatch, then the adapter): 27 and 89 at
 # 74359e1; 28 and 95 through the pipeline; 34 and 117 with the LLM layer and cli.inflight;
 # 35 and 132 with memory.sqlite.worker; 33 and 126 with the LLM client as one package;
 # 110 (109 now and then) with the attributes above; 30 and 107 (106 now and then) through
-# the door.
-MAX_DISCORD_MODULES = 30
-MAX_DISCORD_RE_ENTRIES = 109
+# the door; 29 and 101 with the SQLite worker in memory.sqlite.base.
+MAX_DISCORD_MODULES = 29
+MAX_DISCORD_RE_ENTRIES = 103
 
 
 def project_module(filename: str) -> str | None:

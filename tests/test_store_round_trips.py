@@ -6,7 +6,7 @@ each backend. A *round trip* is, honestly counted:
 
 - SQLite: one hand-off to the store's worker thread. The worker takes every
   job queued by the time it wakes and runs them together (one transaction for
-  their writes: memory/sqlite/worker.py), so calls made at once (gathered)
+  their writes: memory/sqlite/base.py: DatabaseWorker), so calls made at once (gathered)
   share one trip; a call made after another's answer is a trip of its own.
 - MongoDB: one command sent to the server (a pymongo CommandListener): a
   find, an insert, an update, a getMore... each is a wait for the network.
@@ -31,7 +31,7 @@ import pytest
 from pymongo import monitoring
 
 import memory.mongo.store
-import memory.sqlite.worker
+import memory.sqlite.base
 from bot.config import Settings
 from bot.llm import LLMClient
 from bot.runtime import Runtime
@@ -114,9 +114,9 @@ class _Labelled:
 
 
 def count_sqlite_trips(monkeypatch: pytest.MonkeyPatch, trips: RoundTrips) -> None:
-    """Each batch the worker thread takes at one wake-up is one trip (memory/sqlite/worker.py)."""
-    original_run = memory.sqlite.worker.DatabaseWorker.run
-    original_runs = memory.sqlite.worker._runs
+    """Each batch the worker thread takes at one wake-up is one trip (memory/sqlite/base.py: DatabaseWorker)."""
+    original_run = memory.sqlite.base.DatabaseWorker.run
+    original_runs = memory.sqlite.base._runs
 
     async def run(self: Any, fn: Callable[..., Any], *args: Any, grouping: Any = "alone") -> Any:
         return await original_run(self, _Labelled(fn, where_from(sys._getframe(1))), *args, grouping=grouping)
@@ -125,8 +125,8 @@ def count_sqlite_trips(monkeypatch: pytest.MonkeyPatch, trips: RoundTrips) -> No
         trips.add([getattr(job.fn, "label", "?") for job in batch])
         return original_runs(batch)
 
-    monkeypatch.setattr(memory.sqlite.worker.DatabaseWorker, "run", run)
-    monkeypatch.setattr(memory.sqlite.worker, "_runs", runs)
+    monkeypatch.setattr(memory.sqlite.base.DatabaseWorker, "run", run)
+    monkeypatch.setattr(memory.sqlite.base, "_runs", runs)
 
 
 class _Commands(monitoring.CommandListener):

@@ -10,12 +10,15 @@ otherwise be read as a control sequence.
 
 Incoming (`slack_to_plain`): what a person typed arrives entity-escaped with
 mentions and links as `<...>` sequences; the agent should read plain text.
+
+And Slack's other text format, its timestamps (`time_of`).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 _ESCAPES = (("&", "&amp;"), ("<", "&lt;"), (">", "&gt;"))
 
@@ -129,3 +132,11 @@ def slack_to_plain(text: str, name_of: Callable[[str], str | None] | None = None
         return f"{label} ({target})" if label and label != target else target
 
     return unescape(_URL.sub(url, _MENTION.sub(mention, text)))
+
+
+def time_of(ts: str | float | None) -> datetime:
+    """A Slack timestamp (`ts`, `event_time`) as an aware datetime; now if there is none."""
+    try:
+        return datetime.fromtimestamp(float(ts or ""), UTC)
+    except ValueError:
+        return datetime.now(UTC)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 from slack_sdk.web.async_client import AsyncWebClient
@@ -20,7 +19,7 @@ from adapters.channels import ContextFailures
 from adapters.slack.api import CALL_ERRORS, error_code
 from adapters.slack.config import PLATFORM
 from adapters.slack.directory import Directory
-from adapters.slack.format import slack_to_plain
+from adapters.slack.format import slack_to_plain, time_of
 from bot.events import ChannelLine, Place
 
 # What people (and other bots) say; joins, topic changes and the like are left out.
@@ -31,14 +30,6 @@ ADVICE = (
     "give the Slack app the channels:history, groups:history, mpim:history and im:history "
     "scopes and reinstall it (docs/slack.md)"
 )
-
-
-def time_of(ts: str | float | None) -> datetime:
-    """A Slack timestamp (`ts`, `event_time`) as an aware datetime; now if there is none."""
-    try:
-        return datetime.fromtimestamp(float(ts or ""), UTC)
-    except ValueError:
-        return datetime.now(UTC)
 
 
 class ChannelHistory:

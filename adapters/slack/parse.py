@@ -29,8 +29,8 @@ from adapters.pipeline import Item
 from adapters.slack.config import PLATFORM
 from adapters.slack.directory import Directory
 from adapters.slack.files import DownloadError, FileReader, FileRefused
-from adapters.slack.format import slack_to_plain
-from adapters.slack.history import ChannelHistory, time_of
+from adapters.slack.format import slack_to_plain, time_of
+from adapters.slack.history import ChannelHistory
 from bot.events import FileUploaded, Place, PlaceKind, Reply, UserJoined, UserMessage
 
 log = logging.getLogger(__name__)

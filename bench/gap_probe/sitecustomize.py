@@ -22,7 +22,7 @@ if OUT:
     import httpx2
 
     gaps: list[dict[str, Any]] = []
-    from memory.sqlite.worker import DatabaseWorker
+    from memory.sqlite.base import DatabaseWorker
 
     # db_ms: the time at least one store call was under way (calls in flight at
     # once, which the worker takes in one wake-up, count once); rounds: how

@@ -41,7 +41,7 @@ from memory.search.analysis import query_terms
 from memory.search.ann_index import ANN_THRESHOLD
 from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
-from memory.sqlite.base import from_ts, to_ts, visible_sql
+from memory.sqlite.base import DatabaseWorker, from_ts, to_ts, visible_sql
 from memory.sqlite.coordination import SQLiteCoordination
 from memory.sqlite.journal import SQLiteJournal, event_message_seq_in, outbox_insert_in
 from memory.sqlite.migrations import MIGRATIONS, migrate
@@ -51,7 +51,6 @@ from memory.sqlite.search import PassageSearch
 from memory.sqlite.sources import SQLiteSources
 from memory.sqlite.terms import index_passages
 from memory.sqlite.usage import SQLiteUsage
-from memory.sqlite.worker import DatabaseWorker
 from memory.store import OutboxEntry, Store, StoreError
 from memory.types import Message, Passage, SearchPage
 
