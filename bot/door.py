@@ -46,7 +46,7 @@ from bot.durable.lanes import Lanes, Report, Send, StartGate, Turn
 from bot.durable.leases import LeaseLostError, Leases
 from bot.durable.outbox import Outbox
 from bot.durable.redelivery import Sender
-from bot.events import Delivery, Event, FileUploaded, Redo, Reply, UserMessage
+from bot.events import Event, FileUploaded, Reply, UserMessage
 from bot.limits import UsageLimits
 from bot.reports import plural
 from bot.sanitize import sanitize_event
@@ -90,10 +90,10 @@ class Door:
         for member in event.members():  # debounced followers too (bot/durable/debounce.py)
             sanitize_event(member)  # before anything stores or renders it (bot/sanitize.py)
         doors = self._doors
-        result = await doors.store_wait.run(event, lambda: self._attempt(event))
-        # Followers a batch could not take (bot/durable/debounce.py): each handled alone.
-        for alone in doors.detached.pop(id(event), []):
-            result.replies += (await doors.store_wait.run(alone, functools.partial(self._attempt, alone))).replies
+        detached: list[Event] = []  # followers the batch could not take (bot/durable/debounce.py)
+        result = await doors.store_wait.run(event, functools.partial(self._attempt, event, detached))
+        for alone in detached:  # each handled alone, after it
+            result.replies += (await doors.store_wait.run(alone, functools.partial(self._attempt, alone, []))).replies
         if doors.on_active is not None and not result.unfinished and isinstance(event, UserMessage | FileUploaded):
             # The person answered: check-in back-off starts over.
             try:
@@ -103,8 +103,9 @@ class Door:
                 log.warning("could not note %s as active for check-ins (%s)", self.key, error)
         return result
 
-    async def _attempt(self, event: Event) -> EventResult:
-        """One try of gates 3 to 7 (the store wait redoes it whole)."""
+    async def _attempt(self, event: Event, detached: list[Event]) -> EventResult:
+        """One try of gates 3 to 7 (the store wait redoes it whole); the followers split
+        off a batch go into `detached`."""
         doors, inbox = self._doors, self._doors.inbox
         # The lease's line (then the quarantine) is joined before any await, so events
         # keep their arrival order; if another process worked on the agent since our
@@ -112,9 +113,7 @@ class Door:
         async with doors.leases.hold(self.key) as lease, inbox.quarantine.admit(event.journal_id):
             try:
                 agent = await doors.agent(self.key, reload=not lease.continuous)
-                detached = await split_batch(doors.services.store, agent.id, event)
-                if detached:
-                    doors.detached[id(event)] = detached
+                detached[:] = await split_batch(doors.services.store, agent.id, event)
                 # From here on, a crash may count against the event. The inbox write needs
                 # no answer before the reads below: it shares their round trip to the store.
                 running = asyncio.ensure_future(inbox.started(event))
@@ -165,8 +164,6 @@ class Doors:
         self.on_active: Callable[[str, datetime], Awaitable[None]] | None = None
         self.lanes = Lanes()  # gate 1 for every agent, and each person's delivery order
         self._agents: dict[str, Agent] = {}
-        # id(batch) -> the followers split off it by `_attempt`, to handle alone after it.
-        self.detached: dict[int, list[Event]] = {}
         # Work in flight, for `settle`: turns held or awaited (an event's, from building it to
         # its last reply; a tick's; a command's), and inbox writes under way.
         self._open: dict[object, asyncio.Event] = {}
@@ -184,10 +181,6 @@ class Doors:
     def counted(self) -> _Open:
         """Counts the `with` body as work in flight, for `settle`."""
         return _Open(self._open)
-
-    @property
-    def busy(self) -> int:
-        return len(self._open)
 
     async def settle(self, within: float = SHUTDOWN_GRACE, *, say: Callable[[str], Any] | None = None) -> int:
         """The one shutdown wait: at most `within` seconds for the work in flight now
@@ -248,18 +241,9 @@ class Doors:
         with self.counted():
             await self.inbox.finished(event_id)
 
-    async def leftovers(self, platform: str) -> list[Redo]:
-        return await self.inbox.leftovers(platform)
-
-    async def file_notice(self, reply: Reply) -> list[Reply]:
-        return await self.outbox.file_notice(reply)
-
-    async def report_delivery(self, reply: Reply, outcome: Delivery, detail: str = "") -> Delivery:
-        return await self.outbox.report(reply, outcome, detail)
-
     async def deliver(self, replies: Sequence[Reply], send: Send, report: Report | None = None) -> None:
         """Send replies in each person's order (Lanes.deliver), reporting each to the outbox."""
-        await self.lanes.deliver(replies, send, report or self.report_delivery)
+        await self.lanes.deliver(replies, send, report or self.outbox.report)
 
     async def admin(self, key: str, work: Callable[[], Awaitable[T]], *, changes: bool = True) -> T:
         """Run `work` in the agent's turn (and, when it `changes` the agent, under its lease);

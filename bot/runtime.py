@@ -118,7 +118,7 @@ class Runtime(LedgerCommands):
         # waiting in the inbox (bot/door.py: StoreWait).
         self.store_wait = StoreWait(self.inbox, settings.store_wait)
         # One door per agent: every kind of work on an agent enters through it (bot/door.py).
-        self.doors = Doors(
+        self.doors = doors = Doors(
             self.services,
             lambda: default_blocks(settings.persona_limit, settings.human_limit, private_limit=settings.private_limit),
             leases=self.leases,
@@ -127,16 +127,10 @@ class Runtime(LedgerCommands):
             store_wait=self.store_wait,
             limits=self.limits,
         )
-        # The event port (bot/ports.py) is the doors'.
-        self.handle = self.doors.handle
-        self.turn = self.doors.turn
-        self.receive = self.doors.receive
-        self.finished = self.doors.finished
-        self.leftovers = self.doors.leftovers
-        self.report_delivery = self.doors.report_delivery
-        self.file_notice = self.doors.file_notice
-        self.deliver = self.doors.deliver
-        self.settle = self.doors.settle
+        # The event port (bot/ports.py): the doors', the inbox's replays and the outbox's reports.
+        self.handle, self.turn, self.deliver, self.settle = doors.handle, doors.turn, doors.deliver, doors.settle
+        self.receive, self.finished, self.leftovers = doors.receive, doors.finished, self.inbox.leftovers
+        self.report_delivery, self.file_notice = self.outbox.report, self.outbox.file_notice
         # MEMGPT_DEBOUNCE_SECONDS, for the adapters' debouncers (bot/durable/debounce.py).
         self.debounce_seconds = settings.debounce_seconds
 
