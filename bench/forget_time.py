@@ -100,7 +100,7 @@ async def run(args: argparse.Namespace, folder: Path) -> None:
         print(f"preview: {preview * 1000:.0f} ms, found {found.counts()}", flush=True)
 
         started = time.perf_counter()
-        _, receipt = await forget_about(runtime.services, agent.id, TOPIC)
+        _, receipt = await forget_about(runtime.services, agent.record, TOPIC)
         whole = time.perf_counter() - started
         print(f"forget (found again, deleted, summary rewritten): {whole * 1000:.0f} ms; {receipt.text()}", flush=True)
         left = await runtime.recall.search(agent.id, "hypothyroidism", 10)

@@ -171,13 +171,16 @@ class Runtime(LedgerCommands):
     # -- admin and data rights ---------------------------------------------
     async def forget(self, key: str) -> bool:
         """Delete everything held on this user. Returns whether there was anything."""
+        # Their events received until now go with them (an unfinished one is not
+        # answered after a crash); one that comes while this waits for its turn stays.
+        asked = utc_now()
 
         async def forgetting() -> bool:
             # Check-ins can exist for someone who never chatted: delete them first.
             removed = await self.schedules.delete_for_agent_key(key)
             if removed:
                 await self._schedules_changed()
-            await self.store.journal_forget(key)
+            await self.store.journal_scrub(key, forgotten_at=asked)
             await self.limits.forget(key)
             record = await self.store.find_agent(key)
             if record is not None:

@@ -397,8 +397,16 @@ class JournalStore(Protocol):
         """Replies to `origin` not yet confirmed (nor dropped), oldest first;
         with `due_by`, only those whose next try is at or before it."""
 
-    async def journal_forget(self, agent_key: str) -> None:
-        """Delete every journal entry and outbox reply of one user."""
+    async def journal_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
+        """After a forget: the words of one user's finished events go, their ids
+        and states stay (a repeat delivery is still dropped for DEDUP_TTL). The
+        payload of each of their "done" entries becomes {} and the text of each
+        reply no longer pending (sent, dropped) "". Unfinished entries and
+        pending replies are left whole: a replay and a retry need them.
+        `forgotten_at`: the user was forgotten whole then; their entries and
+        replies received before it go the same way, unfinished ones included
+        (made "done", a pending reply "dropped": never replayed nor sent), and
+        name nobody any more (agent key, user id and where to reply emptied)."""
 
 
 @runtime_checkable

@@ -48,7 +48,7 @@ class LedgerCommands:
             record = await self.store.find_agent(key)
             if record is None:
                 raise UnknownItem("I hold nothing on you.")
-            return await forget_item(self.store, record.id, item_id)
+            return await forget_item(self.store, record, item_id)
 
         return await self.doors.admin(key, forgetting)
 
@@ -65,7 +65,7 @@ class LedgerCommands:
             record = await self.store.find_agent(key)
             if record is None:
                 return Receipt()
-            _, receipt = await forget_about(self.services, record.id, about)
+            _, receipt = await forget_about(self.services, record, about)
             log.info("%s: selective forget: %s", key, receipt)
             return receipt
 

@@ -8,6 +8,20 @@ to drop it; the rewrite is checked (none of the topic's words, no sentence
 close to it in meaning) and, if it fails the check or the LLM cannot be
 reached, the summary loses the sentences about the topic instead. Last, the
 store's own files are made to forget too (flush_deleted).
+
+The inbox and the outbox hold the words too: each event's platform payload
+and each reply's text, kept a day after the event finished (its id drops a
+repeat delivery). Every forget, of a topic or of one item, empties the payload
+of each finished event of the person and the text of each reply sent or
+dropped, whatever matched (Store.journal_scrub): a payload is platform JSON
+and a reply may be cut in pieces, where matching could miss the topic, and
+these copies serve only to recognise an id, so the stricter rule costs
+nothing. An unfinished event (its replay needs the payload) and a reply not
+yet sent keep theirs: under the forget's turn and lease none of the person's
+events is running, so those are messages still to be answered, as a message
+sent after the forget would be. The event that asked the agent to forget
+(forget_memories) is finished after its own forget: the next forget, or the
+day's sweep, takes its words.
 """
 
 from __future__ import annotations

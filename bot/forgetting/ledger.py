@@ -18,7 +18,7 @@ from bot.forgetting.matching import Found, block_lines
 from bot.reports import only, plural
 from memory.places import DM_KEY, Place
 from memory.store import Store
-from memory.types import utc_now
+from memory.types import AgentRecord, utc_now
 from memory.working_context import forget_lines
 
 PAGE_SIZE = 10
@@ -128,9 +128,12 @@ class UnknownItem(ValueError):
     """No item has this id (mistyped, or already forgotten)."""
 
 
-async def forget_item(store: Store, agent_id: str, item_id: str) -> Receipt:
-    """Delete one ledger item by its id; UnknownItem if there is none."""
+async def forget_item(store: Store, agent: AgentRecord, item_id: str) -> Receipt:
+    """Delete one ledger item by its id (and the inbox and outbox copies of the
+    person's finished events: bot/forgetting/erasing.py); UnknownItem if there is none."""
+    agent_id = agent.id
     kind, _, rest = item_id.strip().partition(":")
+    await store.journal_scrub(agent.key)
     if kind == "passage" and rest.isdecimal():
         count = await store.count_passages(agent_id)
         held = {p.id for p in await store.list_passages(agent_id, count, 0)} if count else set()

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from bot.conversation import open_conversation
 from bot.forgetting.erasing import Receipt, erase
 from bot.forgetting.matching import Found, Matcher, find
-from memory.types import Message, Passage
+from memory.types import AgentRecord, Message, Passage
 from memory.working_context import WorkingContext
 
 if TYPE_CHECKING:
@@ -42,16 +42,20 @@ async def find_about(services: AgentServices, agent_id: str, about: str) -> Foun
 
 
 async def forget_about(
-    services: AgentServices, agent_id: str, about: str, *, keep: frozenset[int] = frozenset()
+    services: AgentServices, agent: AgentRecord, about: str, *, keep: frozenset[int] = frozenset()
 ) -> tuple[Found, Receipt]:
     """Find what `about` matches now (what was shown may have grown since) and
-    erase it; messages whose seq is in `keep` stay (the step under way)."""
-    found = await find_about(services, agent_id, about)
+    erase it; messages whose seq is in `keep` stay (the step under way). The
+    inbox and outbox copies of the person's finished events go too, whatever
+    matched (bot/forgetting/erasing.py)."""
+    found = await find_about(services, agent.id, about)
     found.messages = [message for message in found.messages if message.seq not in keep]
+    await services.store.journal_scrub(agent.key)
     if found.empty:
+        await services.store.flush_deleted()
         return found, Receipt()
     matcher = Matcher(about, services.archival.embedder)
-    receipt = await erase(services.store, services.llm, matcher, agent_id, found, services.summary_model)
+    receipt = await erase(services.store, services.llm, matcher, agent.id, found, services.summary_model)
     return found, receipt
 
 

@@ -103,7 +103,7 @@ def register_forget_functions(functions: FunctionSet[Agent]) -> None:
             proposals.pop(agent.id, None)
             raise FunctionError("The code expired: call forget_memories again and ask the person once more.")
         proposals.pop(agent.id, None)
-        _, receipt = await forget_about(agent.services, agent.id, proposal.topic, keep=_under_way(agent))
+        _, receipt = await forget_about(agent.services, agent.record, proposal.topic, keep=_under_way(agent))
         await reload(agent)  # the queues, notes and counts the next requests are built from
         if not agent.place.is_dm:
             return "Forgotten everywhere. The person can check what is left with /memory (only they see it)."

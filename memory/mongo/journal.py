@@ -241,9 +241,24 @@ class MongoJournal(MongoBase):
         return [_outbox(doc) async for doc in cursor]
 
     @guarded
-    async def journal_forget(self, agent_key: str) -> None:
-        await self._c("event_journal").delete_many({"agent_key": agent_key})
-        await self._c("outbox").delete_many({"agent_key": agent_key})
+    async def journal_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
+        # Rewritten, not deleted: their ids drop repeat deliveries. Each update is
+        # idempotent, so a forget redone after a fault finishes the job.
+        rows, replies = self._c("event_journal"), self._c("outbox")
+        if forgotten_at is not None:
+            before = to_us(forgotten_at)
+            await rows.update_many(
+                {"agent_key": agent_key, "received_at": {"$lte": before}},
+                {"$set": {"state": "done", "payload": {}, "agent_key": ""}},
+            )
+            unsent = {"agent_key": agent_key, "created_at": {"$lte": before}, "state": "pending"}
+            await replies.update_many(unsent, {"$set": {"state": "dropped"}})
+            await replies.update_many(
+                {"agent_key": agent_key, "created_at": {"$lte": before}},
+                {"$set": {"text": "", "user_id": "", "reply_to": {}, "agent_key": ""}},
+            )
+        await rows.update_many({"agent_key": agent_key, "state": "done"}, {"$set": {"payload": {}}})
+        await replies.update_many({"agent_key": agent_key, "state": {"$ne": "pending"}}, {"$set": {"text": ""}})
 
     @guarded
     async def event_message_seq(self, agent_id: str, event_id: str) -> int | None:

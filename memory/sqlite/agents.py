@@ -102,6 +102,11 @@ class SQLiteAgents(SQLiteBase):
         # the new (secure_delete-zeroed) pages into the file and empties the WAL.
         # VACUUM first: it rewrites the file without the freed pages (a forgotten
         # archive otherwise keeps the file at its size), writing through the WAL.
+        # Before it, the full-text indexes merge their segments: FTS5 keeps a
+        # deleted message's terms in them until then (a topic forget deletes a few).
+        with self._write() as conn:
+            for index in ("messages_fts", "passages_fts"):
+                conn.execute(f"INSERT INTO {index} ({index}) VALUES ('optimize')")
         try:
             self._db.execute("VACUUM")
         except sqlite3.OperationalError as error:  # another connection is writing: the space waits for the next forget

@@ -226,10 +226,24 @@ class SQLiteJournal(SQLiteBase):
 
         return await self.run_in_db(job)
 
-    async def journal_forget(self, agent_key: str) -> None:
+    async def journal_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
+        # The rows are rewritten, not deleted (their ids drop repeat deliveries);
+        # secure_delete zeroes the old cells, flush_deleted the WAL's copies.
         def job(conn: sqlite3.Connection) -> None:
-            conn.execute("DELETE FROM event_journal WHERE agent_key = ?", (agent_key,))
-            conn.execute("DELETE FROM outbox WHERE agent_key = ?", (agent_key,))
+            if forgotten_at is not None:
+                before = (agent_key, forgotten_at.timestamp())
+                conn.execute(
+                    "UPDATE event_journal SET state = 'done', payload = '{}', agent_key = ''"
+                    " WHERE agent_key = ? AND received_at <= ?",
+                    before,
+                )
+                conn.execute(
+                    "UPDATE outbox SET state = CASE state WHEN 'pending' THEN 'dropped' ELSE state END,"
+                    " text = '', user_id = '', reply_to = '{}', agent_key = '' WHERE agent_key = ? AND created_at <= ?",
+                    before,
+                )
+            conn.execute("UPDATE event_journal SET payload = '{}' WHERE agent_key = ? AND state = 'done'", (agent_key,))
+            conn.execute("UPDATE outbox SET text = '' WHERE agent_key = ? AND state <> 'pending'", (agent_key,))
 
         await self.run_in_db(job, write=True)
 

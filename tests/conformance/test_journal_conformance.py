@@ -1,5 +1,5 @@
 """The event journal and the reply outbox (crash safety): recorded once,
-replayed in order, confirmed, swept, forgotten."""
+replayed in order, confirmed, swept, scrubbed after a forget."""
 
 from __future__ import annotations
 
@@ -82,17 +82,66 @@ async def test_outbox_records_each_reply_once_until_confirmed(store: Store) -> N
     assert [r.state for r in await store.outbox_for_event("Ev1")] == ["sent", "pending"]
 
 
-async def test_forget_removes_a_users_journal_and_outbox(store: Store) -> None:
-    await store.journal_receive(entry("EvA", key="slack:T1:UA"))
-    await store.journal_receive(entry("EvB", key="slack:T1:UB"))
-    await store.outbox_add(reply("EvA", 0, key="slack:T1:UA"))
+async def scrubbed_fixture(store: Store) -> None:
+    """UA: a finished event with a sent and a dropped reply, one running with a
+    pending reply, one waiting; UB: a finished event with a sent reply."""
+    for event_id, key in (("EvDone", "slack:T1:UA"), ("EvRun", "slack:T1:UA"), ("EvWait", "slack:T1:UA")):
+        assert await store.journal_receive(entry(event_id, key=key))
+    assert await store.journal_receive(entry("EvB", key="slack:T1:UB"))
+    for reply_entry in (reply("EvDone", 0, key="slack:T1:UA"), reply("EvDone", 1, key="slack:T1:UA")):
+        await store.outbox_add(reply_entry)
+    await store.outbox_add(reply("EvRun", 0, key="slack:T1:UA"))
     await store.outbox_add(reply("EvB", 0, key="slack:T1:UB"))
-    await store.journal_forget("slack:T1:UA")
-    assert [e.event_id for e in await store.journal_pending("slack")] == ["EvB"]
-    assert await store.outbox_for_event("EvA") == []
-    assert [r.id for r in await store.outbox_pending("slack")] == ["EvB:0"]
-    # A forgotten id is new again (nothing of it is kept).
-    assert await store.journal_receive(entry("EvA", key="slack:T1:UA"))
+    await store.outbox_update("EvDone:0", state="sent")
+    await store.outbox_update("EvDone:1", state="dropped")
+    await store.outbox_update("EvB:0", state="sent")
+    await store.journal_update("EvDone", state="done")
+    await store.journal_update("EvB", state="done")
+    await store.journal_update("EvRun", state="running")
+    await store.journal_update("EvWait", state="waiting", next_try_at=5.0)
+
+
+async def test_scrub_empties_a_users_finished_events_and_keeps_what_crash_safety_needs(store: Store) -> None:
+    await scrubbed_fixture(store)
+    await store.journal_scrub("slack:T1:UA")
+    done = await store.journal_entry("EvDone")
+    assert done is not None and done.payload == {} and done.state == "done" and done.agent_key == "slack:T1:UA"
+    assert [(r.state, r.text) for r in await store.outbox_for_event("EvDone")] == [("sent", ""), ("dropped", "")]
+    # Unfinished events are replayed from their payload, a pending reply is sent as it is.
+    assert [(e.event_id, e.payload) for e in await store.journal_pending("slack")] == [
+        ("EvRun", {"text": "payload of EvRun"}),
+        ("EvWait", {"text": "payload of EvWait"}),
+    ]
+    assert [(r.id, r.text) for r in await store.outbox_pending("slack")] == [("EvRun:0", "reply 0 to EvRun")]
+    # Another user's are untouched; a repeat delivery of the scrubbed one is still dropped.
+    other = await store.journal_entry("EvB")
+    assert other is not None and other.payload == {"text": "payload of EvB"}
+    assert [r.text for r in await store.outbox_for_event("EvB")] == ["reply 0 to EvB"]
+    assert not await store.journal_receive(entry("EvDone", key="slack:T1:UA"))
+
+
+async def test_scrub_of_a_user_forgotten_whole_finishes_their_events_and_names_nobody(store: Store) -> None:
+    await scrubbed_fixture(store)
+    forgotten_at = utc_now()
+    await asyncio.sleep(0.01)
+    assert await store.journal_receive(entry("EvLater", key="slack:T1:UA"))  # sent while the forget waited
+    await store.outbox_add(reply("EvLater", 0, key="slack:T1:UA"))
+    await store.journal_scrub("slack:T1:UA", forgotten_at=forgotten_at)
+    for event_id in ("EvDone", "EvRun", "EvWait"):
+        row = await store.journal_entry(event_id)
+        assert row is not None and (row.state, row.payload, row.agent_key) == ("done", {}, "")
+        assert not await store.journal_receive(entry(event_id, key="slack:T1:UA"))  # still dropped
+        for scrubbed in await store.outbox_for_event(event_id):
+            assert (scrubbed.text, scrubbed.user_id, scrubbed.reply_to, scrubbed.agent_key) == ("", "", {}, "")
+            assert scrubbed.state in ("sent", "dropped")  # the pending one is never sent
+    # What came after the forget is a new event of theirs, whole; the other user's are untouched.
+    assert [(e.event_id, e.payload) for e in await store.journal_pending("slack")] == [
+        ("EvLater", {"text": "payload of EvLater"})
+    ]
+    assert [(r.id, r.text) for r in await store.outbox_pending("slack")] == [("EvLater:0", "reply 0 to EvLater")]
+    other = await store.journal_entry("EvB")
+    assert other is not None and other.payload == {"text": "payload of EvB"} and other.agent_key == "slack:T1:UB"
+    assert [r.text for r in await store.outbox_for_event("EvB")] == ["reply 0 to EvB"]
 
 
 async def test_the_message_of_an_event_is_found_by_its_id(store: Store) -> None:
