@@ -210,7 +210,7 @@ async def test_forget_everything_leaves_no_copy_in_the_inbox_or_outbox(
 ) -> None:
     async with world(backend, tmp_path, llm_server, embedder, request) as w:
         gone, kept = await told(w)
-        assert await w.runtime.forget_user(PLATFORM, gone.user_id)
+        assert await w.runtime.forget(gone.key)
         needles = gone.needles()
         needles.patterns |= {"user id": text_patterns(gone.user_id), "agent key": text_patterns(gone.key)}
         await check_left(w, gone, kept, needles, whole=True)
@@ -222,7 +222,7 @@ async def test_forget_a_topic_through_the_runtime_leaves_no_copy(
 ) -> None:
     async with world(backend, tmp_path, llm_server, embedder, request) as w:
         gone, kept = await told(w)
-        receipt = await w.runtime.forget_memories_about(PLATFORM, gone.user_id, gone.topic)
+        receipt = (await w.runtime.forget_topic(gone.key, gone.topic)).text()
         assert receipt.startswith("Forgotten: ") and "1 note" in receipt
         await check_left(w, gone, kept, gone.needles())
         # What was not about the topic is still known.
@@ -257,10 +257,10 @@ async def test_forget_one_item_leaves_no_copy_in_the_inbox_or_outbox(
 ) -> None:
     async with world(backend, tmp_path, llm_server, embedder, request) as w:
         gone, kept = await told(w)
-        page = await w.runtime.memory_ledger(PLATFORM, gone.user_id)
+        page = await w.runtime.ledger(gone.key)
         assert page is not None
         note = next(item for item in page.items if item.kind == "note" and gone.topic in item.text)
-        assert (await w.runtime.forget_memory_item(PLATFORM, gone.user_id, note.id)).startswith("Forgotten: ")
+        assert (await w.runtime.forget_one(gone.key, note.id)).text().startswith("Forgotten: ")
         # One item goes from memory, the person's messages stay there (the topic too);
         # what only the inbox held (the payload's word) is gone from everywhere.
         await check_left(w, gone, kept, Needles({"payload": text_patterns(gone.beside)}, {}))
