@@ -64,7 +64,7 @@ LETTA = {"calls": 1.80, "prompt": 6_499, "share": 0.826, "effective": 2_910, "su
 USER = "Sam"
 EVENT_LINE = re.compile(r"^\[[^\]]+\] " + USER + r": (?P<text>.*)$", re.M)
 # Where the bot has one, the per-call memory status rides in the newest message.
-STATUS_LINE = re.compile(r"^\[memory status\][^\n]*\n")
+STATUS_LINE = re.compile(r"(?:^|\n)\[memory status\].*\Z", re.S)
 STATUS_FIELD = re.compile(r', "memory_status": "(?:[^"\\]|\\.)*"\}$')
 
 WORDS = (
@@ -107,32 +107,58 @@ def without_status(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def scripted_model(request: dict[str, Any]) -> Reply:
+    """What a capable function-calling model does (gpt-4o-mini's parallel tool
+    calls, as the instructions ask): a search first, then the answer in the next
+    step (it needs the results); a memory write and the answer together, in one
+    step, without a heartbeat; plain chat answered at once. It reads the
+    person's current name where it stands last: its own edit in the queue, else
+    the working context in the system message."""
     messages = [without_status(m) for m in request["messages"]]
     if is_summary_request(request):
         return reply_text(scripted_summary(messages))
     rng = random.Random(len(messages))
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user" and _said(m)), default=-1)
+    answer = tool_call("send_message", {"message": sentence(rng, 10, 30)})
     if last_user < 0 or any(m["role"] == "tool" for m in messages[last_user + 1 :]):
-        return reply_tool_calls(tool_call("send_message", {"message": sentence(rng, 10, 30)}))
+        return reply_tool_calls(answer)
     text = _said(messages[last_user])
-    beat = {"request_heartbeat": True}
+    if text.startswith("What did I tell you about "):
+        call = tool_call("conversation_search", {"query": text[26:-1], "request_heartbeat": True})
+        return reply_tool_calls(call, content="Noting that.")
+    if text.startswith("Do you know anything about "):
+        call = tool_call("archival_memory_search", {"query": text[27:-1], "request_heartbeat": True})
+        return reply_tool_calls(call, content="Noting that.")
+    done = {"request_heartbeat": False}
     if text.startswith("Remember that "):
-        call = tool_call("archival_memory_insert", {"content": "Sam said " + text[14:], **beat})
-    elif text.startswith("What did I tell you about "):
-        call = tool_call("conversation_search", {"query": text[26:-1], **beat})
-    elif text.startswith("Do you know anything about "):
-        call = tool_call("archival_memory_search", {"query": text[27:-1], **beat})
+        call = tool_call("archival_memory_insert", {"content": "Sam said " + text[14:], **done})
     elif text.startswith("Please call me "):
         name = text[15:-1]
-        current = re.search(r"Preferred name: [^\n]*", str(messages[0]["content"]))
+        current = _current_name(messages)
         if current:
-            arguments = {"name": "human", "old_content": current.group(0), "new_content": f"Preferred name: {name}"}
-            call = tool_call("core_memory_replace", {**arguments, **beat})
+            arguments = {"name": "human", "old_content": current, "new_content": f"Preferred name: {name}"}
+            call = tool_call("core_memory_replace", {**arguments, **done})
         else:
-            call = tool_call("core_memory_append", {"name": "human", "content": f"Preferred name: {name}", **beat})
+            call = tool_call("core_memory_append", {"name": "human", "content": f"Preferred name: {name}", **done})
     else:
-        return reply_tool_calls(tool_call("send_message", {"message": sentence(rng, 10, 30)}))
-    return reply_tool_calls(call, content="Noting that.")
+        return reply_tool_calls(answer)
+    return reply_tool_calls(call, answer, content="Noting that.")
+
+
+PREFERRED = re.compile(r"Preferred name: [^\n\"\\]*")
+
+
+def _current_name(messages: Sequence[dict[str, Any]]) -> str:
+    """The newest "Preferred name: ..." line: from the model's own last edit that
+    worked (still in the queue), else as working context shows it."""
+    results = {m.get("tool_call_id"): str(m.get("content") or "") for m in messages if m["role"] == "tool"}
+    for message in reversed(messages[1:]):
+        for call in message.get("tool_calls") or []:
+            worked = '"status": "OK"' in results.get(call.get("id"), "")
+            found = PREFERRED.findall(call["function"]["arguments"]) if worked else []
+            if found and call["function"]["name"].startswith("core_memory"):
+                return found[-1]
+    shown = PREFERRED.search(str(messages[0]["content"]))
+    return shown.group(0) if shown else ""
 
 
 def _said(message: dict[str, Any]) -> str:

@@ -389,8 +389,7 @@ class Agent:
         so does a channel's recent lines, shown for the current event only."""
         status = (
             f"memory {round(100 * self.queue.pressure())}% full; recall {self.recall_count} messages, "
-            f"{len(self.queue.entries)} in queue; archival {self.archival_count} passages; "
-            f"now {utc_now():%Y-%m-%d %H:%M} UTC"
+            f"archival {self.archival_count} passages; now {utc_now():%Y-%m-%d %H:%M} UTC"
         )
         return f"{status}\n{self._channel_context}" if self._channel_context else status
 
@@ -426,7 +425,7 @@ class Agent:
         await self.store.save_block(self.id, block)
         self.working_context.commit(block)
         for conversation in self.conversations.values():
-            conversation.show(self.working_context)
+            conversation.show(self.working_context, edited_here=conversation is self.conversation)
 
     async def send(self, text: str) -> None:
         """A reply to the current event. For an event whose replies are kept it goes into the

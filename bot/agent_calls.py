@@ -113,7 +113,7 @@ class AgentCalls:
         # function schemas included) spares re-tokenizing the whole prompt.
         return await self.complete(
             agent.queue.compile(status),
-            agent.services.functions.schemas,
+            agent.queue.offered_tools,
             agent.queue.total_tokens(status),
             max_tokens=agent.queue.response_reserve,
         )
@@ -166,7 +166,7 @@ class AgentCalls:
         if not agent.services.summary_model:
             # The chat model summarizes from the prompt it just read (cached by
             # the provider): the agent's own request up to the evicted messages.
-            tools = agent.services.functions.schemas
+            tools = queue.offered_tools
             messages = queue.summary_prompt(evicted, SUMMARY_REQUEST.format(max_words=max_words))
             if messages:
                 tokens = counter.count_request(messages, tools)

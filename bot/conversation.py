@@ -65,9 +65,15 @@ class Conversation:
         self.record.summary, self.record.queue_start_seq = eviction.summary, eviction.new_start_seq
         self.record.summary_updated_at = now
 
-    def show(self, working_context: WorkingContext) -> None:
-        """Put the working context, as this place may see it, into its prompt."""
-        self.queue.set_working_context(working_context.render(self.place))
+    def show(self, working_context: WorkingContext, *, edited_here: bool = False) -> None:
+        """Put the working context, as this place may see it, into its prompt:
+        at the next flush for an edit made here (the model reads it in this
+        queue meanwhile, and the cached prefix stays whole), at once elsewhere."""
+        rendered = working_context.render(self.place)
+        if edited_here:
+            self.queue.stage_working_context(rendered)
+        else:
+            self.queue.set_working_context(rendered)
 
 
 async def open_conversation(
@@ -96,6 +102,8 @@ def new_queue(services: AgentServices, instructions: str) -> QueueManager:
         instructions,
         services.functions.schemas,
         services.context_window,
+        more_tools=services.functions.on_demand_schemas,
+        more_tools_after=services.functions.on_demand_triggers,
         warning_threshold=services.warning_threshold,
         flush_threshold=services.flush_threshold,
         evict_fraction=services.evict_fraction,

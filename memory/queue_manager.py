@@ -2,13 +2,18 @@
 
 The prompt is laid out for providers' prompt caches, which serve only a prefix
 that repeats exactly from the first token: what changes least comes first.
-One system message (read-only instructions, then working context, which
-changes on an edit, then the recursive summary, which changes on a flush),
-then the queue, append-only between flushes (each payload is rendered once,
-when it joins). The memory status (counts, the time, memory pressure), which
-changes on every call, rides in the newest message only, for that request
-only: the next request repeats everything before it. Nothing here is global to an agent
-beyond its working context: a queue and its summary could be one per place.
+One system message (read-only instructions, then working context, then the
+recursive summary), then the queue, append-only between flushes (each payload
+is rendered once, when it joins). The system message changes only at a flush,
+which rewrites the prompt from the summary on anyway: a working-context edit
+the model makes is in the queue at once (its call and result), and the
+system message takes the new text at the next flush (`stage_working_context`).
+Functions few messages need are offered on demand (`more_tools`): once a
+call that asks for them is in the queue, until a flush evicts it. The
+memory status (counts, the time, memory pressure), which changes on every
+call, rides at the end of the newest message only, for that request only:
+the next request repeats everything before it. Nothing here is global to an
+agent beyond its working context: a queue and its summary could be one per place.
 
 A flush rewrites the prompt from the summary on, so it is rare and large:
 the queue is cut in one chunk down to a low-water mark, not a few messages
@@ -78,6 +83,8 @@ class QueueManager:
         response_reserve: int = 512,
         max_item_tokens: int = 0,
         queue_tokens: int = 0,
+        more_tools: Sequence[dict[str, Any]] = (),
+        more_tools_after: frozenset[str] = frozenset(),
     ) -> None:
         self.counter = counter
         self.instructions = instructions
@@ -94,13 +101,21 @@ class QueueManager:
         # as many as the window leaves), so a message costs a bounded prompt
         # even on a model with a very large window.
         self.queue_cap = max(0, queue_tokens)
-        self.fixed_tokens = (
+        self._base_fixed_tokens = (
             TOKENS_PER_REQUEST
             + TOKENS_PER_MESSAGE
             + counter.count("system")
             + counter.count(instructions)
             + counter.count_tools(self.tools)
         )
+        # Offered beside `tools` while the queue holds a result of a function named in
+        # `more_tools_after` (the loader, or one of them called directly).
+        self.more_tools = list(more_tools)
+        self.more_tools_after = more_tools_after
+        self._more_tools_tokens = (
+            counter.count_tools(self.tools + self.more_tools) - counter.count_tools(self.tools) if more_tools else 0
+        )
+        self._asked_for_more = 0  # such results in the queue
         self.header_tokens = counter.count(
             "## Working context ## Summary of earlier conversation (first item of your queue) (none yet)"
         )
@@ -108,8 +123,9 @@ class QueueManager:
         self.queue_tokens = 0
         self.summary = ""
         self.summary_tokens = 0
-        self.working_context = ""
-        self.working_context_tokens = 0
+        self.working_context = ""  # as the system message shows it
+        self.working_context_tokens = 0  # of that or of the staged text, whichever is larger
+        self.staged_working_context: str | None = None  # an edit's text, shown from the next flush
         self.warned = False
         self._last_status = ("", 0)
         # Messages from this seq on (the current event's) leave only if nothing else can.
@@ -150,10 +166,20 @@ class QueueManager:
             self._set_limits(window, ratio)
 
     # -- state ------------------------------------------------------------
+    @property
+    def offered_tools(self) -> list[dict[str, Any]]:
+        """The function schemas this queue's requests carry."""
+        return self.tools + self.more_tools if self._asked_for_more else self.tools
+
+    @property
+    def fixed_tokens(self) -> int:
+        """The instructions and the offered schemas."""
+        return self._base_fixed_tokens + (self._more_tools_tokens if self._asked_for_more else 0)
+
     def load(self, summary: str, messages: Sequence[Message], working_context: str) -> None:
         self.set_summary(summary)
         self.set_working_context(working_context)
-        self.entries, self.queue_tokens = [], 0
+        self.entries, self.queue_tokens, self._asked_for_more = [], 0, 0
         for message in messages:
             self.append(message)
         self.warned = any(PRESSURE_MARKER in (entry.message.content or "") for entry in self.entries)
@@ -163,8 +189,20 @@ class QueueManager:
         self.summary_tokens = self.counter.count(summary)
 
     def set_working_context(self, rendered: str) -> None:
-        self.working_context = rendered
+        """Show `rendered` in the system message now (a load, a reload)."""
+        self.working_context, self.staged_working_context = rendered, None
         self.working_context_tokens = self.counter.count(rendered)
+
+    def stage_working_context(self, rendered: str) -> None:
+        """Working context as the model's edit left it: the model reads the edit
+        in the queue (its call and result), so the system message, and with it
+        the whole cached prefix, stays as it is until the next flush. Counted at
+        the larger of the two texts meanwhile: the flush must leave room for it."""
+        if rendered == self.working_context:
+            self.set_working_context(rendered)
+            return
+        self.staged_working_context = rendered
+        self.working_context_tokens = max(self.counter.count(self.working_context), self.counter.count(rendered))
 
     def append(self, message: Message) -> None:
         payload = message.to_openai()
@@ -173,6 +211,10 @@ class QueueManager:
             payload, tokens = self._shortened(payload, tokens)
         self.entries.append(QueueEntry(message, payload, tokens))
         self.queue_tokens += tokens
+        self._asked_for_more += self._asks_for_more(message)
+
+    def _asks_for_more(self, message: Message) -> bool:
+        return message.role == "tool" and message.name in self.more_tools_after
 
     def _shortened(self, payload: dict[str, Any], tokens: int) -> tuple[dict[str, Any], int]:
         content = payload.get("content") or ""
@@ -197,8 +239,8 @@ class QueueManager:
 
     def compile(self, status_line: str) -> list[dict[str, Any]]:
         """The request's messages, the memory status in the newest one. Between
-        flushes and working-context edits, the previous call's messages (its
-        newest without the status) are the start of this call's."""
+        flushes, the previous call's messages (its newest without the status)
+        are the start of this call's."""
         payloads = [entry.payload for entry in self.entries]
         if payloads:
             payloads[-1] = with_status(payloads[-1], status_line)
@@ -306,8 +348,11 @@ class QueueManager:
     def apply(self, eviction: Eviction) -> None:
         cut = len(eviction.evicted)
         self.queue_tokens -= sum(entry.tokens for entry in self.entries[:cut])
+        self._asked_for_more -= sum(self._asks_for_more(entry.message) for entry in self.entries[:cut])
         del self.entries[:cut]
         self.set_summary(eviction.summary)
+        if self.staged_working_context is not None:  # the system message is rewritten now anyway
+            self.set_working_context(self.staged_working_context)
         self.warned = False
 
     def summary_prompt(self, evicted: Sequence[Message], ask: str) -> list[dict[str, Any]] | None:
@@ -343,17 +388,18 @@ class QueueManager:
 
 
 def with_status(payload: dict[str, Any], status_line: str) -> dict[str, Any]:
-    """A copy of the newest message carrying the memory status: before a
+    """A copy of the newest message carrying the memory status: after a
     message's text (what the person said, an alert), or as a `memory_status`
     field of a function result, which stays valid JSON. Attached for one
-    request only; the queue keeps the message as it was."""
+    request only; the queue keeps the message as it was, so the next request
+    repeats its text from the first token (a cached prefix to its end)."""
     content = payload.get("content")
     if not isinstance(content, str):
         content = ""
     if payload.get("role") == "tool" and content.startswith("{") and content.endswith("}"):
         field = json.dumps(status_line, ensure_ascii=False)
         return {**payload, "content": f'{content[:-1]}, "memory_status": {field}}}'}
-    return {**payload, "content": f"{STATUS_MARKER} {status_line}\n{content}"}
+    return {**payload, "content": f"{content}\n{STATUS_MARKER} {status_line}"}
 
 
 def render_transcript(messages: Sequence[Message]) -> str:

@@ -38,15 +38,17 @@ async def test_fact_is_saved_and_survives_a_restart(
         "core_memory_append",
         "core_memory_replace",
         "conversation_search",
-        "conversation_search_date",
         "archival_memory_insert",
         "archival_memory_search",
+        "more_functions",  # conversation_search_date and the others, on demand
     }
     assert "my cat is called Miso" in first["messages"][-1]["content"]
-    # The heartbeat step saw the function's result and the updated block.
+    # The heartbeat step saw the function's result and the edit, in its queue: the
+    # system message is the first step's (its cached prefix whole) until the next flush.
     assert second["messages"][-1]["role"] == "tool"
     assert json.loads(second["messages"][-1]["content"])["status"] == "OK"
-    assert "Has a cat called Miso." in second["messages"][0]["content"]
+    assert "Has a cat called Miso." in second["messages"][-2]["tool_calls"][0]["function"]["arguments"]
+    assert second["messages"][0] == system
     await runtime.close(close_embedder=False)
 
     # A new runtime on the same data directory is a restarted bot.

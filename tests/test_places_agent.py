@@ -40,8 +40,12 @@ async def test_the_private_block_is_shown_and_edited_only_in_dms(
     runtime = await make_runtime()
     await runtime.handle(said("CMD private on medication zqvpills", DM))
     dm_body = llm_server.requests[-1]
-    assert "zqvpills" in dm_body["messages"][0]["content"] and "<private" in dm_body["messages"][0]["content"]
+    # The edit is in the DM's queue at once (the call and its result); the system message,
+    # which shows the private block, takes it at the DM's next flush.
+    assert "<private" in dm_body["messages"][0]["content"] and "zqvpills" in json.dumps(dm_body["messages"][1:])
     assert results([dm_body])[-1]["status"] == "OK"
+    agent = await runtime.agent("slack:T1:U1")
+    assert "zqvpills" in agent.working_context.render(DM)
 
     before = len(llm_server.requests)
     await runtime.handle(said("CMD private the band plays on friday", PUBLIC))

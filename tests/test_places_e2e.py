@@ -190,9 +190,12 @@ def check(story: Story, database: Path, public_channel: str) -> None:
         assert "I found:" in text and not any(word in text for word in (DIAGNOSIS, CODEWORD, TEAM_SECRET))
 
     # The DM facts the model put in human are in the DM's working context, and only there.
+    # (An edit made in the DM is in its queue at once and in its system message from its next flush on.)
     human = re.findall(r"<human[^>]*>[^<]*", system_prompt(story.dm_asks))
-    assert human and DIAGNOSIS in human[0] and TEAM_SECRET in human[0]
-    assert TEAM_SECRET in re.findall(r"<human[^>]*>[^<]*", system_prompt(story.team_asks))[0]
+    assert human and TEAM_SECRET in human[0]
+    assert DIAGNOSIS in human[0] + edits_in_queue(story.dm_asks, "human")
+    team_human = re.findall(r"<human[^>]*>[^<]*", system_prompt(story.team_asks))[0]
+    assert TEAM_SECRET in team_human + edits_in_queue(story.team_asks, "human")
 
     # Other people's lines are read with the mention and kept nowhere; the person's own
     # line there is marked as theirs, the others' are not.
@@ -206,6 +209,17 @@ def check(story: Story, database: Path, public_channel: str) -> None:
 
 def system_prompt(turn: Turn) -> str:
     return str(json.loads(turn.bodies[0])["messages"][0]["content"])
+
+
+def edits_in_queue(turn: Turn, block: str) -> str:
+    """The text of the working-context edits of `block` that worked, in the queue of the turn's first request."""
+    messages = json.loads(turn.bodies[0])["messages"]
+    worked = {m["tool_call_id"] for m in messages if m["role"] == "tool" and '"status": "OK"' in m["content"]}
+    calls = [call for m in messages for call in m.get("tool_calls") or [] if call["id"] in worked]
+    edits = [
+        json.loads(call["function"]["arguments"]) for call in calls if call["function"]["name"].startswith("core_")
+    ]
+    return "\n".join(str(edit.get("content") or edit.get("new_content")) for edit in edits if edit["name"] == block)
 
 
 def database_of(runtime: Runtime) -> Path:

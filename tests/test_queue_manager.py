@@ -137,3 +137,53 @@ async def test_a_flush_keeps_the_current_events_messages(counter: TokenCounter) 
     eviction = await queue.evict("status", summarize_ok)
     queue.apply(eviction)
     assert [entry.message for entry in queue.entries] == [person, alert]
+
+
+async def test_an_edit_reaches_the_system_message_at_the_next_flush(counter: TokenCounter) -> None:
+    queue = make_queue(counter)
+    queue.load("", conversation(12), "<human>Likes tea.</human>")
+    status = "memory status"
+    before = queue.compile(status)[0]
+    queue.stage_working_context("<human>Likes tea.\nHas a dog named Rex.</human>")
+    # The prefix stays whole (the model reads the edit in the queue), counted at the larger text.
+    assert queue.compile(status)[0] == before
+    assert queue.working_context_tokens == counter.count("<human>Likes tea.\nHas a dog named Rex.</human>")
+    assert counter.count_request(queue.compile(status), queue.tools) <= queue.total_tokens(status)
+    queue.apply(await queue.evict(status, summarize_ok))
+    assert "Has a dog named Rex." in queue.compile(status)[0]["content"]
+    assert queue.staged_working_context is None
+
+
+async def test_on_demand_tools_are_offered_while_a_call_for_them_is_in_the_queue(counter: TokenCounter) -> None:
+    functions = build_core_functions()
+    queue = QueueManager(
+        counter,
+        SYSTEM_INSTRUCTIONS,
+        functions.schemas,
+        4_096,
+        response_reserve=256,
+        more_tools=functions.on_demand_schemas,
+        more_tools_after=functions.on_demand_triggers,
+    )
+    messages = conversation(12)
+    queue.load("", messages[:3], "")
+    fixed = queue.fixed_tokens
+    assert queue.offered_tools == functions.schemas
+    call = [{"id": "m", "type": "function", "function": {"name": "more_functions", "arguments": "{}"}}]
+    asked = [
+        Message(role="assistant", tool_calls=call, seq=100),
+        Message(role="tool", tool_call_id="m", name="more_functions", content='{"status": "OK"}', seq=101),
+    ]
+    for message in asked + messages[3:]:
+        queue.append(message)
+    assert queue.offered_tools == functions.schemas + functions.on_demand_schemas
+    assert queue.fixed_tokens == fixed + counter.count_tools(queue.offered_tools) - counter.count_tools(
+        functions.schemas
+    )
+    status = "memory status"
+    assert counter.count_request(queue.compile(status), queue.offered_tools) <= queue.total_tokens(status)
+    # A flush that evicts the call takes the schemas away (the prefix is rewritten then anyway).
+    while any(entry.message.seq == 101 for entry in queue.entries):
+        assert queue.offered_tools == functions.schemas + functions.on_demand_schemas
+        queue.apply(await queue.evict(status, summarize_ok))
+    assert queue.offered_tools == functions.schemas and queue.fixed_tokens == fixed

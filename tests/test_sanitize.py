@@ -168,8 +168,9 @@ async def test_a_huge_message_is_stored_whole_and_shown_shortened(
     agent = await runtime.agent("discord:1")
     [stored] = [m for m in await runtime.store.messages_since(agent.id, 0) if m.role == "user"]
     assert stored.content is not None and "\ufffd THE END" in stored.content and len(stored.content) > 1_000_000
-    # The newest message carries the memory status line for this request only; the item is what follows.
-    shown = llm_server.requests[-1]["messages"][-1]["content"].partition(STATUS_MARKER)[2].partition("\n")[2]
+    # The newest message carries the memory status line for this request only, after the item.
+    shown, status, _ = llm_server.requests[-1]["messages"][-1]["content"].partition(f"\n{STATUS_MARKER}")
+    assert status
     assert "shortened here" in shown and runtime.services.counter.count(shown) <= 300
     assert agent.queue.max_item_tokens == 300
     found = await runtime.store.search_messages(agent.id, "END", 5)

@@ -128,4 +128,4 @@ def register_checkin_functions(
             text += f" {format_local(when, zone_name, with_zone=False)} is in their quiet hours, so it is moved."
         return text
 
-    functions.register(SCHEDULE_REMINDER, schedule_reminder)
+    functions.register(SCHEDULE_REMINDER, schedule_reminder, on_demand="wake later to follow up")

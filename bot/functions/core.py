@@ -24,13 +24,13 @@ MAX_ARCHIVAL_INSERT_CHARS = 8_000
 # A shortened result keeps at least this much: enough for a UUID and its context.
 MIN_ITEM_TOKENS = 40
 
-BLOCK_NAME = {"type": "string", "description": "Block: persona, human or private (DMs only)."}
+BLOCK_NAME = {"type": "string", "description": "persona, human or private (DMs only)"}
 
 
 SEND_MESSAGE = function_schema(
     "send_message",
-    "Send a message to the person. The only way they see anything you write.",
-    {"message": {"type": "string", "description": "Text, in the person's language."}},
+    "The only way the person sees what you write.",
+    {"message": {"type": "string", "description": "In their language."}},
     ["message"],
 )
 
@@ -46,11 +46,11 @@ async def send_message(agent: Agent, args: dict[str, Any]) -> str:
 # Lines written in a DM (or a private channel) are shown only where they may be read;
 # this shows the lines an edit touches everywhere: a line replaced by itself is shared
 # (memory/working_context.py).
-EVERYWHERE = {"type": "boolean", "description": "Share in every place (only if the person asks)."}
+EVERYWHERE = {"type": "boolean", "description": "Show in every place (only if they ask)."}
 
 CORE_MEMORY_APPEND = function_schema(
     "core_memory_append",
-    "Append a line to a working context block.",
+    "Append a line to a block.",
     {"name": BLOCK_NAME, "content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
     ["name", "content", "request_heartbeat"],
 )
@@ -65,10 +65,10 @@ async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
 
 CORE_MEMORY_REPLACE = function_schema(
     "core_memory_replace",
-    "Replace exact text in a working context block; empty new_content deletes it.",
+    "Replace exact text in a block; empty new_content deletes it.",
     {
         "name": BLOCK_NAME,
-        "old_content": {"type": "string", "description": "Exact text to replace."},
+        "old_content": {"type": "string"},
         "new_content": {"type": "string"},
         "everywhere": EVERYWHERE,
         "request_heartbeat": HEARTBEAT,
@@ -105,7 +105,7 @@ def _edited(edit: Callable[[], Block]) -> Block:
 
 ARCHIVAL_MEMORY_INSERT = function_schema(
     "archival_memory_insert",
-    "Save a passage to archival storage (long-term, searchable by meaning). Self-contained text.",
+    "Save a self-contained passage to archival storage.",
     {"content": {"type": "string"}, "request_heartbeat": HEARTBEAT},
     ["content", "request_heartbeat"],
 )
@@ -142,7 +142,7 @@ async def archival_memory_search(agent: Agent, args: dict[str, Any]) -> str:
 
 CONVERSATION_SEARCH = function_schema(
     "conversation_search",
-    "Search all past messages (recall storage) by words, most relevant first.",
+    "Search past messages (recall storage), best first.",
     {"query": {"type": "string"}, "page": PAGE, "request_heartbeat": HEARTBEAT},
     ["query", "request_heartbeat"],
 )
@@ -183,13 +183,12 @@ async def conversation_search_date(agent: Agent, args: dict[str, Any]) -> str:
     return _page_text(agent, "recall storage", label, page, size, found.total, items)
 
 
-# In the order the model is shown them.
+# In the order the model is shown them; the last, which few messages need, on demand (bot/functions/registry.py).
 CORE_FUNCTIONS: list[tuple[dict[str, Any], Implementation[Agent]]] = [
     (SEND_MESSAGE, send_message),
     (CORE_MEMORY_APPEND, core_memory_append),
     (CORE_MEMORY_REPLACE, core_memory_replace),
     (CONVERSATION_SEARCH, conversation_search),
-    (CONVERSATION_SEARCH_DATE, conversation_search_date),
     (ARCHIVAL_MEMORY_INSERT, archival_memory_insert),
     (ARCHIVAL_MEMORY_SEARCH, archival_memory_search),
 ]
@@ -199,6 +198,7 @@ def build_core_functions() -> FunctionSet[Agent]:
     functions: FunctionSet[Agent] = FunctionSet()
     for schema, implementation in CORE_FUNCTIONS:
         functions.register(schema, implementation)
+    functions.register(CONVERSATION_SEARCH_DATE, conversation_search_date, on_demand="messages by date")
     return functions
 
 

@@ -109,7 +109,7 @@ def register_forget_functions(functions: FunctionSet[Agent]) -> None:
             return "Forgotten everywhere. The person can check what is left with /memory (only they see it)."
         return receipt.text()
 
-    functions.register(FORGET_MEMORIES, forget_memories)
+    functions.register(FORGET_MEMORIES, forget_memories, on_demand="forget a topic they ask you to")
 
 
 def _under_way(agent: Agent) -> frozenset[int]:

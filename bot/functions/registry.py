@@ -3,7 +3,11 @@ and dispatch. Each family of functions keeps its schemas beside its bodies
 (bot/functions/core.py, bot/checkins/functions.py) and registers them here.
 
 Names and arguments are a contract (see the agent core issue). Schemas are
-written tersely because they are sent with every request. Anything wrong with
+written tersely because they are sent with every request. The functions few
+messages need are registered `on_demand`: every request carries only one
+short entry naming them (MORE_FUNCTIONS), and a conversation's requests carry
+their schemas once it called that entry (or one of them), until a flush
+(memory/queue_manager.py `more_tools`). Anything wrong with
 a call (bad JSON, unknown name, arguments that fail the schema, an edit that
 cannot be done) becomes a `FunctionError`, whose text goes back to the model.
 """
@@ -24,8 +28,10 @@ from bot.sanitize import fix_surrogates_in
 # nothing of it but to hand it on.
 AgentT = TypeVar("AgentT")
 
-HEARTBEAT = {"type": "boolean", "description": "true: run again after this."}
-PAGE = {"type": "integer", "minimum": 0, "description": "Result page, 0 first."}
+# Explained once, in the instructions (bot/prompts.py), not in every schema.
+HEARTBEAT = {"type": "boolean"}
+MORE_FUNCTIONS = "more_functions"
+PAGE = {"type": "integer", "minimum": 0}
 
 
 def function_schema(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
@@ -58,19 +64,48 @@ class FunctionSet(Generic[AgentT]):
     """Schemas plus implementations; validates and runs one call at a time."""
 
     def __init__(self) -> None:
-        self.schemas: list[dict[str, Any]] = []
+        self.schemas: list[dict[str, Any]] = []  # offered with every request
+        self.on_demand_schemas: list[dict[str, Any]] = []
+        self._on_demand_uses: list[str] = []  # "name (what for)", as MORE_FUNCTIONS lists them
         self._validators: dict[str, Draft202012Validator] = {}
         self._implementations: dict[str, Implementation[AgentT]] = {}
         self._takes_heartbeat: set[str] = set()
 
-    def register(self, schema: dict[str, Any], implementation: Implementation[AgentT]) -> None:
+    def register(self, schema: dict[str, Any], implementation: Implementation[AgentT], *, on_demand: str = "") -> None:
+        """`on_demand`: what the function is for, in a few words; it is then
+        offered only when the model asks (MORE_FUNCTIONS), but may be called any time."""
         name = schema["function"]["name"]
         strict = dict(schema["function"]["parameters"], additionalProperties=False)
-        self.schemas.append(schema)
+        if on_demand:
+            self.on_demand_schemas.append(schema)
+            self._on_demand_uses.append(f"{name} ({on_demand})")
+            self._offer_more()
+        else:
+            self.schemas.append(schema)
         self._validators[name] = Draft202012Validator(strict)
         self._implementations[name] = implementation
         if "request_heartbeat" in schema["function"]["parameters"]["properties"]:
             self._takes_heartbeat.add(name)
+
+    def _offer_more(self) -> None:
+        """The one entry standing for the on-demand functions, last of the offered ones."""
+        entry = function_schema(
+            MORE_FUNCTIONS, "Offer more functions: " + ", ".join(self._on_demand_uses) + ".", {}, []
+        )
+        self.schemas[:] = [s for s in self.schemas if s["function"]["name"] != MORE_FUNCTIONS] + [entry]
+        if MORE_FUNCTIONS not in self._implementations:
+            self._validators[MORE_FUNCTIONS] = Draft202012Validator({"type": "object"})
+            self._implementations[MORE_FUNCTIONS] = self._more_functions
+
+    async def _more_functions(self, agent: AgentT, arguments: dict[str, Any]) -> str:
+        names = ", ".join(schema["function"]["name"] for schema in self.on_demand_schemas)
+        return f"Offered from your next step on: {names}."
+
+    @property
+    def on_demand_triggers(self) -> frozenset[str]:
+        """The functions whose result in a queue makes its requests offer the on-demand schemas."""
+        names = {schema["function"]["name"] for schema in self.on_demand_schemas}
+        return frozenset(names | {MORE_FUNCTIONS}) if names else frozenset()
 
     def known_name(self, name: str) -> str:
         """`name`, or the function it can only mean: small models wrap names in
@@ -113,7 +148,9 @@ class FunctionSet(Generic[AgentT]):
             result = await self._implementations[name](agent, arguments)
         except FunctionError as error:
             return FunctionOutcome(name, ok=False, result=str(error), heartbeat=True)
-        return FunctionOutcome(name, ok=True, result=result, heartbeat=bool(arguments.get("request_heartbeat")))
+        # Asking for more functions always earns the step that uses them.
+        heartbeat = bool(arguments.get("request_heartbeat")) or name == MORE_FUNCTIONS
+        return FunctionOutcome(name, ok=True, result=result, heartbeat=heartbeat)
 
 
 def _coerce_scalars(arguments: dict[str, Any]) -> dict[str, Any]:
