@@ -97,6 +97,9 @@ class Agent:
         # Outbox entries of replies given since the last write (send): stored with the
         # step's record, in the same store call (record_messages), or at the event's end.
         self._unsaved: list[OutboxEntry] = []
+        # The seq of the newest message this copy appended: while the copy is current (bot/door.py
+        # reloads it otherwise), nobody appended since, so the store need not read it (append_messages).
+        self._newest_seq: int | None = None
         # The event being handled, for functions that need its sender or reply
         # address (schedule_reminder delivers where the user asked); None between events.
         self.current_event: Event | None = None
@@ -406,9 +409,12 @@ class Agent:
             message.place = conversation.key
         # The replies sent since the last write go with it: one store call, not two (SQLite: one transaction).
         replies, self._unsaved = self._unsaved, []
-        stored = await self.store.append_messages(self.id, messages, unless_event=unless_event, replies=replies)
+        stored = await self.store.append_messages(
+            self.id, messages, unless_event=unless_event, replies=replies, after=self._newest_seq
+        )
         if len(stored) < len(messages):
             return False  # the event's message was stored before
+        self._newest_seq = stored[-1].seq if stored else self._newest_seq
         for message in messages:
             conversation.queue.append(message)
         self.counted(conversation.key, messages=len(messages))

@@ -116,6 +116,7 @@ class MessageStore(Protocol):
         *,
         unless_event: str | None = None,
         replies: Sequence[OutboxEntry] = (),
+        after: int | None = None,
     ) -> list[Message]:
         """Store messages in order, in one transaction, assigning each the next
         `seq`. Returns them with `seq` set. With `unless_event`: nothing is
@@ -123,7 +124,11 @@ class MessageStore(Protocol):
         already (an earlier run of the event recorded it; see event_message_seq).
         With `replies`: outbox entries (JournalStore.outbox_add) stored first,
         in the same transaction where the backend has one: a step's replies and
-        its record in one round trip (the SQLite worker's; bot/agent.py)."""
+        its record in one round trip (the SQLite worker's; bot/agent.py).
+        `after`: the agent's newest seq as the caller knows it (it appended that
+        one itself, and nobody can have appended since: it holds the agent's
+        lease and its copy is current); a backend may then spare reading it. A
+        stale value costs a read, never a seq: seqs stay unique and ordered."""
 
     async def messages_since(self, agent_id: str, seq: int, *, place: str | None = None) -> list[Message]:
         """Messages with `seq >= seq`, oldest first; with `place`, only that
@@ -322,11 +327,6 @@ class LeaseStore(Protocol):
         """Done with ticket `seq` (held, given up or lost): it no longer
         counts. Now and then also clears away the name's done tickets, but
         never its highest-numbered one (bot/durable/leases.py says why)."""
-
-    async def lease_swap_holder(self, name: str, holder: str) -> str | None:
-        """Record `holder` as the last one to hold `name` and return the one
-        recorded before (None if never; `holder` itself if it was already
-        recorded: nothing is written then). Called only by the lease holder."""
 
     async def lease_live(self, owners: Collection[str]) -> set[str]:
         """Those of `owners` whose heartbeat has not expired (reads)."""

@@ -723,10 +723,13 @@ class OutboxWriteFailsOnce(SQLiteStore):
         *,
         unless_event: str | None = None,
         replies: Sequence[OutboxEntry] = (),
+        after: int | None = None,
     ) -> list[Message]:
         if replies:
             self._fail_once()
-        return await super().append_messages(agent_id, messages, unless_event=unless_event, replies=replies)
+        return await super().append_messages(
+            agent_id, messages, unless_event=unless_event, replies=replies, after=after
+        )
 
 
 async def test_a_store_fault_inside_a_function_redoes_the_event_and_never_reaches_the_model(

@@ -20,12 +20,14 @@ and memory/sqlite/coordination.py):
    with a back-off that grows with its place in line); the others queue
    behind it in memory. They give up after MEMGPT_LEASE_WAIT
    (LeaseTimeoutError, nothing done).
-4. HOLD. The holder swaps the agent's "last holder" record for its owner id
-   (no write when it is already there). If the record it replaces is not
-   this owner, or this process's previous turn on the agent failed, another
-   process may have worked on the agent since: the Turn says
-   `continuous=False` and the runtime reloads the agent from the store
-   rather than trust its cached copy.
+4. HOLD. Nothing is written. If this process's previous turn on the agent
+   ended well and held the ticket just before this one (numbers only grow, see
+   below: nobody can have held a number in between, nor a lower one since),
+   nobody else worked on the agent since: the Turn says `continuous=True`.
+   Otherwise (another process's ticket came between, this process's last
+   turn failed, or it has none) another process may have: `continuous=False`,
+   and the runtime reloads the agent from the store rather than trust its
+   cached copy.
 5. LEAVE. The ticket is marked done; the next one in line holds the lease.
    A crashed process stops renewing its heartbeat, so within the ttl all its
    tickets are dead and the line moves on. The crashed event's user message
@@ -35,8 +37,7 @@ Why this is safe where only an insert against a unique index is atomic
 (FerretDB runs update and findAndModify as a read, then a write):
 
 - Only inserts arbitrate. Every update has one writer: an owner renews its
-  own heartbeat, marks its own tickets done, and only the lease holder writes
-  the last-holder record.
+  own heartbeat and marks its own tickets done.
 - Expiry is judged on one clock: MongoDB's server clock (each process
   measures it against its own monotonic clock, so bot machines need not
   agree on the time, and a stepped wall clock changes nothing), or for
@@ -56,7 +57,10 @@ Why this is safe where only an insert against a unique index is atomic
   the insert would succeed below a live ticket that may already hold the
   lease: two holders. So clean-up never deletes a name's highest ticket
   (numbers only grow), and a joiner that finds a higher ticket right after
-  its insert gives its number up (marks it done) and draws again.
+  its insert gives its number up (marks it done) and draws again. So a
+  ticket that gets its turn is numbered above every ticket drawn before it,
+  and the one numbered just below it is the last that could have held the
+  lease before it (HOLD's test).
 
 With a single process (SQLite, the default) the lease is a no-op (NoLeases);
 MEMGPT_LEASES=on turns it on for SQLite too (several processes on one file).
@@ -203,12 +207,11 @@ class AgentLeases:
         self._heart_lock = asyncio.Lock()
         self._joins = Lanes()  # one ticket drawn at a time per agent
         self._turns = Lanes()  # one event of this process per agent goes on
-        self._last: dict[str, str] = {}  # key -> the last-holder record this process wrote
+        self._last: dict[str, int] = {}  # key -> the ticket of this process's last turn on it, if it ended well
 
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[Turn]:
         heart, seq = await self._join(key)
-        me = heart.owner
         ok = left = False
         try:
             # One event of this process per agent goes on (in line order): the
@@ -216,8 +219,7 @@ class AgentLeases:
             async with self._turns.hold(key):
                 try:
                     await self._wait_turn(key, seq, heart)
-                    previous = await self.store.lease_swap_holder(lease_name(key), me)
-                    continuous = previous is not None and previous == self._last.pop(key, None)
+                    continuous = self._last.pop(key, None) == seq - 1  # see HOLD above
                     task = asyncio.current_task()
                     assert task is not None
                     self._check(heart, key)
@@ -233,7 +235,7 @@ class AgentLeases:
                     ok = True
                 finally:
                     if ok:
-                        self._last[key] = me
+                        self._last[key] = seq
                     left = True  # leave before the next local event polls, so it finds us gone
                     await self._leave(key, seq, heart)
         finally:

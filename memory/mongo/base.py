@@ -112,8 +112,8 @@ class MongoBase:
         self.capabilities: Capabilities | None = None
         # agent id -> (index, the agent's vector version it reflects)
         self._indexes: LRUCache[str, tuple[VectorIndex, int]] = LRUCache(max(max_cached_indexes, 1))
-        # agent id -> the seq of its newest message this process saw (see _newest_message)
-        self._newest_seqs: LRUCache[str, int] = LRUCache(4096)
+        # agent id -> its newest message this process saw (seq, batch_end, tok_total; see _newest_message)
+        self._newest: LRUCache[str, Doc] = LRUCache(4096)
         # One append at a time per agent inside this process: the unique index
         # settles races between processes, the lock spares us losing them here.
         self._append_locks: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
@@ -160,7 +160,8 @@ class MongoBase:
         them is the agent's newest) and the event's; a plain read of the newest
         only when that one is gone (forgotten) or was never seen here."""
         messages, fields = self._c("messages"), {"seq": 1, "batch_end": 1, "tok_total": 1, "event_id": 1}
-        seen = self._newest_seqs.get(agent_id)
+        known = self._newest.get(agent_id)
+        seen = None if known is None else known["seq"]
         found: list[Doc] = []
         if seen is not None or event_id is not None:
             either = ([{"seq": {"$gte": seen}}] if seen is not None else []) + (
@@ -177,7 +178,7 @@ class MongoBase:
             else await messages.find_one({"agent_id": agent_id}, fields, sort=[("seq", -1)], session=session)
         )
         if newest is not None:
-            self._newest_seqs[agent_id] = int(newest["seq"])
+            self._newest[agent_id] = newest
         return newest, False
 
     @staticmethod

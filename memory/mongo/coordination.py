@@ -3,7 +3,6 @@ the LeaseStore role (memory/roles.py), as a mixin of MongoStore.
 
     lease_owners      {_id: owner (a bot process), expires_at}
     lease_tickets     {_id: ObjectId, name, seq, owner, done}      unique (name, seq)
-    lease_holders     {_id: name, holder}
 
 The only write that every MongoDB-compatible server makes atomic is an insert
 against a unique index (FerretDB runs update and findAndModify as a read, then
@@ -201,16 +200,3 @@ class MongoCoordination(MongoBase):
         highest = await tickets.find_one({"name": name}, {"seq": 1}, sort=[("seq", DESCENDING)])
         if highest is not None:
             await tickets.delete_many({"name": name, "seq": {"$lt": highest["seq"]}, "done": True})
-
-    @guarded
-    async def lease_swap_holder(self, name: str, holder: str) -> str | None:
-        holders = self._c("lease_holders")
-        found = await holders.find_one({"_id": name})
-        previous = None if found is None else str(found["holder"])
-        if previous == holder:
-            return previous  # our own turn again: nothing to write
-        try:
-            await holders.replace_one({"_id": name}, {"_id": name, "holder": holder}, upsert=True)
-        except DuplicateKeyError:  # two first-ever upserts at once; only the holder gets here normally
-            await holders.replace_one({"_id": name}, {"_id": name, "holder": holder})
-        return previous

@@ -18,7 +18,7 @@ carries `agent_id`, and every query filters on it):
                place, embedding, embedded, [hash], terms, words, analysed}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo/sources.py)
-    lease_owners, lease_tickets, lease_holders (memory/mongo/coordination.py)
+    lease_owners, lease_tickets (memory/mongo/coordination.py)
     event_journal, outbox (memory/mongo/journal.py)
     schedules, schedule_claims, checkin_prefs (memory/mongo/schedules.py)
     usage_hits, usage_exempt (memory/mongo/usage.py)
@@ -258,7 +258,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         await self._purge_sources(agent_id)
         await self._c("agents").delete_one({"_id": agent_id})
         self._indexes.pop(agent_id, None)
-        self._newest_seqs.pop(agent_id, None)
+        self._newest.pop(agent_id, None)
         self._conversations.forget(agent_id)
 
     # -- working context ---------------------------------------------------
@@ -290,6 +290,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         *,
         unless_event: str | None = None,
         replies: Sequence[OutboxEntry] = (),
+        after: int | None = None,
     ) -> list[Message]:
         for entry in replies:  # no multi-document transaction: written first, as if before the call
             await self.outbox_add(entry)
@@ -316,10 +317,11 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         async with lock:
             for attempt in range(MAX_ATTEMPTS):
                 try:
-                    append = functools.partial(self._append_once, agent_id, docs, tokens, unless_event)
+                    append = functools.partial(self._append_once, agent_id, docs, tokens, unless_event, after)
                     first = await self._atomic(append)
                     break
                 except LostRace:
+                    after = None  # read the newest, as anyone who lost a race
                     await self._backoff(attempt)
             else:
                 raise StoreError(f"MongoDB store: gave up appending to agent {agent_id!r} after {MAX_ATTEMPTS} races")
@@ -331,15 +333,25 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
         return list(messages)
 
     async def _append_once(
-        self, agent_id: str, docs: list[Doc], tokens: int, unless_event: str | None, session: Session
+        self,
+        agent_id: str,
+        docs: list[Doc],
+        tokens: int,
+        unless_event: str | None,
+        after: int | None,
+        session: Session,
     ) -> int | None:
         """Insert the batch after the agent's last batch and return its first seq
         (None if a message of `unless_event` is stored); LostRace if another writer
         took those seqs first (nothing of ours is left behind then)."""
         messages = self._c("messages")
-        last, recorded = await self._newest_message(agent_id, unless_event, session)
-        if recorded:
-            return None
+        # The newest message needs no read when the caller's word (`after`) and
+        # this process's last sight of it agree (the words so far come from here).
+        last = self._newest.get(agent_id) if unless_event is None else None
+        if last is None or after is None or _last_batch(last)[0] != after:
+            last, recorded = await self._newest_message(agent_id, unless_event, session)
+            if recorded:
+                return None
         if last is None:
             # Only then: a deletion purges messages first (under the lease and lane: nothing appends).
             await self._require_agent(agent_id, session)
@@ -360,7 +372,7 @@ class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversatio
             raise LostRace from exc
         except DuplicateKeyError as exc:
             raise LostRace from exc
-        self._newest_seqs[agent_id] = end
+        self._newest[agent_id] = {"seq": end, "batch_end": end, "tok_total": total}
         return start
 
     @guarded

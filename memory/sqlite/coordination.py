@@ -104,20 +104,6 @@ class SQLiteCoordination(SQLiteBase):
 
         await self.run_in_db(job, write=True)
 
-    async def lease_swap_holder(self, name: str, holder: str) -> str | None:
-        def job(conn: sqlite3.Connection) -> str | None:
-            row = conn.execute("SELECT holder FROM lease_holders WHERE name = ?", (name,)).fetchone()
-            if row is not None and row[0] == holder:
-                return holder
-            conn.execute(
-                "INSERT INTO lease_holders (name, holder) VALUES (?, ?)"
-                " ON CONFLICT (name) DO UPDATE SET holder = excluded.holder",
-                (name, holder),
-            )
-            return None if row is None else str(row[0])
-
-        return await self.run_in_db(job, write=True)
-
     async def lease_live(self, owners: Collection[str]) -> set[str]:
         wanted = sorted(set(owners))
 

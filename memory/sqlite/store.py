@@ -192,6 +192,7 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
         *,
         unless_event: str | None = None,
         replies: Sequence[OutboxEntry] = (),
+        after: int | None = None,  # the newest seq is read in the write's own transaction anyway
     ) -> list[Message]:
         if not messages and not replies:
             return []

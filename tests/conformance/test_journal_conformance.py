@@ -199,6 +199,21 @@ async def test_appends_follow_the_newest_message_whatever_another_process_did(st
     assert await store.count_messages(record.id) == 2
 
 
+async def test_a_stale_newest_seq_from_the_caller_costs_a_read_never_a_seq(store: Store, twin: Store) -> None:
+    """`after` spares a read only while it is true: another process's append in
+    between (which the lease prevents) is still found, by the unique seq."""
+    record, _ = await store.get_or_create_agent("slack:T1:U1", default_blocks(100, 100))
+    [one] = await store.append_messages(record.id, [Message(role="user", content="one")])
+    [two] = await store.append_messages(record.id, [Message(role="user", content="two")], after=one.seq)
+    assert two.seq == one.seq + 1
+    await twin.append_messages(record.id, [Message(role="user", content="three")])
+    [four] = await store.append_messages(record.id, [Message(role="user", content="four")], after=two.seq)
+    [five] = await store.append_messages(record.id, [Message(role="user", content="five")], after=one.seq)
+    assert [m.content for m in await store.messages_since(record.id, 0)] == ["one", "two", "three", "four", "five"]
+    assert [m.seq for m in await store.messages_since(record.id, 0)] == [1, 2, 3, 4, 5]
+    assert (four.seq, five.seq) == (4, 5)
+
+
 async def test_finished_entries_older_than_a_day_are_swept(store: Store) -> None:
     old = entry("EvOld")
     old.received_at = utc_now() - timedelta(days=2)

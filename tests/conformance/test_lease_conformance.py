@@ -83,14 +83,6 @@ async def test_two_processes_joining_at_once_get_distinct_places(store: Store, t
     assert positions[joins.index(min(joins))] == 0
 
 
-async def test_swap_holder_returns_the_previous_holder(store: Store, twin: Store) -> None:
-    assert await store.lease_swap_holder("k", "a#1") is None
-    assert await twin.lease_swap_holder("k", "b#2") == "a#1"
-    assert await store.lease_swap_holder("k", "a#3") == "b#2"
-    assert await twin.lease_swap_holder("k", "a#3") == "a#3"  # the same holder again
-    assert await store.lease_swap_holder("other", "a#1") is None
-
-
 # -- the protocol (bot/durable/leases.py) ---------------------------------------------------
 def fast(**overrides: float) -> LeaseSettings:
     values = {"ttl": 2.0, "renew_every": 0.3, "max_wait": 10.0, **overrides}
