@@ -1,7 +1,7 @@
 """Events per second with 1, 2 and 3 bot processes on one MongoDB, and one
 process on SQLite, with an instant model and 1,000 users.
 
-Every bot process is a real `Runtime` (leases, journal, limits, usage, recall)
+Every bot process is a real `Runtime` (leases, inbox, limits, usage, recall)
 in its own OS process; the users are split between the processes as the
 leases would settle them (user i on process i mod N), and each process sends
 its users' events with the same concurrency. The scripted LLM server runs in

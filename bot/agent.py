@@ -72,7 +72,7 @@ class EventResult:
     tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
     held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
     # Storage stayed unreachable for MEMGPT_STORE_WAIT: not handled; a durable
-    # event stays pending in the journal for a replay (bot/door.py: StoreWait).
+    # event stays pending in the inbox for a replay (bot/door.py: StoreWait).
     unfinished: bool = False
 
 

@@ -110,7 +110,7 @@ class Door:
         # The lease's line (then the quarantine) is joined before any await, so events
         # keep their arrival order; if another process worked on the agent since our
         # last turn, the cached copy is stale and the agent is reloaded.
-        async with doors.leases.hold(self.key) as lease, inbox.quarantine.admit(event.journal_id):
+        async with doors.leases.hold(self.key) as lease, inbox.quarantine.admit(event.inbox_id):
             try:
                 agent = await doors.agent(self.key, reload=not lease.continuous)
                 detached[:] = await split_batch(doors.services.store, agent.id, event)
@@ -322,7 +322,7 @@ class StoreWait:
       event, so the notice cannot travel with them. One per user until storage
       answers again, however many of their events wait.
     - Giving up: the result is `unfinished`, and its trouble text says what
-      happens next. A durable event's journal row says it waits, with its next
+      happens next. A durable event's inbox row says it waits, with its next
       try (Inbox.wait_for_storage: the adapter's `finished` leaves it so), and it
       is replayed in this run once due or once storage answers (Redelivery), or
       at the next start. The person is told
@@ -401,7 +401,7 @@ class StoreWait:
             self.wait,
             tries,
             error,
-            "it stays pending in the journal for a replay" if kept else "it was not kept",
+            "it stays pending in the inbox for a replay" if kept else "it was not kept",
         )
         if kept:
             await self.inbox.wait_for_storage(event)

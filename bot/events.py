@@ -58,9 +58,9 @@ class Event:
     # Its replies go through the outbox with no inbox row of its own: a check-in
     # tick (a check-in written is delivered, even across a crash or a failed send).
     outbox_only: bool = False
-    # The journal entry the event came in as (several events may share one: a
+    # The inbox entry the event came in as (several events may share one: a
     # message with files); the event's own id when not given.
-    journal_id: str = ""
+    inbox_id: str = ""
     # Where it happened: its conversation, and what the agent may read there
     # (memory/places.py). Adapters set it; a check-in tick happens in the DM.
     place: Place = DM
@@ -69,7 +69,7 @@ class Event:
     kind = "event"
 
     def __post_init__(self) -> None:
-        self.journal_id = self.journal_id or self.event_id
+        self.inbox_id = self.inbox_id or self.event_id
         self.agent_key = agent_key(self.platform, self.user_id)
 
     @property
@@ -215,7 +215,7 @@ class Delivery(Enum):
 
 @dataclass(slots=True)
 class Redo:
-    """An event the journal hands back to its adapter to handle again: left
+    """An event the inbox hands back to its adapter to handle again: left
     unfinished by a crash, or waiting since storage failed it."""
 
     event_id: str

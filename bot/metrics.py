@@ -25,7 +25,7 @@ _SECONDS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 20, 40, 80, 160)
 
 EVENTS_RECEIVED = Counter(
     "memgpt_events_received",
-    "Platform events recorded in the journal (repeats not counted)",
+    "Platform events recorded in the inbox (repeats not counted)",
     ["platform"],
     registry=REGISTRY,
 )
@@ -53,8 +53,8 @@ LLM_TOKENS = Counter(
     registry=REGISTRY,
 )
 ERRORS = Counter("memgpt_errors", "Errors by kind (llm, store, delivery, internal)", ["kind"], registry=REGISTRY)
-PENDING_JOURNAL = Gauge(
-    "memgpt_journal_pending", "Inbound events journaled but not finished", ["platform"], registry=REGISTRY
+PENDING_INBOX = Gauge(
+    "memgpt_inbox_pending", "Inbound events recorded in the inbox but not finished", ["platform"], registry=REGISTRY
 )
 PENDING_OUTBOX = Gauge("memgpt_outbox_pending", "Replies not yet confirmed sent", ["platform"], registry=REGISTRY)
 AGENTS_LOADED = Gauge("memgpt_agents_in_memory", "Agents loaded in this process", registry=REGISTRY)

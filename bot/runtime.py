@@ -180,7 +180,7 @@ class Runtime(LedgerCommands):
             removed = await self.schedules.delete_for_agent_key(key)
             if removed:
                 await self._schedules_changed()
-            await self.store.journal_scrub(key, forgotten_at=asked)
+            await self.store.inbox_scrub(key, forgotten_at=asked)
             await self.limits.forget(key)
             record = await self.store.find_agent(key)
             if record is not None:

@@ -121,8 +121,8 @@ async def serve(runtime: Runtime, announce: Callable[[str], Any], env: Mapping[s
         try:
             replayed = await adapter.recover()
         except StoreError as error:
-            # Storage is down at start: redelivery replays them once it can read the journal.
-            announce(f"{name}: cannot read the event journal yet ({error}); will replay it when storage answers")
+            # Storage is down at start: redelivery replays them once it can read the inbox.
+            announce(f"{name}: cannot read the inbox yet ({error}); will replay it when storage answers")
             redelivery.recover_later(name)
             return
         if replayed:

@@ -7,7 +7,7 @@ With MEMGPT_METRICS_PORT set, an HTTP server on MEMGPT_METRICS_HOST (default
 - `GET /healthz`: 200 and JSON when the store answers and every adapter is
   connected; 503 (same JSON, saying what is wrong) otherwise.
 - `GET /metrics`: the Prometheus text format (bot/metrics.py), with the pending
-  journal and outbox entries and the agents in memory read at scrape time.
+  inbox and outbox entries and the agents in memory read at scrape time.
 """
 
 from __future__ import annotations
@@ -86,11 +86,11 @@ class HealthServer:
 
 
 async def refresh_gauges(runtime: Runtime, platforms: list[str]) -> None:
-    """The gauges that are read, not counted: pending journal and outbox entries, agents loaded."""
+    """The gauges that are read, not counted: pending inbox and outbox entries, agents loaded."""
     metrics.AGENTS_LOADED.set(runtime.agents_in_memory)
     for platform in platforms:
         try:
-            metrics.PENDING_JOURNAL.labels(platform).set(len(await runtime.store.journal_pending(platform)))
+            metrics.PENDING_INBOX.labels(platform).set(len(await runtime.store.inbox_pending(platform)))
             metrics.PENDING_OUTBOX.labels(platform).set(len(await runtime.store.outbox_pending(platform)))
         except Exception as error:  # storage down: the counts are unknown, /healthz says why
-            log.debug("metrics: cannot read the journal of %s: %s", platform, error)
+            log.debug("metrics: cannot read the inbox of %s: %s", platform, error)

@@ -34,7 +34,7 @@ from memory.types import (
     Block,
     ConversationRecord,
     DocumentRecord,
-    JournalEntry,
+    InboxEntry,
     Message,
     OutboxEntry,
     Passage,
@@ -122,7 +122,7 @@ class MessageStore(Protocol):
         `seq`. Returns them with `seq` set. With `unless_event`: nothing is
         stored, and [] returned, if the agent has a message of that event id
         already (an earlier run of the event recorded it; see event_message_seq).
-        With `replies`: outbox entries (JournalStore.outbox_add) stored first,
+        With `replies`: outbox entries (InboxStore.outbox_add) stored first,
         in the same transaction where the backend has one: a step's replies and
         its record in one round trip (the SQLite worker's; bot/agent.py).
         `after`: the agent's newest seq as the caller knows it (it appended that
@@ -333,9 +333,9 @@ class LeaseStore(Protocol):
 
 
 @runtime_checkable
-class JournalStore(Protocol):
-    """Crash safety: the event journal and the reply outbox. An inbound event
-    is recorded (journal_receive) before the platform is told it arrived,
+class InboxStore(Protocol):
+    """Crash safety: the inbox and the reply outbox. An inbound event
+    is recorded (inbox_receive) before the platform is told it arrived,
     marked "running" when work on it starts, "waiting" (with its next try)
     when storage failed it, and "done" once every reply to it is handed to the
     outbox; a reply is recorded (outbox_add) when the agent sends it and
@@ -343,12 +343,12 @@ class JournalStore(Protocol):
     unfinished events and re-sends the unsent replies (bot/durable/__init__.py
     tells the protocol)."""
 
-    async def journal_receive(self, entry: JournalEntry) -> bool:
+    async def inbox_receive(self, entry: InboxEntry) -> bool:
         """Record an inbound event; True the first time its id is seen (by any
         process), False for a repeat delivery. Done entries are kept
         DEDUP_TTL, so repeats within a day are recognised."""
 
-    async def journal_update(
+    async def inbox_update(
         self,
         event_id: str,
         *,
@@ -358,25 +358,25 @@ class JournalStore(Protocol):
         alone: bool | None = None,
         only_from: Collection[str] = (),
     ) -> bool:
-        """Change an entry's state (JournalEntry.state), attempt count, next
+        """Change an entry's state (InboxEntry.state), attempt count, next
         try and/or `alone` mark; with `only_from`, only if its state is one of
         those. Whether an entry was changed (or, with nothing to change, matched)."""
 
-    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+    async def inbox_entry(self, event_id: str) -> InboxEntry | None:
         """One entry by its id, whatever its state; None once swept (or never seen)."""
 
-    async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
+    async def inbox_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
         """Take an entry over from `from_owner` (a dead process): True for the
         one caller that did (of any number of processes trying at once), and
         the entry's owner is then `to_owner`."""
 
-    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
-        """Entries from `origin` not yet done, in the order they were received;
+    async def inbox_pending(self, platform: str, due_by: float | None = None) -> list[InboxEntry]:
+        """Entries from `platform` not yet done, in the order they were received;
         with `due_by`, only the "waiting" ones whose next try is at or before it."""
 
-    async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
+    async def inbox_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
         """Link `event_ids` to the entry they were debounced into
-        (JournalEntry.absorbed_into): the leader's run records and answers
+        (InboxEntry.absorbed_into): the leader's run records and answers
         them (bot/durable/debounce.py). A `leader_id` of "" unlinks them: each
         is an event of its own again (Inbox.answered_with_its_batch)."""
 
@@ -393,11 +393,11 @@ class JournalStore(Protocol):
     async def outbox_for_event(self, event_id: str) -> list[OutboxEntry]:
         """Every reply recorded for one event, in the order they were sent."""
 
-    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
-        """Replies to `origin` not yet confirmed (nor dropped), oldest first;
+    async def outbox_pending(self, platform: str, due_by: float | None = None) -> list[OutboxEntry]:
+        """Replies to `platform` not yet confirmed (nor dropped), oldest first;
         with `due_by`, only those whose next try is at or before it."""
 
-    async def journal_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
+    async def inbox_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
         """After a forget: the words of one user's finished events go, their ids
         and states stay (a repeat delivery is still dropped for DEDUP_TTL). The
         payload of each of their "done" entries becomes {} and the text of each

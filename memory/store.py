@@ -7,7 +7,7 @@ of a store asks for that role instead (memory/roles.py), so a narrower store
 (a test double, a backend still being written) can serve it.
 
 The records the roles exchange live in memory/types.py; they are named here
-too, so `from memory.store import JournalEntry` keeps working.
+too, so `from memory.store import InboxEntry` keeps working.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from memory.roles import (
     AgentStore,
     BlockStore,
     DocumentStore,
-    JournalStore,
+    InboxStore,
     LeaseStore,
     Lifecycle,
     MessageEmbeddingStore,
@@ -31,7 +31,7 @@ from memory.roles import (
 from memory.types import (
     SOURCE_KEY_PREFIX,
     DocumentRecord,
-    JournalEntry,
+    InboxEntry,
     OutboxEntry,
     SourceRecord,
     UsageTally,
@@ -42,7 +42,7 @@ __all__ = [
     "DEDUP_TTL",
     "SOURCE_KEY_PREFIX",
     "DocumentRecord",
-    "JournalEntry",
+    "InboxEntry",
     "OutboxEntry",
     "SourceRecord",
     "Store",
@@ -51,7 +51,7 @@ __all__ = [
     "source_key",
 ]
 
-DEDUP_TTL = 24 * 60 * 60  # seconds a finished journal entry (and so its event id) is kept
+DEDUP_TTL = 24 * 60 * 60  # seconds a finished inbox entry (and so its event id) is kept
 
 
 class StoreError(Exception):
@@ -68,12 +68,12 @@ class Store(
     PassageStore,
     SourceStore,
     DocumentStore,
-    JournalStore,
+    InboxStore,
     LeaseStore,
     UsageStore,
     ScheduleHost,
     Protocol,
 ):
     """Every role: memory (agents, working context, recall, archival), shared
-    collections and loaded documents, the event journal and outbox, leases
+    collections and loaded documents, the inbox and outbox, leases
     between bot processes, usage counters and check-in schedules."""

@@ -239,12 +239,12 @@ class DocumentRecord:
 
 
 @dataclass(slots=True)
-class JournalEntry:
+class InboxEntry:
     """An inbound event as its adapter received it. `payload` is whatever the
-    adapter needs to handle it again (plain JSON); `origin` names the adapter."""
+    adapter needs to handle it again (plain JSON); `platform` names the adapter (stored as `origin`)."""
 
     event_id: str
-    origin: str
+    platform: str
     agent_key: str
     payload: dict[str, Any]
     received_at: datetime
@@ -274,7 +274,7 @@ class OutboxEntry:
     event_id: str
     position: int
     agent_key: str
-    origin: str
+    platform: str
     user_id: str
     reply_to: dict[str, Any]
     text: str

@@ -13,7 +13,7 @@ an event (with the retry header) until the bot acknowledges it.
 
 Checked at the end: every event answered exactly once on the platform; every
 user message in recall storage exactly once; the working context made of whole
-facts only; nothing left pending in the journal or the outbox.
+facts only; nothing left pending in the inbox or the outbox.
 
 With `--debounce SECONDS` (MEMGPT_DEBOUNCE_SECONDS, bot/durable/debounce.py) a
 user's quick messages become one event; the scripted model (tests/crash_script.py)
@@ -138,10 +138,10 @@ async def kill_blaming_no_one(bot: BotProcess, suspect_running: SuspectRunning) 
     (bot/durable/inbox.py: Quarantine): a death then is, by design, evidence against
     that event, and a kill from outside is none (on a busy machine a start-up
     can be over before a kill timed for it lands, and four such kills gave an
-    innocent event up). The bot is frozen (SIGSTOP) while its journal is read,
+    innocent event up). The bot is frozen (SIGSTOP) while its inbox is read,
     so nothing it does comes between the look and the kill: a run it had not
     yet written down dies unwritten. False (and the bot let go) if one runs,
-    or if the journal could not be read."""
+    or if the inbox could not be read."""
     bot.signal(signal.SIGSTOP)
     try:
         innocent = await asyncio.to_thread(suspect_running) is False
@@ -156,7 +156,7 @@ async def kill_blaming_no_one(bot: BotProcess, suspect_running: SuspectRunning) 
 
 
 def sqlite_suspect_running(db: Path) -> SuspectRunning:
-    """Whether the bot's SQLite journal has an event running alone (None: not readable now)."""
+    """Whether the bot's SQLite inbox has an event running alone (None: not readable now)."""
 
     def look() -> bool | None:
         return _journal_has(db, "alone AND state = 'running'")
@@ -370,7 +370,7 @@ async def run(
             while done_killing < kills:
                 if done_killing < startup_kills:
                     # During start-up, before the bot listens (within as long
-                    # as a restart takes to listen): the journal holds
+                    # as a restart takes to listen): the inbox holds
                     # unfinished events, the bot is still loading.
                     await asyncio.sleep(rng.uniform(0.0, start_up))
                 else:
@@ -465,12 +465,12 @@ STALL_LIMIT = 240.0
 
 
 def _suspects_waiting(db: Path) -> bool:
-    """Whether the journal holds an unfinished event marked to run alone (or could not be read)."""
+    """Whether the inbox holds an unfinished event marked to run alone (or could not be read)."""
     return _journal_has(db, "alone AND state <> 'done'") is not False
 
 
 def _journal_has(db: Path, condition: str) -> bool | None:
-    """Whether a row of the journal meets `condition`: False before the journal
+    """Whether a row of the inbox meets `condition`: False before the inbox
     exists, None if it could not be read (busy, say)."""
     if not db.exists():
         return False

@@ -11,7 +11,7 @@ model: tests/crash_harness.py, tests/crash_script.py).
 
 Checked at the end: every message named by exactly one post (0 lost, 0
 doubled), every message in recall storage exactly once, the working context
-whole facts only, nothing left unfinished in the journal or the outbox.
+whole facts only, nothing left unfinished in the inbox or the outbox.
 """
 
 from __future__ import annotations
@@ -229,7 +229,7 @@ async def _unfinished(db: object) -> tuple[int, int]:
 
 
 async def _settle(slack: FakeSlack, db: object, expected: int, within: float) -> None:
-    """Until every message is answered and the journal and outbox are through
+    """Until every message is answered and the inbox and outbox are through
     (dead processes' rows are taken over within the lease ttl plus a round),
     or time runs out (then the checks say what is missing)."""
     deadline = time.monotonic() + within
@@ -290,7 +290,7 @@ async def _story(db: object, slack: FakeSlack, user: str, keys: dict[object, str
         f"{doc['_id']}={doc['text']!r}({doc['state']})"
         async for doc in db["outbox"].find({"agent_key": key}).sort("created_at", 1)  # type: ignore[index]
     ]
-    journal = [
+    inbox = [
         f"{doc['_id']}:{doc['state']},{doc.get('attempts')},{doc.get('absorbed_into') or '-'}"
         async for doc in db["event_journal"].find({"agent_key": key}).sort("n", 1)  # type: ignore[index]
     ]
@@ -303,7 +303,7 @@ async def _story(db: object, slack: FakeSlack, user: str, keys: dict[object, str
     return [
         f"  {user} recall: {' '.join(steps)}",
         f"  {user} outbox: {' '.join(outbox)}",
-        f"  {user} journal: {' '.join(journal)}",
+        f"  {user} inbox: {' '.join(inbox)}",
         f"  {user} posts: {' '.join(posts)}",
     ]
 

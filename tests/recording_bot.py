@@ -1,6 +1,6 @@
 """A bot port for adapter tests about what events an adapter builds (their
 place, their channel context): it keeps each event it is handed, and each
-journal payload, and answers "noted". What the bot layer does with events is
+inbox payload, and answers "noted". What the bot layer does with events is
 tested with the real runtime elsewhere."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from bot.forgetting.matching import Found
 
 @dataclass
 class RecordingBot:
-    """A bot port with a journal that keeps every event and payload it is given."""
+    """A bot port with an inbox that keeps every event and payload it is given."""
 
     events: list[Event] = field(default_factory=list)
     payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -59,7 +59,7 @@ class RecordingBot:
         return [event.reply("noted")]
 
     async def receive(self, platform: str, event_id: str, user_id: str, payload: dict[str, Any]) -> bool:
-        if event_id in self.payloads:  # a repeat delivery, as the journal tells it
+        if event_id in self.payloads:  # a repeat delivery, as the inbox tells it
             return False
         self.payloads[event_id] = payload
         return True

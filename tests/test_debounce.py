@@ -153,7 +153,7 @@ async def test_three_quick_messages_get_one_answer_that_saw_all_three(
     assert [m.event_id for m in messages if m.role == "user"] == ["EvB0", "EvB1", "EvB2"]
     assert [e.text for e in await bot.runtime.store.outbox_for_event("EvB0")] == ["one answer to all three"]
     assert await bot.runtime.store.outbox_for_event("EvB1") == []
-    assert await bot.runtime.store.journal_pending("slack") == []  # every member finished
+    assert await bot.runtime.store.inbox_pending("slack") == []  # every member finished
 
 
 async def test_messages_in_two_places_or_of_two_people_are_not_merged(
@@ -187,13 +187,13 @@ async def test_a_message_after_the_window_is_an_event_of_its_own(
 
 
 async def batch_left_by_a_crash(bot: SlackBot, *, recorded_messages: bool) -> None:
-    """What a SIGKILL during a batch leaves: three journaled messages, the
+    """What a SIGKILL during a batch leaves: three recorded in the inbox messages, the
     last two linked to the first; with `recorded_messages`, all three
     recorded (the batch's one write), no answer yet."""
     texts = {"EvC0": "I moved", "EvC1": "to Lisbon", "EvC2": "last week"}
     for event_id, text in texts.items():
         await bot.runtime.receive("slack", event_id, "T1:U1", recorded(event_id, text))
-    await bot.runtime.store.journal_absorb("EvC0", ["EvC1", "EvC2"])
+    await bot.runtime.store.inbox_absorb("EvC0", ["EvC1", "EvC2"])
     if recorded_messages:
         agent = await bot.runtime.agent(KEY)
         await agent.record_messages(
@@ -224,7 +224,7 @@ async def test_followers_of_a_recorded_batch_are_not_answered_again_after_a_cras
     assert record is not None
     user_ids = [m.event_id for m in await bot.runtime.store.messages_since(record.id, 0) if m.role == "user"]
     assert user_ids == ["EvC0", "EvC1", "EvC2"]  # nothing recorded twice
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
 
 
 async def test_followers_of_a_batch_that_was_never_recorded_are_answered_on_their_own(
@@ -237,7 +237,7 @@ async def test_followers_of_a_batch_that_was_never_recorded_are_answered_on_thei
     await quiet(bot)
     assert bot.slack.posted_texts() == ["re: I moved", "re: to Lisbon", "re: last week"]
     await eventually(lambda: True)
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
 
 
 # --------------------------------------------------------------------------- Discord
@@ -261,10 +261,10 @@ async def test_discord_quick_messages_get_one_answer_and_each_is_journaled(disco
     assert record is not None
     messages = await runtime.store.messages_since(record.id, 0)
     assert [m.event_id for m in messages if m.role == "user"] == [str(i) for i in ids]
-    assert await runtime.store.journal_pending("discord") == []
+    assert await runtime.store.inbox_pending("discord") == []
 
 
-# --------------------------------------------------------------------------- the journal's side
+# --------------------------------------------------------------------------- the inbox's side
 
 
 async def test_a_batch_links_its_followers_and_waits_for_storage_whole(tmp_path: Path) -> None:
@@ -279,13 +279,13 @@ async def test_a_batch_links_its_followers_and_waits_for_storage_whole(tmp_path:
         )
         assert leader is not None
         await inbox.started(leader)
-        entries = {e.event_id: (e.state, e.absorbed_into) for e in await store.journal_pending("slack")}
+        entries = {e.event_id: (e.state, e.absorbed_into) for e in await store.inbox_pending("slack")}
         assert entries == {"EvL": ("running", ""), "EvF1": ("pending", "EvL"), "EvF2": ("pending", "EvL")}
         # Storage gave out for the whole wait: every member waits for a replay, none is finished.
         await inbox.wait_for_storage(leader)
         for member in leader.members():
-            await inbox.finished(member.journal_id)
-        assert {e.event_id: e.state for e in await store.journal_pending("slack")} == dict.fromkeys(
+            await inbox.finished(member.inbox_id)
+        assert {e.event_id: e.state for e in await store.inbox_pending("slack")} == dict.fromkeys(
             ("EvL", "EvF1", "EvF2"), "waiting"
         )
         # Replayed one by one: a follower whose message its batch recorded is answered by the
@@ -297,7 +297,7 @@ async def test_a_batch_links_its_followers_and_waits_for_storage_whole(tmp_path:
         assert answered == [False, True, False]
         # EvF2 is an event of its own now, unlinked: its own run records its message, dies
         # before answering, and the next start must redo it, not finish it as answered.
-        assert {e.event_id: e.absorbed_into for e in await store.journal_pending("slack")}["EvF2"] == ""
+        assert {e.event_id: e.absorbed_into for e in await store.inbox_pending("slack")}["EvF2"] == ""
         await store.append_messages(agent.id, [Message(role="user", content="c", event_id="EvF2")])
         restarted = Inbox(store)
         replayed = {r.event_id for r in await restarted.leftovers("slack")}

@@ -1,4 +1,4 @@
-"""Crash safety on Discord (bot/durable/): events journaled before work and redone at
+"""Crash safety on Discord (bot/durable/): events recorded in the inbox before work and redone at
 restart, replies reported, retried and never sent twice.
 
 The same set-up as tests/test_discord_adapter.py: dpytest drives discord.py's real
@@ -117,7 +117,7 @@ async def kill_handlers() -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-# -- the journal: recorded before any work, redone once at restart -------------------
+# -- the inbox: recorded before any work, redone once at restart -------------------
 
 
 async def test_a_message_cut_short_by_a_crash_is_redone_once_at_restart(
@@ -128,7 +128,7 @@ async def test_a_message_cut_short_by_a_crash_is_redone_once_at_restart(
     handle = runtime.handle
 
     async def recording_handle(event: Event, turn: Turn | None = None) -> list[BotReply]:
-        pending_at_handle.append([entry.event_id for entry in await runtime.store.journal_pending("discord")])
+        pending_at_handle.append([entry.event_id for entry in await runtime.store.inbox_pending("discord")])
         assert event.in_inbox
         return await handle(event, turn)
 
@@ -149,8 +149,8 @@ async def test_a_message_cut_short_by_a_crash_is_redone_once_at_restart(
     await kill_handlers()
     model_answers.set()
 
-    assert pending_at_handle == [[str(message.id)]]  # journaled before the bot saw it
-    [entry] = await runtime.store.journal_pending("discord")
+    assert pending_at_handle == [[str(message.id)]]  # recorded in the inbox before the bot saw it
+    [entry] = await runtime.store.inbox_pending("discord")
     assert entry.payload == {
         "kind": "message",
         "event_id": str(message.id),
@@ -172,7 +172,7 @@ async def test_a_message_cut_short_by_a_crash_is_redone_once_at_restart(
     assert len(discord_bot.llm.requests) == 2  # the cut-short call, then the redo
     assert last_user_text(discord_bot.llm.requests[-1]).endswith("alice in DM: what should I sow in March?")
     assert await user_lines(runtime2, alice, "what should I sow in March?") == 1
-    assert await runtime2.store.journal_pending("discord") == []
+    assert await runtime2.store.inbox_pending("discord") == []
     assert await outbox_states(runtime2, str(message.id)) == ["sent"]
     assert await adapter.recover() == 0 and sent() == []  # nothing left to redo
 
@@ -194,7 +194,7 @@ async def test_a_reply_recorded_but_not_sent_before_a_crash_is_sent_once_without
     assert len(discord_bot.llm.requests) == 1  # answered from the outbox, not again by the model
     assert await outbox_states(runtime2, str(message.id)) == ["sent"]
     assert await user_lines(runtime2, alice, "when do peas go in?") == 1
-    assert await runtime2.store.journal_pending("discord") == []
+    assert await runtime2.store.inbox_pending("discord") == []
 
 
 async def test_a_reply_that_reached_discord_before_the_crash_is_not_sent_again(
@@ -240,7 +240,7 @@ async def test_a_send_that_fails_with_500_is_retried_later_by_the_outbox_retrier
     assert sent() == []
     [entry] = await runtime.store.outbox_for_event(str(message.id))
     assert (entry.state, entry.attempts) == ("pending", 1) and entry.next_try_at > time.time()
-    assert await runtime.store.journal_pending("discord") == []  # handed to the retrier: done
+    assert await runtime.store.inbox_pending("discord") == []  # handed to the retrier: done
 
     retrier = Redelivery(runtime.inbox, runtime.outbox, {"discord": discord_bot.adapter.deliver})
     assert await retrier.run_once() == 0  # its backoff is not over
@@ -330,7 +330,7 @@ async def test_a_person_who_closed_their_dms_gets_the_reply_dropped_not_retried(
     assert len(attempts) == 1 and sent() == []
 
 
-# -- replays that find the world changed, joins, bots without a journal ---------------
+# -- replays that find the world changed, joins, bots without an inbox ---------------
 
 
 async def test_a_message_deleted_before_the_restart_is_not_redone(
@@ -345,7 +345,7 @@ async def test_a_message_deleted_before_the_restart_is_not_redone(
 
     discord_bot.runtime.handle = dead  # type: ignore[method-assign]
     message = await dpytest.message("oops, wrong chat", channel=dm, member=alice)
-    assert len(await discord_bot.runtime.store.journal_pending("discord")) == 1
+    assert len(await discord_bot.runtime.store.inbox_pending("discord")) == 1
     backend.delete_message(message)
 
     runtime2, adapter = await restart(discord_bot, make_runtime)
@@ -353,10 +353,10 @@ async def test_a_message_deleted_before_the_restart_is_not_redone(
         assert await adapter.recover() == 1
     assert f"not redoing message {message.id}" in caplog.text
     assert sent() == [] and discord_bot.llm.requests == []
-    assert await runtime2.store.journal_pending("discord") == []
+    assert await runtime2.store.inbox_pending("discord") == []
 
 
-async def test_a_join_cut_short_is_redone_from_its_journal_entry(
+async def test_a_join_cut_short_is_redone_from_its_inbox_entry(
     discord_bot: Harness, make_runtime: RuntimeFactory
 ) -> None:
     async def dead(event: Event, turn: Turn | None = None) -> list[BotReply]:
@@ -365,7 +365,7 @@ async def test_a_join_cut_short_is_redone_from_its_journal_entry(
     discord_bot.runtime.handle = dead  # type: ignore[method-assign]
     maya = await dpytest.member_join(discord_bot.guild, name="Maya")
     await dpytest.run_all_events()
-    [entry] = await discord_bot.runtime.store.journal_pending("discord")
+    [entry] = await discord_bot.runtime.store.inbox_pending("discord")
     assert entry.payload["kind"] == "join" and entry.payload["display_name"] == "Maya"
     assert entry.payload["guild_name"] == "Gardeners"
 
@@ -376,7 +376,7 @@ async def test_a_join_cut_short_is_redone_from_its_journal_entry(
     assert greeting.content == "Welcome, Maya!" and in_dm_with(greeting, maya)
     assert "[event] Maya joined the Gardeners server." in last_user_text(discord_bot.llm.requests[0])
     assert await outbox_states(runtime2, entry.event_id) == ["sent"]
-    assert await runtime2.store.journal_pending("discord") == []
+    assert await runtime2.store.inbox_pending("discord") == []
 
 
 class InboxDown(RecordingBot):

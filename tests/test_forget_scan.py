@@ -131,7 +131,7 @@ async def populate(runtime: Runtime, llm: FakeLLMServer, person: Person, collect
     words = person.words
     script_turn(llm, person)
     message = person.event(f"Remember {words['said']} please.")
-    # In the event journal as an adapter records it; left pending (as after a crash).
+    # In the inbox as an adapter records it; left pending (as after a crash).
     await runtime.receive(PLATFORM, message.event_id, person.user_id, {"text": message.text, "user": person.user_id})
     replies = await runtime.handle(message)
     assert [reply.text for reply in replies] == [f"Noted, {words['reply']}."]

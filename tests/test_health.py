@@ -71,4 +71,4 @@ async def test_health_and_metrics_count_what_happened(make_runtime: RuntimeFacto
     assert grew('memgpt_llm_tokens_total{kind="cached"}') == 1024
     assert grew('memgpt_llm_tokens_total{kind="completion"}') == 30
     assert value(after, "memgpt_agents_in_memory") == 1
-    assert value(after, 'memgpt_journal_pending{platform="slack"}') == 1  # received, never marked finished
+    assert value(after, 'memgpt_inbox_pending{platform="slack"}') == 1  # received, never marked finished

@@ -36,7 +36,7 @@ async def test_without_hold_back_nobody_waits() -> None:
 
 async def test_a_new_event_whose_task_has_not_run_yet_at_release_still_waits_for_the_replays() -> None:
     # The crash harness's "U3's message 5 answered 0 times, 11 answered 2 times":
-    # a new message's receive and the start-up journal read finish in the same
+    # a new message's receive and the start-up inbox read finish in the same
     # turn of the loop, so its task is created (but has not run its first step)
     # when recover() creates the replays' tasks and releases. Run in creation
     # order, that first step found the gate open and took the lane ahead of

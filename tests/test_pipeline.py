@@ -34,7 +34,7 @@ async def test_a_message_is_answered_once_and_a_repeat_delivery_is_dropped(
     assert len(llm_server.requests) == 1
     [entry] = await runtime.store.outbox_for_event("E1")
     assert entry.state == "sent"
-    assert await runtime.store.journal_pending("fake") == []
+    assert await runtime.store.inbox_pending("fake") == []
 
 
 async def test_a_failure_earns_one_apology() -> None:
@@ -62,7 +62,7 @@ async def test_quick_messages_are_one_event_with_one_answer(
     assert [reply.text for reply in platform.sent] == ["one answer"]
     [request] = llm_server.requests
     assert [line.rsplit(": ", 1)[-1] for line in user_lines(request)[-2:]] == ["I moved", "to Lisbon"]
-    assert await runtime.store.journal_pending("fake") == []
+    assert await runtime.store.inbox_pending("fake") == []
 
 
 async def test_what_a_crash_left_unfinished_is_answered_at_start_before_new_messages(
@@ -81,7 +81,7 @@ async def test_what_a_crash_left_unfinished_is_answered_at_start_before_new_mess
     assert new is not None
     await new
     assert [reply.text for reply in platform.sent] == ["ok 1", "ok 2"]
-    assert await runtime.store.journal_pending("fake") == []
+    assert await runtime.store.inbox_pending("fake") == []
 
 
 async def test_a_reply_the_platform_refuses_waits_in_the_outbox(

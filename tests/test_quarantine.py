@@ -8,12 +8,12 @@ import asyncio
 from bot.durable.inbox import Quarantine
 
 
-async def _run(quarantine: Quarantine, journal_id: str, running: set[str], seen: list[set[str]]) -> None:
-    async with quarantine.admit(journal_id):
-        running.add(journal_id)
+async def _run(quarantine: Quarantine, inbox_id: str, running: set[str], seen: list[set[str]]) -> None:
+    async with quarantine.admit(inbox_id):
+        running.add(inbox_id)
         seen.append(set(running))
         await asyncio.sleep(0.01)
-        running.discard(journal_id)
+        running.discard(inbox_id)
 
 
 async def test_suspects_run_alone_and_others_together() -> None:

@@ -1,5 +1,5 @@
 """Slack and the crash-safety protocol (bot/durable/), in process: events
-journaled before the ack, replies through the outbox, failed sends retried
+recorded in the inbox before the ack, replies through the outbox, failed sends retried
 with backoff, undeliverable ones dropped, and resends that check Slack first.
 (tests/test_crash_harness.py kills a real bot process instead.)"""
 
@@ -44,15 +44,15 @@ async def test_an_event_is_journaled_before_slack_gets_its_ack(bot: SlackBot, ll
 
     llm_server.set_handler(blocked)
     assert await bot.event(dm("remember me"), event_id="EvJ1") == 200
-    # Acked while the model is still thinking: the event is in the journal, pending.
-    pending = await bot.runtime.store.journal_pending("slack")
+    # Acked while the model is still thinking: the event is in the inbox, pending.
+    pending = await bot.runtime.store.inbox_pending("slack")
     assert [entry.event_id for entry in pending] == ["EvJ1"]
     assert pending[0].payload["event"]["text"] == "remember me"
     gate.set()
     assert await bot.texts(1) == ["answered"]
     await eventually(lambda: True)
     await bot.adapter.drain()
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
     [sent] = await bot.runtime.store.outbox_for_event("EvJ1")
     assert sent.state == "sent" and sent.text == "answered"
     # A repeat delivery of the same id is acknowledged and not worked on again.
@@ -62,11 +62,11 @@ async def test_an_event_is_journaled_before_slack_gets_its_ack(bot: SlackBot, ll
 
 
 async def test_a_replayed_event_is_answered_once_and_recorded_once(start_bot: Start, llm_server: FakeLLMServer) -> None:
-    """A crash after the journal and the user message were written, before any
+    """A crash after the inbox and the user message were written, before any
     answer: the restart redoes the steps without recording the message again."""
     bot = await start_bot()
     llm_server.set_handler(lambda request: say("first run answer"))
-    # What a killed run leaves behind: the event journaled, its message recorded, no reply.
+    # What a killed run leaves behind: the event recorded in the inbox, its message recorded, no reply.
     payload_event = dm("are you there?")
     await bot.runtime.receive(
         "slack",
@@ -95,7 +95,7 @@ async def test_a_replayed_event_is_answered_once_and_recorded_once(start_bot: St
     assert await bot.texts(1) == ["after the restart"]
     messages = await bot.runtime.store.messages_since(await agent_id(bot), 0)
     assert sum(1 for m in messages if m.event_id == "EvR1") == 1
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
 
 
 async def test_a_reply_posted_but_unconfirmed_is_not_posted_again(bot: SlackBot, llm_server: FakeLLMServer) -> None:
@@ -201,7 +201,7 @@ async def test_a_replayed_upload_neither_repeats_its_notice_nor_its_answer(
     assert first == ["Saved notes.md to my memory (1 passage).", "I read your notes."]
     calls = len(llm_server.requests)
     # As if the process died after the replies went out, before the event was marked done.
-    await bot.runtime.store.journal_update("EvU1", state="pending")
+    await bot.runtime.store.inbox_update("EvU1", state="pending")
     assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == first
     assert len(llm_server.requests) == calls
@@ -232,7 +232,7 @@ async def test_a_retried_reply_is_not_overtaken_by_the_persons_later_replies(
 
 
 def recorded(event_id: str, text: str) -> dict[str, object]:
-    """What the Slack adapter journals for a DM from U1."""
+    """What the Slack adapter inboxes for a DM from U1."""
     return {
         "kind": "message",
         "event": dm(text),
@@ -251,12 +251,12 @@ async def test_restarts_before_an_event_ran_do_not_count_against_it(bot: SlackBo
     await bot.runtime.receive("slack", "EvK1", "T1:U1", recorded("EvK1", "still there?"))
     for _ in range(MAX_RESTARTS * 2):  # the bot stopped each time before working on it
         assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
-    [entry] = await bot.runtime.store.journal_pending("slack")
+    [entry] = await bot.runtime.store.inbox_pending("slack")
     assert (entry.state, entry.attempts) == ("pending", 0)
     llm_server.set_handler(lambda request: say("yes"))
     assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["yes"]
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
 
 
 async def test_an_event_running_at_every_restart_is_given_up_and_the_person_told(
@@ -264,17 +264,17 @@ async def test_an_event_running_at_every_restart_is_given_up_and_the_person_told
 ) -> None:
     await bot.runtime.receive("slack", "EvX1", "T1:U1", recorded("EvX1", "poison"))
     for restart in range(1, MAX_RESTARTS):  # it was running alone each time the bot died
-        await bot.runtime.store.journal_update("EvX1", state="running", alone=True)
+        await bot.runtime.store.inbox_update("EvX1", state="running", alone=True)
         assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
-        [entry] = await bot.runtime.store.journal_pending("slack")
+        [entry] = await bot.runtime.store.inbox_pending("slack")
         assert (entry.attempts, entry.alone) == (restart, True)  # still a suspect, to run alone
-    await bot.runtime.store.journal_update("EvX1", state="running", alone=True)
+    await bot.runtime.store.inbox_update("EvX1", state="running", alone=True)
     with caplog.at_level(logging.ERROR):
         assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == [GAVE_UP]
     assert llm_server.requests == []  # not run again
     assert any("giving up on slack event EvX1" in r.getMessage() for r in caplog.records if r.levelno == logging.ERROR)
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
 
 
 async def test_a_give_up_notice_is_sent_once_whatever_a_kill_interrupts(
@@ -284,21 +284,21 @@ async def test_a_give_up_notice_is_sent_once_whatever_a_kill_interrupts(
     posted, before its report (then before the event's end), must not post it
     again at the next start (the poison test saw it twice on a busy machine)."""
     await bot.runtime.receive("slack", "EvX2", "T1:U1", recorded("EvX2", "poison"))
-    await bot.runtime.store.journal_update("EvX2", state="running", alone=True, attempts=MAX_RESTARTS - 1)
+    await bot.runtime.store.inbox_update("EvX2", state="running", alone=True, attempts=MAX_RESTARTS - 1)
     assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == [GAVE_UP]
     [notice] = await bot.runtime.store.outbox_for_event("EvX2:notice")
     assert notice.state == "sent"
     # Killed after the post, before its report: the entry still pending, the event too.
     await bot.runtime.store.outbox_update(notice.id, state="pending")
-    await bot.runtime.store.journal_update("EvX2", state="pending")
+    await bot.runtime.store.inbox_update("EvX2", state="pending")
     assert await bot.adapter.recover() == 1
     # Killed after the report, before the event's end.
-    await bot.runtime.store.journal_update("EvX2", state="pending")
+    await bot.runtime.store.inbox_update("EvX2", state="pending")
     assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == [GAVE_UP]
     assert llm_server.requests == []  # never run again
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
 
 
 async def test_deaths_beside_other_events_make_a_suspect_but_never_give_it_up(
@@ -308,15 +308,15 @@ async def test_deaths_beside_other_events_make_a_suspect_but_never_give_it_up(
     steps) when the bot died is no evidence against an event."""
     await bot.runtime.receive("slack", "EvB1", "T1:U1", recorded("EvB1", "busy machine"))
     for _ in range(MAX_RESTARTS * 2):
-        await bot.runtime.store.journal_update("EvB1", state="running", alone=False)
+        await bot.runtime.store.inbox_update("EvB1", state="running", alone=False)
         assert [redo.notice for redo in await bot.runtime.inbox.leftovers("slack")] == [""]
         assert bot.runtime.inbox.quarantine.is_suspect("EvB1")
-    [entry] = await bot.runtime.store.journal_pending("slack")
+    [entry] = await bot.runtime.store.inbox_pending("slack")
     assert (entry.state, entry.attempts) == ("pending", 0)
     llm_server.set_handler(lambda request: say("still here"))
     assert await bot.adapter.recover() == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["still here"]
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []
     assert not bot.runtime.inbox.quarantine.is_suspect("EvB1")  # it went through: an ordinary event again
 
 
@@ -327,7 +327,7 @@ async def test_a_suspect_stays_one_through_kills_before_its_run(bot: SlackBot) -
     (its own Inbox); one kill before the run, then a death while it runs."""
     store = bot.runtime.store
     await bot.runtime.receive("slack", "EvP1", "T1:U1", recorded("EvP1", "poison"))
-    await store.journal_update("EvP1", state="running", alone=False)  # the first death, in company
+    await store.inbox_update("EvP1", state="running", alone=False)  # the first death, in company
     event = UserMessage(platform="slack", user_id="T1:U1", text="poison", event_id="EvP1", in_inbox=True)
     deaths = 1
     while not (await Inbox(store).leftovers("slack"))[0].notice:  # a start that is killed before the run
@@ -363,4 +363,4 @@ async def test_an_older_message_answered_by_a_newer_events_run_is_not_answered_a
     assert await bot.adapter.replay([redos["EvOld"]]) == 1
     assert len(llm_server.requests) == 1  # the older one's replay did not ask again ...
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["not late; at the station"]  # ... nor answer
-    assert await bot.runtime.store.journal_pending("slack") == []
+    assert await bot.runtime.store.inbox_pending("slack") == []

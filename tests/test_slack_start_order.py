@@ -1,5 +1,5 @@
 """At start, a new Slack message that arrives while the last run's events are
-read from the journal is answered after the replays of the same person's
+read from the inbox is answered after the replays of the same person's
 older ones, never before (bot/durable/lanes.py: the start-up gate). The crash
 harness saw it otherwise: U9's message 19 answered 0 times, 31 twice."""
 
@@ -36,7 +36,7 @@ async def test_a_new_message_arriving_with_the_journal_read_waits_for_the_replay
     read_the_journal = bot.runtime.leftovers
 
     async def a_new_message_comes_with_the_read(origin: str) -> list[Redo]:
-        # "number 2" is journaled just before the read, and its listener goes
+        # "number 2" is recorded in the inbox just before the read, and its listener goes
         # on in the same turn as recover(): its task exists, not yet run,
         # when the replays' tasks are created and the gate is released.
         await bot.runtime.receive("slack", "EvNew", "T1:U1", new)
@@ -49,7 +49,7 @@ async def test_a_new_message_arriving_with_the_journal_read_waits_for_the_replay
 
     monkeypatch.setattr(bot.runtime, "leftovers", a_new_message_comes_with_the_read)
     llm_server.set_handler(lambda request: say("ok " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
-    assert await adapter.recover() == 2  # both are in the journal's leftovers
+    assert await adapter.recover() == 2  # both are in the inbox's leftovers
     assert await bot.texts(2) == ["ok 1", "ok 2"]  # before the fix: ["ok 2", "ok 1"]
     record = await bot.runtime.store.find_agent("slack:T1:U1")
     assert record is not None

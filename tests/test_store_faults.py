@@ -11,10 +11,10 @@ the real Slack adapter (fake Slack Web API) and a real Runtime on a real store:
   "trouble saving" notice went out), within MEMGPT_STORE_WAIT: answered once,
   after that one notice;
 - long: the fault outlasts MEMGPT_STORE_WAIT: the person is told clearly, the
-  event stays pending in the journal and, once the fault heals, the retrier
+  event stays pending in the inbox and, once the fault heals, the retrier
   replays it in process: answered once;
 - arrival: the fault is there when Slack delivers: the event cannot be
-  journaled, so the HTTP ack is not 2xx (Slack delivers again); the
+  recorded in the inbox, so the HTTP ack is not 2xx (Slack delivers again); the
   redelivery, once the fault healed and the store reaches its data again, is
   answered once;
 - direct: a non-durable event (the terminal's way) arrives during the fault,
@@ -27,7 +27,7 @@ never sees it).
 
 A fault *survives* when its event is answered exactly once, its message is in
 recall storage exactly once, at most one notice went out, no apology (an
-exception escaping) was posted, and its journal entry ends done. The figures
+exception escaping) was posted, and its inbox entry ends done. The figures
 are printed per class.
 """
 
@@ -321,13 +321,13 @@ class Rig:
             raise AssertionError(f"timed out after {within:.0f} s waiting for {what}\n{await self.diagnosis()}")
 
     async def diagnosis(self) -> str:
-        """The state of the current event: its journal row, its outbox rows,
+        """The state of the current event: its inbox row, its outbox rows,
         what the channel got, the fault; read through the witness."""
         shape, number, event_id, before = self.current
         lines = [f"{self.name}: {shape} number {number} (event {event_id}); fault: {self.fault!r}"]
         try:
-            journal = await self.witness.journal_pending("slack")
-            lines.append(f"journal, unfinished: {[(e.event_id, e.state, e.attempts, e.next_try_at) for e in journal]}")
+            inbox = await self.witness.inbox_pending("slack")
+            lines.append(f"inbox, unfinished: {[(e.event_id, e.state, e.attempts, e.next_try_at) for e in inbox]}")
             if event_id:
                 outbox = await self.witness.outbox_for_event(event_id)
                 lines.append(f"outbox of {event_id}: {[(e.id, e.state, e.attempts, e.text) for e in outbox]}")
@@ -340,7 +340,7 @@ class Rig:
 
     async def settled(self, event_id: str) -> bool:
         await self.bot.adapter.drain()
-        return event_id not in [entry.event_id for entry in await self.witness.journal_pending("slack")]
+        return event_id not in [entry.event_id for entry in await self.witness.inbox_pending("slack")]
 
     async def check(self, number: int, event_id: str, new: list[str], *, notices: int, told: int) -> bool:
         """Whether the event of `number` survived: answered once, stored once,
@@ -384,16 +384,16 @@ class Rig:
         self.hooks[str(n)] = self.fault.inject
         assert await self.bot.event(dm(f"number {n}"), event_id=event_id) == 200
         await self.wait_for("the kept-message notice", lambda: KEPT_MESSAGE in self.texts()[before:], STORE_WAIT + 10)
-        # Given up, and kept: still pending in the journal (seen through another
+        # Given up, and kept: still pending in the inbox (seen through another
         # connection), and it cannot be replayed before the fault heals.
-        pending = [entry.event_id for entry in await self.witness.journal_pending("slack")]
+        pending = [entry.event_id for entry in await self.witness.inbox_pending("slack")]
         await self.heal()
         await self.wait_for(f"answer {n}, replayed by the retrier", lambda: f"answer {n}" in self.texts())
         kept = event_id in pending
         self.tally(await self.check(n, event_id, self.texts()[before:], notices=1, told=1) and kept)
 
     async def at_arrival(self) -> None:
-        """There before the event: not journaled, not acked; the redelivery is answered."""
+        """There before the event: not recorded in the inbox, not acked; the redelivery is answered."""
         n, before = next(self.numbers), len(self.texts())
         event_id = f"EvA{self.name}{n}"
         self.current = ("arrival", n, event_id, before)
@@ -443,7 +443,7 @@ class Rig:
         await self.bot.adapter.drain()
         texts = self.texts()
         self.survived -= sum(1 for n in self.through_slack if texts.count(f"answer {n}") != 1)
-        assert await self.witness.journal_pending("slack") == []
+        assert await self.witness.inbox_pending("slack") == []
         TALLY[self.name] = (self.injected, self.survived)
         report = (
             f"store faults, {self.name}: {self.injected} injected, {self.survived} survived "
@@ -686,9 +686,9 @@ async def test_the_notice_and_message_are_once_per_outage(
         await runtime.finished("E1")
         await runtime.finished("E2")
         lock.heal()
-        assert [e.event_id for e in await store.journal_pending("slack")] == ["E1", "E2"]  # kept
+        assert [e.event_id for e in await store.inbox_pending("slack")] == ["E1", "E2"]  # kept
         assert await runtime.inbox.due("slack") == []  # due replay_after after giving up...
-        assert {e.state for e in await store.journal_pending("slack")} == {"waiting"}  # in the rows now
+        assert {e.state for e in await store.inbox_pending("slack")} == {"waiting"}  # in the rows now
         result = await runtime.handle_with_details(UserMessage(platform="terminal", user_id="x", text="ok"))
         assert not result.unfinished
         # ...or at once, now that storage answered

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # admission reads the exemption only over a limit, an append's reads are one find, the lease's
 # ticket check also reads the line. Now 13: a turn's continuity comes from the ticket numbers (no
 # holder record to read), and an append after the agent's own needs no find (Agent passes the seq it
-# got: append_messages' `after`). What is left is one command per collection written (journal 3,
+# got: append_messages' `after`). What is left is one command per collection written (inbox 3,
 # lease tickets 2, messages 2, outbox 2, usage 1), the usage read, and the find before the event's
 # message (did an earlier run record it?).
 MAX_ROUND_TRIPS = {"sqlite": 10, "mongodb": 13}

@@ -161,7 +161,7 @@ def parse_attachment(
         display_name=message.author.display_name,
         created_at=message.created_at,
         event_id=f"{message.id}:{attachment.id}",
-        journal_id=str(message.id),
+        inbox_id=str(message.id),
         reply_to=reply_to(message),
         dm_reply_to=dm_address(message.author.id),  # no fallback: never a channel
         in_inbox=in_inbox,

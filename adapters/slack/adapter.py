@@ -2,7 +2,7 @@
 
 Slack's side of the platform contract (adapters/pipeline.py): each Slack
 payload is read by one small listener that drops what the bot must not answer
-(adapters/slack/parse.py: `origin_of_<event>`) and hands an `Arrival` to the
+(adapters/slack/parse.py: `envelope_of_<event>`) and hands an `Arrival` to the
 pipeline, which records it in the bot's inbox before the listener returns:
 Bolt acks an event only then (`process_before_response=True`), so an event
 Slack stops re-delivering is always one the bot has kept, and one that could
@@ -40,13 +40,13 @@ from adapters.slack.directory import Directory
 from adapters.slack.files import FileReader
 from adapters.slack.history import ChannelHistory
 from adapters.slack.parse import (
-    Origin,
+    Envelope,
     SlackParser,
+    envelope_of_app_mention,
+    envelope_of_member_joined_channel,
+    envelope_of_message,
+    envelope_of_team_join,
     message_kind,
-    origin_of_app_mention,
-    origin_of_member_joined_channel,
-    origin_of_message,
-    origin_of_team_join,
 )
 from adapters.slack.send import SlackSender
 from bot.events import Delivery, Reply
@@ -129,8 +129,8 @@ class SlackAdapter(OnPipeline):
     async def _on_message(
         self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext, request: AsyncBoltRequest
     ) -> None:
-        origin = origin_of_message(body, event, self._own_id(context), self.config.always_on_channels)
-        if origin is None:
+        envelope = envelope_of_message(body, event, self._own_id(context), self.config.always_on_channels)
+        if envelope is None:
             return
         retry = request.headers.get("x-slack-retry-num", [None])[0]
         if retry and retry != "0":
@@ -140,46 +140,46 @@ class SlackAdapter(OnPipeline):
                 body.get("event_id"),
                 request.headers.get("x-slack-retry-reason", ["?"])[0],
             )
-        await self._take(origin, message_kind(event), event)
+        await self._take(envelope, message_kind(event), event)
 
     async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext) -> None:
-        origin = origin_of_app_mention(body, event, self._own_id(context), self.config.always_on_channels)
-        if origin is not None:
-            await self._take(origin, "app_mention", event)
+        envelope = envelope_of_app_mention(body, event, self._own_id(context), self.config.always_on_channels)
+        if envelope is not None:
+            await self._take(envelope, "app_mention", event)
 
     async def _on_team_join(self, body: dict[str, Any], event: dict[str, Any]) -> None:
-        origin = origin_of_team_join(body, event)
-        if origin is not None:
-            self.directory.learn(origin.team, origin.user, event["user"])
-            await self._take(origin, "team_join", event)
+        envelope = envelope_of_team_join(body, event)
+        if envelope is not None:
+            self.directory.learn(envelope.team, envelope.user, event["user"])
+            await self._take(envelope, "team_join", event)
 
     async def _on_member_joined_channel(
         self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext
     ) -> None:
-        origin = origin_of_member_joined_channel(body, event, self._own_id(context))
-        if origin is not None:
-            await self._take(origin, "member_joined_channel", event)
+        envelope = envelope_of_member_joined_channel(body, event, self._own_id(context))
+        if envelope is not None:
+            await self._take(envelope, "member_joined_channel", event)
 
-    async def _take(self, origin: Origin, kind: str, event: Mapping[str, Any]) -> None:
+    async def _take(self, envelope: Envelope, kind: str, event: Mapping[str, Any]) -> None:
         """Into the pipeline, which records it before Bolt acknowledges it (a repeat is dropped there)."""
         await self.pipeline.take(
-            self._arrival(origin, {"kind": kind, "event": dict(event), "origin": origin.to_json()})
+            self._arrival(envelope, {"kind": kind, "event": dict(event), "origin": envelope.to_json()})
         )
 
     # -- the platform contract (adapters/pipeline.py) -----------------------------
     def arrival_of(self, payload: Mapping[str, Any]) -> Arrival:
-        return self._arrival(Origin.from_json(payload["origin"]), payload)
+        return self._arrival(Envelope.from_json(payload["origin"]), payload)
 
     @staticmethod
-    def _arrival(origin: Origin, payload: Mapping[str, Any]) -> Arrival:
+    def _arrival(envelope: Envelope, payload: Mapping[str, Any]) -> Arrival:
         return Arrival(
-            event_id=origin.event_id,
-            user_id=origin.user_id,
-            conversation=str(origin.reply_to.get("channel", "")),
+            event_id=envelope.event_id,
+            user_id=envelope.user_id,
+            conversation=str(envelope.reply_to.get("channel", "")),
             payload=dict(payload),
             mergeable=payload["kind"] in DEBOUNCED,
-            awaits_answer=origin.awaits_answer,
-            live=origin,
+            awaits_answer=envelope.awaits_answer,
+            live=envelope,
         )
 
     async def build(self, arrival: Arrival) -> list[Item]:
@@ -190,8 +190,8 @@ class SlackAdapter(OnPipeline):
         return await self.sender.send(reply)
 
     def notice(self, arrival: Arrival, text: str) -> Reply:
-        origin: Origin = arrival.live
-        return origin.notice(text)
+        envelope: Envelope = arrival.live
+        return envelope.notice(text)
 
     def working(self, arrival: Arrival) -> AbstractAsyncContextManager[None]:
         return nullcontext()  # a bot user cannot show Slack's typing indicator

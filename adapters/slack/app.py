@@ -67,7 +67,7 @@ class SlackApp:
                 client=self.client,
                 signing_secret=config.signing_secret or "",
                 request_verification_enabled=not config.socket_mode,
-                # The listeners record each event in the bot's journal and return
+                # The listeners record each event in the bot's inbox and return
                 # (no LLM work): only then does Bolt acknowledge it, so an event
                 # Slack stops retrying is never one the bot did not keep.
                 process_before_response=True,

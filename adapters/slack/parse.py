@@ -1,6 +1,6 @@
 """Slack payloads into typed bot events, in two steps.
 
-First, before Slack gets its acknowledgement, `origin_of_<event>` reads a raw
+First, before Slack gets its acknowledgement, `envelope_of_<event>` reads a raw
 Events API payload without any I/O: is it for the bot at all (never another
 bot's message, an edit or the bot's own), who is it from, and where do answers
 go. Its `Origin` is what the inbox keeps with the payload.
@@ -45,7 +45,7 @@ def _team_of(body: Mapping[str, Any], event: Mapping[str, Any]) -> str:
 
 
 @dataclass(slots=True)
-class Origin:
+class Envelope:
     """Who a payload is from, where answers to it go, and its Events API id."""
 
     team: str
@@ -57,7 +57,7 @@ class Origin:
     @classmethod
     def of(
         cls, body: Mapping[str, Any], team: str, user: str, reply_to: dict[str, Any], ts: Any, event_id: str = ""
-    ) -> Origin:
+    ) -> Envelope:
         event_id = event_id or str(body.get("event_id") or uuid.uuid4().hex)
         return cls(team, user, reply_to, event_id, time_of(ts))
 
@@ -71,7 +71,7 @@ class Origin:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Origin:
+    def from_json(cls, data: Mapping[str, Any]) -> Envelope:
         return cls(
             str(data["team"]),
             str(data["user"]),
@@ -99,7 +99,7 @@ class Origin:
             "event_id": self.event_id,
             "created_at": self.created_at,
             "in_inbox": True,
-            "journal_id": self.event_id,  # a file's event has its own id, the inbox entry is the payload's
+            "inbox_id": self.event_id,  # a file's event has its own id, the inbox entry is the payload's
             **extra,
         }
 
@@ -121,36 +121,36 @@ def is_from_a_bot(event: Mapping[str, Any], own_user_id: str | None) -> bool:
     return bool(event.get("bot_id")) or not event.get("user") or event.get("user") == own_user_id
 
 
-def origin_of_message(
+def envelope_of_message(
     body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, always_on_channels: frozenset[str]
-) -> Origin | None:
+) -> Envelope | None:
     """A direct message (with or without files), or any message in an always-on
     channel (or a thread there); None for anything else."""
     if event.get("subtype") not in (None, "file_share") or is_from_a_bot(event, own_user_id):
         return None  # edits, deletions, bot messages, joins...: nothing a person said to the bot
     if event.get("channel_type") != "im":
-        return origin_in_channel(body, event, always_on_channels)
+        return envelope_in_channel(body, event, always_on_channels)
     reply_to = {"channel": event["channel"]}
     if event.get("thread_ts"):
         reply_to["thread_ts"] = event["thread_ts"]
-    return Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
+    return Envelope.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"))
 
 
 def message_kind(event: Mapping[str, Any]) -> str:
     return "file_share" if event.get("subtype") == "file_share" else "message"
 
 
-def origin_of_app_mention(
+def envelope_of_app_mention(
     body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, always_on_channels: frozenset[str]
-) -> Origin | None:
+) -> Envelope | None:
     if is_from_a_bot(event, own_user_id):
         return None
-    return origin_in_channel(body, event, always_on_channels, mentioned=True)
+    return envelope_in_channel(body, event, always_on_channels, mentioned=True)
 
 
-def origin_in_channel(
+def envelope_in_channel(
     body: Mapping[str, Any], event: Mapping[str, Any], always_on_channels: frozenset[str], *, mentioned: bool = False
-) -> Origin | None:
+) -> Envelope | None:
     """A mention, or a message in an always-on channel: answered in its thread (or
     the thread it was posted in), addressed to its author."""
     channel = str(event.get("channel") or "")
@@ -161,23 +161,25 @@ def origin_in_channel(
     # In an always-on channel a mention arrives twice (a message and an app_mention
     # event, each with its own event id): keyed by the message, the second is a repeat.
     key = f"{channel}:{event['ts']}" if listening else ""
-    return Origin.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"), key)
+    return Envelope.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"), key)
 
 
-def origin_of_team_join(body: Mapping[str, Any], event: Mapping[str, Any]) -> Origin | None:
+def envelope_of_team_join(body: Mapping[str, Any], event: Mapping[str, Any]) -> Envelope | None:
     person = event.get("user") or {}
     if not isinstance(person, dict) or not person.get("id") or person.get("is_bot"):
         return None
     team = str(person.get("team_id") or body.get("team_id") or "")
-    return Origin.of(body, team, str(person["id"]), {"dm_user": person["id"]}, body.get("event_time"))
+    return Envelope.of(body, team, str(person["id"]), {"dm_user": person["id"]}, body.get("event_time"))
 
 
-def origin_of_member_joined_channel(
+def envelope_of_member_joined_channel(
     body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None
-) -> Origin | None:
+) -> Envelope | None:
     if is_from_a_bot(event, own_user_id):
         return None  # the bot itself was added to a channel
-    return Origin.of(body, _team_of(body, event), str(event["user"]), {"dm_user": event["user"]}, event.get("event_ts"))
+    return Envelope.of(
+        body, _team_of(body, event), str(event["user"]), {"dm_user": event["user"]}, event.get("event_ts")
+    )
 
 
 # --------------------------------------------------------------------------- step two: typed events
@@ -191,13 +193,13 @@ class SlackParser:
         self.files = files
         self.history = history
         # Like discord.py's ConnectionState: the table is the `parse_<kind>` methods.
-        self._parsers: dict[str, Callable[[Origin, Mapping[str, Any]], Awaitable[list[Item]]]] = {
+        self._parsers: dict[str, Callable[[Envelope, Mapping[str, Any]], Awaitable[list[Item]]]] = {
             name.removeprefix("parse_"): getattr(self, name) for name in dir(self) if name.startswith("parse_")
         }
 
-    async def parse(self, kind: str, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
+    async def parse(self, kind: str, envelope: Envelope, event: Mapping[str, Any]) -> list[Item]:
         """The typed events of one recorded payload, by kind (also how a replay rebuilds it)."""
-        return await self._parsers[kind](origin, event)
+        return await self._parsers[kind](envelope, event)
 
     async def place_of(self, event: Mapping[str, Any]) -> Place:
         """Where the event happened: its kind from the payload's `channel_type`, or
@@ -212,15 +214,15 @@ class SlackParser:
             return Place(thread=thread)
         return Place(kind, channel, info.name if info is not None else channel, thread)
 
-    async def parse_message(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
+    async def parse_message(self, envelope: Envelope, event: Mapping[str, Any]) -> list[Item]:
         text = str(event.get("text") or "")
         if self.directory.bot_user_id:
             text = re.sub(rf"<@{re.escape(self.directory.bot_user_id)}(?:\|[^>]*)?>", "", text)
-        person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
+        person = await self.directory.person(envelope.team, envelope.user, event.get("user_profile"))
         place = await self.place_of(event)
-        context = [] if place.is_dm else await self.history.before(origin.team, event, place)
-        plain = slack_to_plain(text, self.directory.known_names(origin.team)).strip()
-        message = origin.fields(
+        context = [] if place.is_dm else await self.history.before(envelope.team, event, place)
+        plain = slack_to_plain(text, self.directory.known_names(envelope.team)).strip()
+        message = envelope.fields(
             text=plain or "(an empty message)",
             display_name=person.name,
             channel="" if place.is_dm else place.name,
@@ -231,24 +233,24 @@ class SlackParser:
 
     parse_app_mention = parse_message
 
-    async def parse_file_share(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
-        person = await self.directory.person(origin.team, origin.user, event.get("user_profile"))
+    async def parse_file_share(self, envelope: Envelope, event: Mapping[str, Any]) -> list[Item]:
+        person = await self.directory.person(envelope.team, envelope.user, event.get("user_profile"))
         place = await self.place_of(event)
         items: list[Item] = []
         for number, shared in enumerate(event.get("files") or []):
-            file_event_id = f"{origin.event_id}:{number}"
+            file_event_id = f"{envelope.event_id}:{number}"
             try:
                 got = await self.files.read(shared)
             except FileRefused as refusal:
-                items.append(origin.notice(str(refusal), file_event_id))
+                items.append(envelope.notice(str(refusal), file_event_id))
             except DownloadError as error:
                 log.warning("slack: could not download file %s: %s", shared.get("id"), error)
                 name = shared.get("name") or "that file"
                 items.append(
-                    origin.notice(f"I couldn't download {name} from Slack, so I didn't save it.", file_event_id)
+                    envelope.notice(f"I couldn't download {name} from Slack, so I didn't save it.", file_event_id)
                 )
             else:
-                uploaded = origin.fields(
+                uploaded = envelope.fields(
                     event_id=file_event_id,
                     filename=got.name,
                     data=got.data,
@@ -258,18 +260,18 @@ class SlackParser:
                 )
                 items.append(FileUploaded(**uploaded))
         if str(event.get("text") or "").strip():
-            items += await self.parse_message(origin, event)
+            items += await self.parse_message(envelope, event)
         return items
 
-    async def parse_team_join(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
-        person = await self.directory.person(origin.team, origin.user, (event.get("user") or {}).get("profile"))
-        workspace = self.directory.team_names.get(origin.team)
+    async def parse_team_join(self, envelope: Envelope, event: Mapping[str, Any]) -> list[Item]:
+        person = await self.directory.person(envelope.team, envelope.user, (event.get("user") or {}).get("profile"))
+        workspace = self.directory.team_names.get(envelope.team)
         place = f"the {workspace} Slack workspace" if workspace else "the Slack workspace"
-        return [UserJoined(**origin.fields(display_name=person.name, joined=place))]
+        return [UserJoined(**envelope.fields(display_name=person.name, joined=place))]
 
-    async def parse_member_joined_channel(self, origin: Origin, event: Mapping[str, Any]) -> list[Item]:
-        person = await self.directory.person(origin.team, origin.user)
+    async def parse_member_joined_channel(self, envelope: Envelope, event: Mapping[str, Any]) -> list[Item]:
+        person = await self.directory.person(envelope.team, envelope.user)
         if person.is_bot:
             return []
         channel = await self.directory.channel_name(str(event["channel"]))
-        return [UserJoined(**origin.fields(display_name=person.name, joined=channel))]
+        return [UserJoined(**envelope.fields(display_name=person.name, joined=channel))]

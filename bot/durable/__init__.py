@@ -2,10 +2,10 @@
 the per-user lane. A SIGKILL may land anywhere in it; what happened to an
 event or a reply is in its database row, never only in this process's memory.
 
-1. RECEIVE. An adapter records each platform event in the journal
+1. RECEIVE. An adapter records each platform event in the inbox
    (Inbox.receive, through the bot's port) before it acknowledges it; a repeat
    delivery of a recorded event is acknowledged and dropped. The events built
-   from it carry its journal id (Event.journal_id).
+   from it carry its inbox id (Event.inbox_id).
 2. RUN. When the runtime starts work on an event (its user's lane, lease and
    lock held) the row becomes *running* (Inbox.started). The agent records
    the event's message in recall storage tagged with the event id, and every
@@ -41,7 +41,7 @@ event or a reply is in its database row, never only in this process's memory.
    sending it again (Slack: message metadata; Discord: nonce).
 
 DEBOUNCE (debounce.py). A person's quick messages in one place are one event:
-the followers are linked to their leader in the journal (Inbox.started)
+the followers are linked to their leader in the inbox (Inbox.started)
 before all their messages are recorded in one write, each under its own id;
 the leader's run answers them all. A follower redone after a crash is
 finished without an answer if its batch recorded it, else handled alone.

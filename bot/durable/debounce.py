@@ -21,9 +21,9 @@ arrival order, as before. Replays (redos after a crash, events that waited
 for storage) are never debounced.
 
 Crash safety (bot/durable/__init__.py tells the protocol). Every member is in
-the journal (received) before the burst is handled. When the batch's work
-starts, the followers' journal rows are linked to the leader's
-(Inbox.started: JournalEntry.absorbed_into); then all the messages are
+the inbox (received) before the burst is handled. When the batch's work
+starts, the followers' inbox rows are linked to the leader's
+(Inbox.started: InboxEntry.absorbed_into); then all the messages are
 recorded in ONE write, each tagged with its own event id
 (Agent.record_event_message); the steps run once; the replies go to the
 outbox under the leader's id; then every member is finished. A SIGKILL

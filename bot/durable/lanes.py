@@ -137,7 +137,7 @@ class StartGate:
     Why not an asyncio.Event: the place in line is taken in a task's first
     step, and a task created before `open` may run that step after it. Seen
     in the crash harness ("U3's message 5 answered 0 times, 11 answered 2
-    times"): a new message's receive and the start-up journal read finished
+    times"): a new message's receive and the start-up inbox read finished
     in the same turn of the loop, so its task existed, not yet run, when
     recover() created the replays' tasks and released; run first (it was
     created first), it found the gate open and took its lane ahead of the

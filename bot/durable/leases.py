@@ -117,7 +117,7 @@ class Leases(Protocol):
         ...
 
     async def owner(self) -> str:
-        """This process's live owner id, which journal entries it receives or
+        """This process's live owner id, which inbox entries it receives or
         takes over are marked with (bot/durable/inbox.py)."""
         ...
 
@@ -201,7 +201,7 @@ class AgentLeases:
         # taken: the event has its place in line (for tests and metrics).
         self.on_join: Callable[[str, int], None] | None = None
         self._heart: _Heartbeat | None = None
-        self._journal_heart: _Heartbeat | None = None  # the owner of journal entries (owner())
+        self._inbox_heart: _Heartbeat | None = None  # the owner of inbox entries (owner())
         self._lives = 0
         self._beats: set[asyncio.Task[None]] = set()  # heartbeats still renewed (a retired one until its events end)
         self._heart_lock = asyncio.Lock()
@@ -247,9 +247,9 @@ class AgentLeases:
         # die after a failed join or leave, while the entries it was handed
         # may still wait in this process (in a debounce window, in a lane).
         async with self._heart_lock:
-            heart = self._journal_heart
+            heart = self._inbox_heart
             if heart is None or heart.lost:
-                heart = self._journal_heart = await self._start_heartbeat("journal-")
+                heart = self._inbox_heart = await self._start_heartbeat("inbox-")
             return heart.owner
 
     def mine(self, owner: str) -> bool:
@@ -260,10 +260,10 @@ class AgentLeases:
 
     async def close(self) -> None:
         """Stop renewing (the process's tickets die with its heartbeat)."""
-        for heart in (self._heart, self._journal_heart):
+        for heart in (self._heart, self._inbox_heart):
             if heart is not None:
                 heart.stop.set()
-        self._heart = self._journal_heart = None
+        self._heart = self._inbox_heart = None
         beats, self._beats = list(self._beats), set()
         # Each stops at its next wake; one stuck in a renewal is waited for a moment, then cancelled.
         _, stuck = await asyncio.wait(beats, timeout=2.0) if beats else (set(), set())

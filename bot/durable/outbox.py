@@ -30,7 +30,7 @@ def retry_delay(attempts: int) -> float:
 def reply_of(entry: OutboxEntry) -> Reply:
     return Reply(
         entry.text,
-        entry.origin,
+        entry.platform,
         entry.user_id,
         entry.reply_to,
         entry.event_id,
@@ -74,7 +74,7 @@ class Outbox:
         self.store = store
         self.clock = clock
         self.started_at = clock()
-        # Several processes: whose the replies of an event are (its journal row's owner).
+        # Several processes: whose the replies of an event are (its inbox row's owner).
         self.leases = leases or NoLeases()
 
     async def file_notice(self, reply: Reply) -> list[Reply]:
@@ -144,11 +144,11 @@ class Outbox:
         )
         return outcome
 
-    async def due(self, origin: str) -> list[Reply]:
+    async def due(self, platform: str) -> list[Reply]:
         """Replies the retrier should send now: failed ones whose backoff is
         over, and those a previous run left unconfirmed (never one in flight
         in this run for the first time)."""
-        entries = await self.store.outbox_pending(origin, due_by=self.clock())
+        entries = await self.store.outbox_pending(platform, due_by=self.clock())
         return [
             reply_of(entry)
             for entry in entries
@@ -161,11 +161,11 @@ class Outbox:
         While its event is unfinished, none: the event's run sends it (its
         owner's, or, the owner dead, the redo of whoever takes the event
         over; a redo already under way here must not race this round). Once
-        the event is done: the process that owns its journal row, or, that
-        owner dead, the one process that takes the row over (journal_claim)."""
+        the event is done: the process that owns its inbox row, or, that
+        owner dead, the one process that takes the row over (inbox_claim)."""
         if isinstance(self.leases, NoLeases):
             return True
-        row = await self.store.journal_entry(entry.event_id.removesuffix(NOTICE_SUFFIX))
+        row = await self.store.inbox_entry(entry.event_id.removesuffix(NOTICE_SUFFIX))
         if row is None:
             return True  # swept a day after it finished: nobody else is sending it
         if row.state != "done":
@@ -174,7 +174,7 @@ class Outbox:
             return True
         if row.owner in await self.leases.live({row.owner}):
             return False
-        return await self.store.journal_claim(row.event_id, row.owner, await self.leases.owner())
+        return await self.store.inbox_claim(row.event_id, row.owner, await self.leases.owner())
 
 
 async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool:
@@ -199,7 +199,7 @@ async def seen_by_a_later_run(store: Store, agent_id: str, event: Event) -> bool
         if message.role == "user" and message.event_id and message.event_id not in own:
             # A replayed batch leader comes without its followers (replays are not
             # debounced), but their messages were recorded with it: they are its own.
-            entry = await store.journal_entry(message.event_id)
+            entry = await store.inbox_entry(message.event_id)
             if entry is not None and entry.absorbed_into == event.event_id:
                 own.add(message.event_id)
                 continue

@@ -1,9 +1,9 @@
 """Redelivery: the one loop that, every few seconds, sends each platform's
 due replies from the outbox (failed ones after their backoff, held ones behind
 them, those a previous run left unconfirmed) and replays, through the
-platform's adapter, the events whose journal row says they wait for storage
+platform's adapter, the events whose inbox row says they wait for storage
 and are due, and those of other bot processes that died (Inbox.orphans). A
-platform whose start-up replay could not read the journal (storage down at
+platform whose start-up replay could not read the inbox (storage down at
 start) has it done here once storage answers."""
 
 from __future__ import annotations
@@ -44,21 +44,21 @@ class Redelivery:
         self._replays: dict[str, asyncio.Task[int]] = {}
         self._leftovers_unread: set[str] = set()
 
-    def recover_later(self, origin: str) -> None:
-        """The start-up replay of `origin` could not read the journal: do it once storage answers."""
-        self._leftovers_unread.add(origin)
+    def recover_later(self, platform: str) -> None:
+        """The start-up replay of `platform` could not read the inbox: do it once storage answers."""
+        self._leftovers_unread.add(platform)
 
-    async def run_once(self, origins: Iterable[str] | None = None) -> int:
+    async def run_once(self, platforms: Iterable[str] | None = None) -> int:
         """One round: send the due replies, then start due replays. How many replies went."""
         sent = 0
-        for origin in origins or list(self.senders):
+        for platform in platforms or list(self.senders):
             try:
-                replies = await self.outbox.due(origin)
+                replies = await self.outbox.due(platform)
             except StoreError as error:
-                log.warning("outbox: cannot read pending %s replies (%s); will try again", origin, error)
+                log.warning("outbox: cannot read pending %s replies (%s); will try again", platform, error)
                 continue
             if replies:
-                await self.senders[origin](replies)
+                await self.senders[platform](replies)
                 sent += len(replies)
         self.replay_due()
         return sent
@@ -66,23 +66,23 @@ class Redelivery:
     def replay_due(self) -> None:
         """Start each platform's replay of its due events. In the background:
         a replay may wait for storage again, and sends go on meanwhile."""
-        for origin, replay in self.replayers.items():
-            running = self._replays.get(origin)
+        for platform, replay in self.replayers.items():
+            running = self._replays.get(platform)
             if running is None or running.done():
-                task = asyncio.create_task(self._replay(origin, replay), name=f"replay-{origin}")
-                task.add_done_callback(functools.partial(_replayed, origin))
-                self._replays[origin] = task
+                task = asyncio.create_task(self._replay(platform, replay), name=f"replay-{platform}")
+                task.add_done_callback(functools.partial(_replayed, platform))
+                self._replays[platform] = task
 
-    async def _replay(self, origin: str, replay: Replayer) -> int:
+    async def _replay(self, platform: str, replay: Replayer) -> int:
         try:
-            if origin in self._leftovers_unread:
-                redos = await self.inbox.leftovers(origin)
-                self._leftovers_unread.discard(origin)
+            if platform in self._leftovers_unread:
+                redos = await self.inbox.leftovers(platform)
+                self._leftovers_unread.discard(platform)
             else:
                 # Rows of processes that died (several on one database), then those storage failed.
-                redos = await self.inbox.orphans(origin) + await self.inbox.due(origin)
+                redos = await self.inbox.orphans(platform) + await self.inbox.due(platform)
         except StoreError as error:  # still down: the next round looks again
-            log.info("%s: cannot read the event journal (%s); will try again", origin, error)
+            log.info("%s: cannot read the inbox (%s); will try again", platform, error)
             return 0
         return await replay(redos) if redos else 0
 
@@ -106,12 +106,12 @@ class Redelivery:
         self._replays.clear()
 
 
-def _replayed(origin: str, task: asyncio.Task[int]) -> None:
+def _replayed(platform: str, task: asyncio.Task[int]) -> None:
     if task.cancelled():
         return
     error = task.exception()
     if error is not None:
-        # Still unfinished in the journal: the next round (or start) tries again.
-        log.warning("%s: replaying events failed (%s); will try again", origin, error)
+        # Still unfinished in the inbox: the next round (or start) tries again.
+        log.warning("%s: replaying events failed (%s); will try again", platform, error)
     elif task.result():
-        log.info("%s: replayed %d events", origin, task.result())
+        log.info("%s: replayed %d events", platform, task.result())

@@ -13,7 +13,7 @@ The inbox and the outbox hold the words too: each event's platform payload
 and each reply's text, kept a day after the event finished (its id drops a
 repeat delivery). Every forget, of a topic or of one item, empties the payload
 of each finished event of the person and the text of each reply sent or
-dropped, whatever matched (Store.journal_scrub): a payload is platform JSON
+dropped, whatever matched (Store.inbox_scrub): a payload is platform JSON
 and a reply may be cut in pieces, where matching could miss the topic, and
 these copies serve only to recognise an id, so the stricter rule costs
 nothing. An unfinished event (its replay needs the payload) and a reply not

@@ -133,7 +133,7 @@ async def forget_item(store: Store, agent: AgentRecord, item_id: str) -> Receipt
     person's finished events: bot/forgetting/erasing.py); UnknownItem if there is none."""
     agent_id = agent.id
     kind, _, rest = item_id.strip().partition(":")
-    await store.journal_scrub(agent.key)
+    await store.inbox_scrub(agent.key)
     if kind == "passage" and rest.isdecimal():
         count = await store.count_passages(agent_id)
         held = {p.id for p in await store.list_passages(agent_id, count, 0)} if count else set()

@@ -50,7 +50,7 @@ async def forget_about(
     matched (bot/forgetting/erasing.py)."""
     found = await find_about(services, agent.id, about)
     found.messages = [message for message in found.messages if message.seq not in keep]
-    await services.store.journal_scrub(agent.key)
+    await services.store.inbox_scrub(agent.key)
     if found.empty:
         await services.store.flush_deleted()
         return found, Receipt()

@@ -7,7 +7,7 @@ the LeaseStore role (memory/roles.py), as a mixin of MongoStore.
 The only write that every MongoDB-compatible server makes atomic is an insert
 against a unique index (FerretDB runs update and findAndModify as a read, then
 a write), so that is what arbitrates: the unique (name, seq) for a ticket in an
-agent's line (and, in memory/mongo/journal.py, the event id for repeat deliveries). Every other write here
+agent's line (and, in memory/mongo/inbox.py, the event id for repeat deliveries). Every other write here
 has one writer (an owner's heartbeat, a ticket's owner, the lease holder) or
 is a clean-up that is safe to lose or to repeat. The lease protocol, and why
 these rules make it safe, is told in bot/durable/leases.py.

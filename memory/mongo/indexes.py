@@ -11,7 +11,7 @@ from memory.mongo.archival import ARCHIVAL_INDEXES
 from memory.mongo.base import Doc
 from memory.mongo.conversations import CONVERSATION_INDEXES
 from memory.mongo.coordination import COORDINATION_INDEXES
-from memory.mongo.journal import JOURNAL_INDEXES
+from memory.mongo.inbox import INBOX_INDEXES
 from memory.mongo.schedules import SCHEDULE_INDEXES
 from memory.mongo.sources import SOURCE_INDEXES
 from memory.mongo.usage import USAGE_INDEXES
@@ -44,7 +44,7 @@ for _part in (
     SOURCE_INDEXES,
     COORDINATION_INDEXES,
     SCHEDULE_INDEXES,
-    JOURNAL_INDEXES,
+    INBOX_INDEXES,
     USAGE_INDEXES,
 ):
     for _collection, _indexes in _part.items():

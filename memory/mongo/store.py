@@ -3,7 +3,7 @@ sharing one database, through PyMongo's native asyncio client.
 
 MongoBase (base.py: values, state, errors, transactions), one mixin per role
 on it (archival.py with sources.py on it, conversations.py, coordination.py,
-journal.py, usage.py) and MongoStore here (life cycle, agents, working
+inbox.py, usage.py) and MongoStore here (life cycle, agents, working
 context, recall storage); indexes.py creates the indexes of all of them. Collections (every document but the counters
 carries `agent_id`, and every query filters on it):
 
@@ -19,7 +19,7 @@ carries `agent_id`, and every query filters on it):
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo/sources.py)
     lease_owners, lease_tickets (memory/mongo/coordination.py)
-    event_journal, outbox (memory/mongo/journal.py)
+    event_journal, outbox (memory/mongo/inbox.py)
     schedules, schedule_claims, checkin_prefs (memory/mongo/schedules.py)
     usage_hits, usage_exempt (memory/mongo/usage.py)
 
@@ -78,8 +78,8 @@ from memory.mongo.capabilities import detect, guarded, scrub
 from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
 from memory.mongo.forgetting import MongoForgetting
+from memory.mongo.inbox import MongoInbox
 from memory.mongo.indexes import ensure_indexes
-from memory.mongo.journal import MongoJournal
 from memory.mongo.keywords import upgrade_passage_terms
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
@@ -152,7 +152,7 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
     return int(end), int(newest.get("tok_total") or 0)
 
 
-class MongoStore(MongoCoordination, MongoJournal, MongoSources, MongoConversations, MongoUsage, MongoForgetting, Store):
+class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations, MongoUsage, MongoForgetting, Store):
     serves_many_processes = True  # the backend for several bot processes
 
     @functools.cached_property

@@ -311,7 +311,7 @@ class SQLiteBase:
     async def run_in_db(self, fn: Callable[[sqlite3.Connection], T], *, write: bool = False) -> T:
         """Run `fn(connection)` on this store's worker thread, inside one write
         transaction if `write`. For the parts that keep their own tables in this
-        database (journal, leases, usage, check-in schedules) and must share its
+        database (inbox, leases, usage, check-in schedules) and must share its
         connection and order."""
 
         def job() -> T:

@@ -43,7 +43,7 @@ from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
 from memory.sqlite.base import DatabaseWorker, from_ts, to_ts, visible_sql
 from memory.sqlite.coordination import SQLiteCoordination
-from memory.sqlite.journal import SQLiteJournal, event_message_seq_in, outbox_insert_in
+from memory.sqlite.inbox import SQLiteInbox, event_message_seq_in, outbox_insert_in
 from memory.sqlite.migrations import MIGRATIONS, migrate
 from memory.sqlite.recall import MessageSearch, SQLiteRecall
 from memory.sqlite.schedules import SQLiteScheduleStore
@@ -103,7 +103,7 @@ def _passage(row: Sequence[Any]) -> Passage:
     )
 
 
-class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination, SQLiteJournal, SQLiteUsage, Store):
+class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination, SQLiteInbox, SQLiteUsage, Store):
     serves_many_processes = False  # one file, one bot process
     _message_columns = _MESSAGE_COLS
     _message_of = staticmethod(_message)

@@ -210,7 +210,7 @@ async def test_a_waiting_event_is_replayed_by_its_owner_or_once_it_died_by_one_o
     inbox_a, inbox_b = Inbox(store, leases=a), Inbox(twin, leases=b)
     for event_id in ("Ev1", "Ev2"):
         assert await inbox_a.receive("slack", event_id, "T1:U1", {"text": event_id})
-        assert await store.journal_update(event_id, state="waiting", next_try_at=0.0)
+        assert await store.inbox_update(event_id, state="waiting", next_try_at=0.0)
 
     assert await inbox_b.due("slack") == []  # A lives: its rows are its own to replay
     assert [redo.event_id for redo in await inbox_a.due("slack")] == ["Ev1", "Ev2"]
@@ -218,7 +218,7 @@ async def test_a_waiting_event_is_replayed_by_its_owner_or_once_it_died_by_one_o
 
     # A's rows wait again, and A dies (stops renewing): B takes them over, as its own.
     for event_id in ("Ev1", "Ev2"):
-        assert await store.journal_update(event_id, state="waiting", next_try_at=0.0)
+        assert await store.inbox_update(event_id, state="waiting", next_try_at=0.0)
     dead = await a.owner()
     await a.close()
 
@@ -232,5 +232,5 @@ async def test_a_waiting_event_is_replayed_by_its_owner_or_once_it_died_by_one_o
     assert taken == ["Ev1", "Ev2"]
     mine = await b.owner()
     for event_id in taken:
-        row = await twin.journal_entry(event_id)
+        row = await twin.inbox_entry(event_id)
         assert row is not None and (row.owner, row.state) == (mine, "pending") and row.owner != dead

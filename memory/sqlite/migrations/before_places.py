@@ -189,7 +189,7 @@ def m005_process_coordination(conn: sqlite3.Connection) -> None:
     # Several bot processes on one database file (see bot/durable/leases.py).
     _run(
         conn,
-        # Platform event ids already handled, kept a day (replaced by the event journal: see below).
+        # Platform event ids already handled, kept a day (replaced by the inbox: see below).
         """CREATE TABLE delivered_events (
             event_id TEXT PRIMARY KEY,
             seen_at REAL NOT NULL
@@ -251,8 +251,8 @@ def m007_event_journal(conn: sqlite3.Connection) -> None:
             received_at REAL NOT NULL,
             attempts INTEGER NOT NULL DEFAULT 0
         )""",
-        "CREATE INDEX event_journal_pending ON event_journal (origin, n) WHERE state = 'pending'",
-        "CREATE INDEX event_journal_received ON event_journal (received_at)",
+        "CREATE INDEX event_inbox_pending ON event_journal (origin, n) WHERE state = 'pending'",
+        "CREATE INDEX event_inbox_received ON event_journal (received_at)",
         "CREATE INDEX event_journal_key ON event_journal (agent_key)",
         """CREATE TABLE outbox (
             id TEXT PRIMARY KEY,
@@ -305,8 +305,8 @@ def m008_usage_limits(conn: sqlite3.Connection) -> None:
 
 @migration
 def m009_drop_delivered_events(conn: sqlite3.Connection) -> None:
-    # Repeat deliveries are recognised by the event journal's key now
-    # (Store.journal_receive): the table of delivered event ids is not used.
+    # Repeat deliveries are recognised by the inbox's key now
+    # (Store.inbox_receive): the table of delivered event ids is not used.
     _run(conn, "DROP TABLE delivered_events")
 
 
@@ -318,13 +318,13 @@ def m010_journal_running_and_waiting(conn: sqlite3.Connection) -> None:
     _run(
         conn,
         "ALTER TABLE event_journal ADD COLUMN next_try_at REAL NOT NULL DEFAULT 0",
-        "DROP INDEX event_journal_pending",
+        "DROP INDEX event_inbox_pending",
         "CREATE INDEX event_journal_unfinished ON event_journal (origin, n) WHERE state <> 'done'",
     )
 
 
 @migration
-def m011_journal_absorbed_into(conn: sqlite3.Connection) -> None:
+def m011_inbox_absorbed_into(conn: sqlite3.Connection) -> None:
     # Debounced messages (bot/durable/debounce.py): an entry handled as part
     # of an earlier one's batch names that entry; "" when handled on its own.
     _run(conn, "ALTER TABLE event_journal ADD COLUMN absorbed_into TEXT NOT NULL DEFAULT ''")

@@ -1,5 +1,5 @@
 """Migrations m012 onwards: places, analysed passage terms, working-context
-lines, journal owners. Append the next one here (or in a new module imported
+lines, inbox owners. Append the next one here (or in a new module imported
 after this one by memory/sqlite/migrations/__init__.py)."""
 
 from __future__ import annotations

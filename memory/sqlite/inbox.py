@@ -1,10 +1,12 @@
-"""SQLiteStore's event journal and reply outbox: the JournalStore role
-(memory/roles.py), as a mixin of SQLiteStore.
+"""SQLiteStore's inbox and reply outbox: the InboxStore role
+(memory/roles.py), as a mixin of SQLiteStore. The stored names are older than the
+word "inbox" and stay (no migration for a name): the inbox is the table
+`event_journal`, and an entry's or a reply's platform is its `origin`.
 
-Each call is one transaction on the store's worker thread, so a journal entry,
+Each call is one transaction on the store's worker thread, so an inbox entry,
 an outbox reply or a state change is either wholly written or not at all.
 Finished entries are kept a day (repeat deliveries are recognised meanwhile),
-then swept: the journal holds what people wrote, so it does not keep it longer
+then swept: the inbox holds what people wrote, so it does not keep it longer
 than it needs to.
 """
 
@@ -18,10 +20,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 from memory.sqlite.base import SQLiteBase
-from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
+from memory.store import DEDUP_TTL, InboxEntry, OutboxEntry
 
 _SWEEP_EVERY = 300.0  # seconds between sweeps of finished entries
-_JOURNAL_COLS = (
+_INBOX_COLS = (
     "event_id, origin, agent_key, payload, received_at, state, attempts, next_try_at, absorbed_into, owner, alone"
 )
 _OUTBOX_COLS = (
@@ -29,8 +31,8 @@ _OUTBOX_COLS = (
 )
 
 
-def _journal(row: Sequence[Any]) -> JournalEntry:
-    return JournalEntry(
+def _inbox_entry(row: Sequence[Any]) -> InboxEntry:
+    return InboxEntry(
         row[0],
         row[1],
         row[2],
@@ -79,7 +81,7 @@ def outbox_insert_in(conn: sqlite3.Connection, entry: OutboxEntry) -> bool:
         entry.event_id,
         entry.position,
         entry.agent_key,
-        entry.origin,
+        entry.platform,
         entry.user_id,
         json.dumps(entry.reply_to),
         entry.text,
@@ -92,17 +94,17 @@ def outbox_insert_in(conn: sqlite3.Connection, entry: OutboxEntry) -> bool:
     return bool(conn.execute(sql, row).rowcount)
 
 
-class SQLiteJournal(SQLiteBase):
-    _last_journal_sweep = 0.0
+class SQLiteInbox(SQLiteBase):
+    _last_inbox_sweep = 0.0
 
-    async def journal_receive(self, entry: JournalEntry) -> bool:
+    async def inbox_receive(self, entry: InboxEntry) -> bool:
         now = time.time()
-        sweep = now - self._last_journal_sweep > _SWEEP_EVERY
+        sweep = now - self._last_inbox_sweep > _SWEEP_EVERY
         if sweep:
-            self._last_journal_sweep = now
+            self._last_inbox_sweep = now
         row = (
             entry.event_id,
-            entry.origin,
+            entry.platform,
             entry.agent_key,
             json.dumps(entry.payload, ensure_ascii=False),
             entry.received_at.timestamp(),
@@ -121,7 +123,7 @@ class SQLiteJournal(SQLiteBase):
                 conn.execute("DELETE FROM outbox WHERE state <> 'pending' AND created_at < ?", (cutoff,))
             return bool(
                 conn.execute(
-                    f"INSERT INTO event_journal ({_JOURNAL_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+                    f"INSERT INTO event_journal ({_INBOX_COLS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
                     " ON CONFLICT (event_id) DO NOTHING",
                     row,
                 ).rowcount
@@ -129,7 +131,7 @@ class SQLiteJournal(SQLiteBase):
 
         return await self.run_in_db(job, write=True)
 
-    async def journal_update(
+    async def inbox_update(
         self,
         event_id: str,
         *,
@@ -154,27 +156,27 @@ class SQLiteJournal(SQLiteBase):
 
         return await self.run_in_db(job, write=True)
 
-    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
+    async def inbox_pending(self, platform: str, due_by: float | None = None) -> list[InboxEntry]:
         # Without due_by: every unfinished entry; with it: the waiting ones due by then.
         where = "state <> 'done'" if due_by is None else "state = 'waiting' AND next_try_at <= ?"
-        arguments = (origin,) if due_by is None else (origin, due_by)
+        arguments = (platform,) if due_by is None else (platform, due_by)
 
-        def job(conn: sqlite3.Connection) -> list[JournalEntry]:
+        def job(conn: sqlite3.Connection) -> list[InboxEntry]:
             rows = conn.execute(
-                f"SELECT {_JOURNAL_COLS} FROM event_journal WHERE origin = ? AND {where} ORDER BY n", arguments
+                f"SELECT {_INBOX_COLS} FROM event_journal WHERE origin = ? AND {where} ORDER BY n", arguments
             ).fetchall()
-            return [_journal(row) for row in rows]
+            return [_inbox_entry(row) for row in rows]
 
         return await self.run_in_db(job)
 
-    async def journal_entry(self, event_id: str) -> JournalEntry | None:
-        def job(conn: sqlite3.Connection) -> JournalEntry | None:
-            row = conn.execute(f"SELECT {_JOURNAL_COLS} FROM event_journal WHERE event_id = ?", (event_id,)).fetchone()
-            return None if row is None else _journal(row)
+    async def inbox_entry(self, event_id: str) -> InboxEntry | None:
+        def job(conn: sqlite3.Connection) -> InboxEntry | None:
+            row = conn.execute(f"SELECT {_INBOX_COLS} FROM event_journal WHERE event_id = ?", (event_id,)).fetchone()
+            return None if row is None else _inbox_entry(row)
 
         return await self.run_in_db(job)
 
-    async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
+    async def inbox_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
         def job(conn: sqlite3.Connection) -> bool:
             # One statement in one transaction: of several claimers, one matches.
             sql = "UPDATE event_journal SET owner = ? WHERE event_id = ? AND owner = ?"
@@ -182,7 +184,7 @@ class SQLiteJournal(SQLiteBase):
 
         return await self.run_in_db(job, write=True)
 
-    async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
+    async def inbox_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
         def job(conn: sqlite3.Connection) -> None:
             conn.executemany(
                 "UPDATE event_journal SET absorbed_into = ? WHERE event_id = ?",
@@ -215,18 +217,18 @@ class SQLiteJournal(SQLiteBase):
 
         return await self.run_in_db(job)
 
-    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
+    async def outbox_pending(self, platform: str, due_by: float | None = None) -> list[OutboxEntry]:
         def job(conn: sqlite3.Connection) -> list[OutboxEntry]:
             rows = conn.execute(
                 f"SELECT {_OUTBOX_COLS} FROM outbox WHERE origin = ? AND state = 'pending'"
                 " AND next_try_at <= ? ORDER BY created_at, event_id, position",
-                (origin, float("inf") if due_by is None else due_by),
+                (platform, float("inf") if due_by is None else due_by),
             ).fetchall()
             return [_outbox(row) for row in rows]
 
         return await self.run_in_db(job)
 
-    async def journal_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
+    async def inbox_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
         # The rows are rewritten, not deleted (their ids drop repeat deliveries);
         # secure_delete zeroes the old cells, flush_deleted the WAL's copies.
         def job(conn: sqlite3.Connection) -> None:

@@ -1,5 +1,7 @@
-"""MongoStore's event journal and reply outbox: the JournalStore role
-(memory/roles.py), as a mixin of MongoStore.
+"""MongoStore's inbox and reply outbox: the InboxStore role
+(memory/roles.py), as a mixin of MongoStore. The stored names are older than the
+word "inbox" and stay (no migration for a name): the inbox is `event_journal`
+(and `journal_claims`), and an entry's or a reply's platform is its `origin`.
 
     event_journal  {_id: event id, n, origin, agent_key, payload, received_at, state, attempts,
                     next_try_at, absorbed_into, owner, alone}
@@ -11,7 +13,7 @@ Recording is an insert against `_id`, the one write every MongoDB-compatible
 server makes atomic (FerretDB has no transactions), so a repeat delivery or a
 redone send can never record twice. State changes have one writer (the process
 that owns the entry), so plain updates suffice; taking an entry over from a
-dead process is arbitrated by an insert too (journal_claim). `n` (nanoseconds at receipt,
+dead process is arbitrated by an insert too (inbox_claim). `n` (nanoseconds at receipt,
 made unique per process) orders redo; entries are swept a day after they finish.
 """
 
@@ -27,9 +29,9 @@ from pymongo.errors import DuplicateKeyError
 
 from memory.mongo.base import Doc, MongoBase, from_us, to_us
 from memory.mongo.capabilities import guarded
-from memory.store import DEDUP_TTL, JournalEntry, OutboxEntry
+from memory.store import DEDUP_TTL, InboxEntry, OutboxEntry
 
-JOURNAL_INDEXES: dict[str, list[IndexModel]] = {
+INBOX_INDEXES: dict[str, list[IndexModel]] = {
     "event_journal": [
         IndexModel([("origin", ASCENDING), ("state", ASCENDING), ("n", ASCENDING)], name="origin_state_n"),
         IndexModel([("agent_key", ASCENDING)], name="agent_key"),
@@ -45,8 +47,8 @@ _SWEEP_EVERY = 300.0
 _CLAIM_ROUNDS = 20  # takers that died between claiming an entry and writing it, before giving up
 
 
-def _journal(doc: Doc) -> JournalEntry:
-    return JournalEntry(
+def _inbox_entry(doc: Doc) -> InboxEntry:
+    return InboxEntry(
         doc["_id"],
         doc["origin"],
         doc["agent_key"],
@@ -78,8 +80,8 @@ def _outbox(doc: Doc) -> OutboxEntry:
     )
 
 
-class MongoJournal(MongoBase):
-    _last_journal_sweep = 0.0
+class MongoInbox(MongoBase):
+    _last_inbox_sweep = 0.0
     _last_n = 0
 
     def _next_n(self) -> int:
@@ -88,10 +90,10 @@ class MongoJournal(MongoBase):
         return self._last_n
 
     @guarded
-    async def journal_receive(self, entry: JournalEntry) -> bool:
+    async def inbox_receive(self, entry: InboxEntry) -> bool:
         now = time.time()
-        if now - self._last_journal_sweep > _SWEEP_EVERY:
-            self._last_journal_sweep = now
+        if now - self._last_inbox_sweep > _SWEEP_EVERY:
+            self._last_inbox_sweep = now
             cutoff = to_us(datetime.fromtimestamp(now - DEDUP_TTL, UTC))
             await self._c("event_journal").delete_many({"state": "done", "received_at": {"$lt": cutoff}})
             await self._c("outbox").delete_many({"state": {"$ne": "pending"}, "created_at": {"$lt": cutoff}})
@@ -99,7 +101,7 @@ class MongoJournal(MongoBase):
         doc = {
             "_id": entry.event_id,
             "n": self._next_n(),
-            "origin": entry.origin,
+            "origin": entry.platform,
             "agent_key": entry.agent_key,
             "payload": entry.payload,
             "received_at": to_us(entry.received_at),
@@ -117,7 +119,7 @@ class MongoJournal(MongoBase):
         return True
 
     @guarded
-    async def journal_update(
+    async def inbox_update(
         self,
         event_id: str,
         *,
@@ -144,12 +146,12 @@ class MongoJournal(MongoBase):
         return (await self._c("event_journal").update_one(where, {"$set": fields})).matched_count > 0
 
     @guarded
-    async def journal_entry(self, event_id: str) -> JournalEntry | None:
+    async def inbox_entry(self, event_id: str) -> InboxEntry | None:
         doc = await self._c("event_journal").find_one({"_id": event_id})
-        return None if doc is None else _journal(doc)
+        return None if doc is None else _inbox_entry(doc)
 
     @guarded
-    async def journal_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
+    async def inbox_claim(self, event_id: str, from_owner: str, to_owner: str) -> bool:
         claims, rows = self._c("journal_claims"), self._c("event_journal")
         # The arbiter: one claim per (entry, dead owner, round), whoever
         # inserts it first. A taker killed between its claim and its write of
@@ -176,19 +178,19 @@ class MongoJournal(MongoBase):
     lease_live: Callable[[Collection[str]], Awaitable[set[str]]]
 
     @guarded
-    async def journal_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
+    async def inbox_absorb(self, leader_id: str, event_ids: Sequence[str]) -> None:
         if event_ids:
             await self._c("event_journal").update_many(
                 {"_id": {"$in": list(event_ids)}}, {"$set": {"absorbed_into": leader_id}}
             )
 
     @guarded
-    async def journal_pending(self, origin: str, due_by: float | None = None) -> list[JournalEntry]:
-        where: Doc = {"origin": origin, "state": {"$ne": "done"}}
+    async def inbox_pending(self, platform: str, due_by: float | None = None) -> list[InboxEntry]:
+        where: Doc = {"origin": platform, "state": {"$ne": "done"}}
         if due_by is not None:  # the waiting ones due by then
             where |= {"state": "waiting", "next_try_at": {"$lte": due_by}}
         cursor = self._c("event_journal").find(where).sort("n", ASCENDING)
-        return [_journal(doc) async for doc in cursor]
+        return [_inbox_entry(doc) async for doc in cursor]
 
     @guarded
     async def outbox_add(self, entry: OutboxEntry) -> bool:
@@ -197,7 +199,7 @@ class MongoJournal(MongoBase):
             "event_id": entry.event_id,
             "position": entry.position,
             "agent_key": entry.agent_key,
-            "origin": entry.origin,
+            "origin": entry.platform,
             "user_id": entry.user_id,
             "reply_to": entry.reply_to,
             "text": entry.text,
@@ -229,8 +231,8 @@ class MongoJournal(MongoBase):
         return [_outbox(doc) async for doc in cursor]
 
     @guarded
-    async def outbox_pending(self, origin: str, due_by: float | None = None) -> list[OutboxEntry]:
-        where: Doc = {"origin": origin, "state": "pending"}
+    async def outbox_pending(self, platform: str, due_by: float | None = None) -> list[OutboxEntry]:
+        where: Doc = {"origin": platform, "state": "pending"}
         if due_by is not None:
             where["next_try_at"] = {"$lte": due_by}
         cursor = (
@@ -241,7 +243,7 @@ class MongoJournal(MongoBase):
         return [_outbox(doc) async for doc in cursor]
 
     @guarded
-    async def journal_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
+    async def inbox_scrub(self, agent_key: str, *, forgotten_at: datetime | None = None) -> None:
         # Rewritten, not deleted: their ids drop repeat deliveries. Each update is
         # idempotent, so a forget redone after a fault finishes the job.
         rows, replies = self._c("event_journal"), self._c("outbox")

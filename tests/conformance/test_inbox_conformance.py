@@ -1,4 +1,4 @@
-"""The event journal and the reply outbox (crash safety): recorded once,
+"""The inbox and the reply outbox (crash safety): recorded once,
 replayed in order, confirmed, swept, scrubbed after a forget."""
 
 from __future__ import annotations
@@ -6,22 +6,22 @@ from __future__ import annotations
 import asyncio
 from datetime import timedelta
 
-from memory.store import JournalEntry, OutboxEntry, Store
+from memory.store import InboxEntry, OutboxEntry, Store
 from memory.types import Message, utc_now
 from memory.working_context import default_blocks
 
 
-def entry(event_id: str, origin: str = "slack", key: str = "slack:T1:U1", **payload: object) -> JournalEntry:
-    return JournalEntry(event_id, origin, key, {"text": f"payload of {event_id}", **payload}, utc_now())
+def entry(event_id: str, platform: str = "slack", key: str = "slack:T1:U1", **payload: object) -> InboxEntry:
+    return InboxEntry(event_id, platform, key, {"text": f"payload of {event_id}", **payload}, utc_now())
 
 
-def reply(event_id: str, n: int, key: str = "slack:T1:U1", origin: str = "slack") -> OutboxEntry:
+def reply(event_id: str, n: int, key: str = "slack:T1:U1", platform: str = "slack") -> OutboxEntry:
     return OutboxEntry(
         f"{event_id}:{n}",
         event_id,
         n,
         key,
-        origin,
+        platform,
         key.split(":", 1)[1],
         {"channel": "D1", "thread_ts": "1.2"},
         f"reply {n} to {event_id}",
@@ -30,32 +30,32 @@ def reply(event_id: str, n: int, key: str = "slack:T1:U1", origin: str = "slack"
 
 
 async def test_an_event_is_recorded_once_and_pending_until_done(store: Store) -> None:
-    assert await store.journal_receive(entry("Ev1", nested={"a": [1, "ü"]}))
-    assert not await store.journal_receive(entry("Ev1"))  # a repeat delivery
-    pending = await store.journal_pending("slack")
+    assert await store.inbox_receive(entry("Ev1", nested={"a": [1, "ü"]}))
+    assert not await store.inbox_receive(entry("Ev1"))  # a repeat delivery
+    pending = await store.inbox_pending("slack")
     assert [e.event_id for e in pending] == ["Ev1"]
     assert pending[0].payload == {"text": "payload of Ev1", "nested": {"a": [1, "ü"]}}
     assert pending[0].agent_key == "slack:T1:U1" and pending[0].state == "pending"
-    await store.journal_update("Ev1", attempts=2)
-    assert (await store.journal_pending("slack"))[0].attempts == 2
-    await store.journal_update("Ev1", state="done")
-    assert await store.journal_pending("slack") == []
-    assert not await store.journal_receive(entry("Ev1"))  # still recognised once done
+    await store.inbox_update("Ev1", attempts=2)
+    assert (await store.inbox_pending("slack"))[0].attempts == 2
+    await store.inbox_update("Ev1", state="done")
+    assert await store.inbox_pending("slack") == []
+    assert not await store.inbox_receive(entry("Ev1"))  # still recognised once done
 
 
 async def test_pending_events_come_back_in_arrival_order_per_origin(store: Store) -> None:
     ids = [f"Ev{n:03d}" for n in range(30)]
     for n, event_id in enumerate(ids):
-        assert await store.journal_receive(entry(event_id, origin="slack" if n % 3 else "discord"))
-    await store.journal_update(ids[4], state="done")
-    slack = [e.event_id for e in await store.journal_pending("slack")]
+        assert await store.inbox_receive(entry(event_id, platform="slack" if n % 3 else "discord"))
+    await store.inbox_update(ids[4], state="done")
+    slack = [e.event_id for e in await store.inbox_pending("slack")]
     assert slack == [i for n, i in enumerate(ids) if n % 3 and n != 4]
-    assert [e.event_id for e in await store.journal_pending("discord")] == ids[::3]
+    assert [e.event_id for e in await store.inbox_pending("discord")] == ids[::3]
 
 
 async def test_concurrent_deliveries_record_exactly_once(store: Store, twin: Store) -> None:
     for n in range(8):
-        results = await asyncio.gather(*(s.journal_receive(entry(f"race{n}")) for s in (store, twin) * 4))
+        results = await asyncio.gather(*(s.inbox_receive(entry(f"race{n}")) for s in (store, twin) * 4))
         assert sorted(results) == [False] * 7 + [True]
 
 
@@ -86,8 +86,8 @@ async def scrubbed_fixture(store: Store) -> None:
     """UA: a finished event with a sent and a dropped reply, one running with a
     pending reply, one waiting; UB: a finished event with a sent reply."""
     for event_id, key in (("EvDone", "slack:T1:UA"), ("EvRun", "slack:T1:UA"), ("EvWait", "slack:T1:UA")):
-        assert await store.journal_receive(entry(event_id, key=key))
-    assert await store.journal_receive(entry("EvB", key="slack:T1:UB"))
+        assert await store.inbox_receive(entry(event_id, key=key))
+    assert await store.inbox_receive(entry("EvB", key="slack:T1:UB"))
     for reply_entry in (reply("EvDone", 0, key="slack:T1:UA"), reply("EvDone", 1, key="slack:T1:UA")):
         await store.outbox_add(reply_entry)
     await store.outbox_add(reply("EvRun", 0, key="slack:T1:UA"))
@@ -95,51 +95,51 @@ async def scrubbed_fixture(store: Store) -> None:
     await store.outbox_update("EvDone:0", state="sent")
     await store.outbox_update("EvDone:1", state="dropped")
     await store.outbox_update("EvB:0", state="sent")
-    await store.journal_update("EvDone", state="done")
-    await store.journal_update("EvB", state="done")
-    await store.journal_update("EvRun", state="running")
-    await store.journal_update("EvWait", state="waiting", next_try_at=5.0)
+    await store.inbox_update("EvDone", state="done")
+    await store.inbox_update("EvB", state="done")
+    await store.inbox_update("EvRun", state="running")
+    await store.inbox_update("EvWait", state="waiting", next_try_at=5.0)
 
 
 async def test_scrub_empties_a_users_finished_events_and_keeps_what_crash_safety_needs(store: Store) -> None:
     await scrubbed_fixture(store)
-    await store.journal_scrub("slack:T1:UA")
-    done = await store.journal_entry("EvDone")
+    await store.inbox_scrub("slack:T1:UA")
+    done = await store.inbox_entry("EvDone")
     assert done is not None and done.payload == {} and done.state == "done" and done.agent_key == "slack:T1:UA"
     assert [(r.state, r.text) for r in await store.outbox_for_event("EvDone")] == [("sent", ""), ("dropped", "")]
     # Unfinished events are replayed from their payload, a pending reply is sent as it is.
-    assert [(e.event_id, e.payload) for e in await store.journal_pending("slack")] == [
+    assert [(e.event_id, e.payload) for e in await store.inbox_pending("slack")] == [
         ("EvRun", {"text": "payload of EvRun"}),
         ("EvWait", {"text": "payload of EvWait"}),
     ]
     assert [(r.id, r.text) for r in await store.outbox_pending("slack")] == [("EvRun:0", "reply 0 to EvRun")]
     # Another user's are untouched; a repeat delivery of the scrubbed one is still dropped.
-    other = await store.journal_entry("EvB")
+    other = await store.inbox_entry("EvB")
     assert other is not None and other.payload == {"text": "payload of EvB"}
     assert [r.text for r in await store.outbox_for_event("EvB")] == ["reply 0 to EvB"]
-    assert not await store.journal_receive(entry("EvDone", key="slack:T1:UA"))
+    assert not await store.inbox_receive(entry("EvDone", key="slack:T1:UA"))
 
 
 async def test_scrub_of_a_user_forgotten_whole_finishes_their_events_and_names_nobody(store: Store) -> None:
     await scrubbed_fixture(store)
     forgotten_at = utc_now()
     await asyncio.sleep(0.01)
-    assert await store.journal_receive(entry("EvLater", key="slack:T1:UA"))  # sent while the forget waited
+    assert await store.inbox_receive(entry("EvLater", key="slack:T1:UA"))  # sent while the forget waited
     await store.outbox_add(reply("EvLater", 0, key="slack:T1:UA"))
-    await store.journal_scrub("slack:T1:UA", forgotten_at=forgotten_at)
+    await store.inbox_scrub("slack:T1:UA", forgotten_at=forgotten_at)
     for event_id in ("EvDone", "EvRun", "EvWait"):
-        row = await store.journal_entry(event_id)
+        row = await store.inbox_entry(event_id)
         assert row is not None and (row.state, row.payload, row.agent_key) == ("done", {}, "")
-        assert not await store.journal_receive(entry(event_id, key="slack:T1:UA"))  # still dropped
+        assert not await store.inbox_receive(entry(event_id, key="slack:T1:UA"))  # still dropped
         for scrubbed in await store.outbox_for_event(event_id):
             assert (scrubbed.text, scrubbed.user_id, scrubbed.reply_to, scrubbed.agent_key) == ("", "", {}, "")
             assert scrubbed.state in ("sent", "dropped")  # the pending one is never sent
     # What came after the forget is a new event of theirs, whole; the other user's are untouched.
-    assert [(e.event_id, e.payload) for e in await store.journal_pending("slack")] == [
+    assert [(e.event_id, e.payload) for e in await store.inbox_pending("slack")] == [
         ("EvLater", {"text": "payload of EvLater"})
     ]
     assert [(r.id, r.text) for r in await store.outbox_pending("slack")] == [("EvLater:0", "reply 0 to EvLater")]
-    other = await store.journal_entry("EvB")
+    other = await store.inbox_entry("EvB")
     assert other is not None and other.payload == {"text": "payload of EvB"} and other.agent_key == "slack:T1:UB"
     assert [r.text for r in await store.outbox_for_event("EvB")] == ["reply 0 to EvB"]
 
@@ -217,8 +217,8 @@ async def test_a_stale_newest_seq_from_the_caller_costs_a_read_never_a_seq(store
 async def test_finished_entries_older_than_a_day_are_swept(store: Store) -> None:
     old = entry("EvOld")
     old.received_at = utc_now() - timedelta(days=2)
-    assert await store.journal_receive(old)
-    await store.journal_update("EvOld", state="done")
+    assert await store.inbox_receive(old)
+    await store.inbox_update("EvOld", state="done")
     stale = reply("EvOld", 0)
     stale.created_at = old.received_at
     await store.outbox_add(stale)
@@ -226,57 +226,57 @@ async def test_finished_entries_older_than_a_day_are_swept(store: Store) -> None
     unsent = reply("EvOld", 1)
     unsent.created_at = old.received_at
     await store.outbox_add(unsent)
-    store._last_journal_sweep = 0.0  # type: ignore[attr-defined]  # due now
-    assert await store.journal_receive(entry("EvNew"))
+    store._last_inbox_sweep = 0.0  # type: ignore[attr-defined]  # due now
+    assert await store.inbox_receive(entry("EvNew"))
     assert [r.id for r in await store.outbox_for_event("EvOld")] == ["EvOld:1"]  # never an unsent one
-    assert await store.journal_receive(entry("EvOld"))  # swept: new again
+    assert await store.inbox_receive(entry("EvOld"))  # swept: new again
 
 
 async def test_debounced_entries_name_the_entry_they_were_absorbed_into(store: Store, twin: Store) -> None:
     for event_id in ("Lead", "Follow1", "Follow2", "Alone"):
-        assert await store.journal_receive(entry(event_id))
-    await store.journal_absorb("Lead", ["Follow1", "Follow2"])
-    await store.journal_absorb("Lead", [])  # nothing to link: no error
-    pending = {e.event_id: e.absorbed_into for e in await twin.journal_pending("slack")}
+        assert await store.inbox_receive(entry(event_id))
+    await store.inbox_absorb("Lead", ["Follow1", "Follow2"])
+    await store.inbox_absorb("Lead", [])  # nothing to link: no error
+    pending = {e.event_id: e.absorbed_into for e in await twin.inbox_pending("slack")}
     assert pending == {"Lead": "", "Follow1": "Lead", "Follow2": "Lead", "Alone": ""}
     # The link survives the state changes of a replay, and shows on waiting entries too.
-    await store.journal_update("Follow1", state="waiting", next_try_at=1.0)
-    assert [(e.event_id, e.absorbed_into) for e in await store.journal_pending("slack", due_by=2.0)] == [
+    await store.inbox_update("Follow1", state="waiting", next_try_at=1.0)
+    assert [(e.event_id, e.absorbed_into) for e in await store.inbox_pending("slack", due_by=2.0)] == [
         ("Follow1", "Lead")
     ]
     # "" unlinks: a follower its batch never recorded is an event of its own again.
-    await store.journal_absorb("", ["Follow2"])
-    pending = {e.event_id: e.absorbed_into for e in await twin.journal_pending("slack")}
+    await store.inbox_absorb("", ["Follow2"])
+    pending = {e.event_id: e.absorbed_into for e in await twin.inbox_pending("slack")}
     assert pending == {"Lead": "", "Follow1": "Lead", "Follow2": "", "Alone": ""}
 
 
 async def test_an_entry_names_its_owner_and_one_process_takes_it_over(store: Store, twin: Store) -> None:
     received = entry("EvO1")
-    received.owner = "host:1:aa/journal-1"
-    assert await store.journal_receive(received)
-    [found] = await twin.journal_pending("slack")
-    assert (found.owner, found.alone) == ("host:1:aa/journal-1", False)
+    received.owner = "host:1:aa/inbox-1"
+    assert await store.inbox_receive(received)
+    [found] = await twin.inbox_pending("slack")
+    assert (found.owner, found.alone) == ("host:1:aa/inbox-1", False)
     # Six processes try to take the dead owner's entry over at once: one does.
-    takers = [f"host:{n}:bb/journal-1" for n in range(2, 8)]
+    takers = [f"host:{n}:bb/inbox-1" for n in range(2, 8)]
     stores = (store, twin) * 3
     won = await asyncio.gather(
-        *(s.journal_claim("EvO1", "host:1:aa/journal-1", taker) for s, taker in zip(stores, takers, strict=True))
+        *(s.inbox_claim("EvO1", "host:1:aa/inbox-1", taker) for s, taker in zip(stores, takers, strict=True))
     )
     assert won.count(True) == 1
-    [found] = await store.journal_pending("slack")
+    [found] = await store.inbox_pending("slack")
     assert found.owner == takers[won.index(True)]
     # Taking it over from an owner that no longer holds it changes nothing.
-    assert not await twin.journal_claim("EvO1", "host:1:aa/journal-1", "host:9:cc/journal-1")
-    assert (await store.journal_pending("slack"))[0].owner == takers[won.index(True)]
+    assert not await twin.inbox_claim("EvO1", "host:1:aa/inbox-1", "host:9:cc/inbox-1")
+    assert (await store.inbox_pending("slack"))[0].owner == takers[won.index(True)]
 
 
 async def test_the_alone_mark_is_set_and_cleared(store: Store) -> None:
-    assert await store.journal_receive(entry("EvA1"))
-    assert await store.journal_update("EvA1", state="running", alone=True, only_from=("pending",))
-    [found] = await store.journal_pending("slack")
+    assert await store.inbox_receive(entry("EvA1"))
+    assert await store.inbox_update("EvA1", state="running", alone=True, only_from=("pending",))
+    [found] = await store.inbox_pending("slack")
     assert (found.state, found.alone) == ("running", True)
-    await store.journal_update("EvA1", alone=False)
-    assert (await store.journal_pending("slack"))[0].alone is False
+    await store.inbox_update("EvA1", alone=False)
+    assert (await store.inbox_pending("slack"))[0].alone is False
 
 
 async def test_a_steps_replies_are_stored_with_its_messages_in_one_call(store: Store) -> None:
