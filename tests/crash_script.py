@@ -17,10 +17,28 @@ from collections.abc import Callable
 from typing import Any
 
 from tests.fake_llm import Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
+from tests.helpers import text_of
 
 MESSAGE = re.compile(r"msg (U\d+) (\d+)$")
 FACT = re.compile(r"\[(U\d+):(\d+)\]")
 ANSWER = re.compile(r"re: (U\d+)((?: \d+)+)")
+
+
+def saved(fact: str, messages: list[dict[str, Any]]) -> bool:
+    """Whether the working context holds `fact` as the model sees it: in the system
+    message, or saved by a call in the queue whose result said it went through
+    (an edit shows in the system message from the next cut of the queue on)."""
+    if fact in str(messages[0]["content"]):
+        return True
+    results = {m.get("tool_call_id"): str(m.get("content")) for m in messages if m["role"] == "tool"}
+    return any(
+        call["function"]["name"] == "core_memory_append"
+        and fact in call["function"]["arguments"]
+        and '"OK"' in results.get(call["id"], "")
+        for m in messages
+        if m["role"] == "assistant"
+        for call in m.get("tool_calls") or []
+    )
 
 
 def scripted_model(
@@ -37,7 +55,7 @@ def scripted_model(
     asked = None
     for message in reversed(messages):
         if message["role"] == "user":
-            found = MESSAGE.search(str(message.get("content") or ""))
+            found = MESSAGE.search(text_of(message))
             if found:
                 asked = found.group(1), int(found.group(2))
                 break
@@ -49,10 +67,11 @@ def scripted_model(
     last = messages[-1]
     fact = f"[{user}:{number}]"
     # A save cut short by a kill comes back as "may or may not have taken
-    # effect": like a careful model, look at the working context (in the system
-    # message) and save again only if the fact is not there.
+    # effect": like a careful model, look at the working context (the system
+    # message, and this queue's saves not shown there yet) and save again only
+    # if the fact is not there.
     cut_short = last["role"] == "tool" and "Cut short by a restart" in str(last.get("content"))
-    if number % 4 == 0 and (last["role"] == "user" or cut_short) and fact not in messages[0]["content"]:
+    if number % 4 == 0 and (last["role"] == "user" or cut_short) and not saved(fact, messages):
         return reply_tool_calls(
             tool_call("core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True})
         )
@@ -85,7 +104,7 @@ class BatchModel:
         for message in reversed(messages):
             if message["role"] == "assistant" and "send_message" in json.dumps(message.get("tool_calls") or []):
                 break
-            found = MESSAGE.search(str(message.get("content") or "")) if message["role"] == "user" else None
+            found = MESSAGE.search(text_of(message)) if message["role"] == "user" else None
             if found:
                 user = found.group(1)
                 asked.insert(0, int(found.group(2)))
@@ -95,7 +114,7 @@ class BatchModel:
             return reply_text("nothing to do")
         for number in todo:
             fact = f"[{user}:{number}]"
-            if number % 4 == 0 and fact not in messages[0]["content"]:
+            if number % 4 == 0 and not saved(fact, messages):
                 return reply_tool_calls(
                     tool_call("core_memory_append", {"name": "human", "content": fact, "request_heartbeat": True})
                 )

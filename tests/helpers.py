@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 import subprocess
 from collections.abc import Sequence
+from typing import Any
 
 from bot.events import UserMessage
+from memory.queue_manager import STATUS_MARKER
 from memory.store import Store
 from memory.types import AgentRecord, Block
 
@@ -38,3 +40,14 @@ async def new_agent(store: Store, key: str = "discord:alice", blocks: Sequence[B
 def said(text: str, user: str = "alice") -> UserMessage:
     """A terminal user's message, as the terminal chat builds it (for tests that call the runtime directly)."""
     return UserMessage(platform="terminal", user_id=user, text=text, display_name=user)
+
+
+def text_of(message: dict[str, Any]) -> str:
+    """A request message's text as the model reads it, without the memory status
+    that rides after the newest one's text (memory/queue_manager.py with_status)."""
+    return str(message.get("content") or "").partition(f"\n{STATUS_MARKER}")[0]
+
+
+def user_texts(request: dict[str, Any]) -> list[str]:
+    """The texts of a request's user messages, oldest first (statuses left out)."""
+    return [text_of(m) for m in request["messages"] if m["role"] == "user"]

@@ -25,6 +25,7 @@ from tests import test_discord_adapter as discord_tests
 from tests import test_slack_adapter as slack_tests
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, say
+from tests.helpers import user_texts
 from tests.test_discord_adapter import Harness
 from tests.test_discord_adapter import sent as discord_sent
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually
@@ -40,7 +41,7 @@ KEY = "slack:T1:U1"
 
 
 def user_lines(request: dict[str, Any]) -> list[str]:
-    return [str(m["content"]) for m in request["messages"] if m["role"] == "user"]
+    return user_texts(request)
 
 
 async def debounced_bot(start_bot: Start, make_runtime: RuntimeFactory) -> SlackBot:

@@ -46,13 +46,14 @@ from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
 from tests.dpytest_guild import guild_channel, guild_member, the_guild
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, say, tool_call
+from tests.helpers import user_texts
 
 FENCE_LINE = re.compile(r"^[ \t]*```[^\n]*$", re.MULTILINE)
 snowflakes = itertools.count(1_300_000_000_000_000_000)
 
 
 def last_user_text(request: dict[str, Any]) -> str:
-    return str([m for m in request["messages"] if m["role"] == "user"][-1]["content"])
+    return user_texts(request)[-1]
 
 
 class InteractionHTTP(AsyncWebhookAdapter):

@@ -114,7 +114,8 @@ def test_the_selector_check_catches_id_like_names() -> None:
 
 async def test_no_agent_function_can_name_an_agent_or_a_user(make_runtime: RuntimeFactory) -> None:
     runtime = await make_runtime()
-    schemas = runtime.services.functions.schemas
+    functions = runtime.services.functions
+    schemas = [*functions.schemas, *functions.on_demand_schemas]  # offered with every request, or on demand
     names = {schema["function"]["name"] for schema in schemas}
     # The real set: the core functions and the check-in one registered by the runtime.
     assert {"send_message", "archival_memory_search", "conversation_search", "schedule_reminder"} <= names

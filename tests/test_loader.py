@@ -24,7 +24,7 @@ from memory.sqlite.store import SQLiteStore
 from memory.store import Store
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, reply_tool_calls, tool_call
-from tests.helpers import new_agent
+from tests.helpers import new_agent, user_texts
 from tests.test_documents import COUNTER, make_pdf, prose
 
 
@@ -242,7 +242,7 @@ async def test_a_large_load_never_stalls_the_bots_replies(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer, tmp_path: Path
 ) -> None:
     def model(request: dict[str, Any]) -> Reply:
-        said = [m["content"] for m in request["messages"] if m["role"] == "user"][-1]
+        said = user_texts(request)[-1]
         return reply_tool_calls(tool_call("send_message", {"message": f"echo {said.rsplit(': ', 1)[-1]}"}))
 
     llm_server.set_handler(model)

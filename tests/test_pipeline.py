@@ -4,6 +4,8 @@ the scripted local LLM server: what holds for Slack, Discord and the terminal al
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from adapters.fake import FakePlatform
@@ -12,13 +14,12 @@ from bot.durable.lanes import Turn
 from bot.events import Event, Reply
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, say
+from tests.helpers import user_texts
 from tests.recording_bot import RecordingBot
 
 
-def user_lines(request: dict[str, object]) -> list[str]:
-    messages = request["messages"]
-    assert isinstance(messages, list)
-    return [str(m["content"]) for m in messages if m["role"] == "user"]
+def user_lines(request: dict[str, Any]) -> list[str]:
+    return user_texts(request)
 
 
 async def test_a_message_is_answered_once_and_a_repeat_delivery_is_dropped(

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from memory.mongo.keywords import passage_terms
-from memory.mongo.store import MongoStore, words
+from memory.mongo.keywords import passage_terms, words
+from memory.mongo.store import MongoStore
 from memory.places import Place, Visibility
 from memory.sqlite.migrations import MIGRATIONS, m012_places, migrate
 from memory.sqlite.store import SQLiteStore

@@ -36,10 +36,10 @@ from bot.durable.lanes import Turn
 from bot.events import Event
 from bot.events import Reply as BotReply
 from bot.runtime import Runtime
-from memory.queue_manager import STATUS_MARKER
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, fault_status, reply_tool_calls, say, tool_call
 from tests.fake_slack import FakeSlack, signature_headers
+from tests.helpers import user_texts
 from tests.recording_bot import RecordingBot
 from tests.secrets_catalog import FAKE_SLACK_APP_TOKEN, SLACK_TEST_SIGNING_SECRET
 
@@ -95,9 +95,7 @@ async def eventually(condition: Callable[[], bool], within: float = 10.0) -> Non
 
 
 def last_user_line(request: dict[str, Any]) -> str:
-    """The newest user message's text, without the memory status that rides after it."""
-    content = str([m for m in request["messages"] if m["role"] == "user"][-1]["content"])
-    return content.partition(f"\n{STATUS_MARKER}")[0]
+    return user_texts(request)[-1]
 
 
 def echo_number(request: dict[str, Any]) -> Reply:

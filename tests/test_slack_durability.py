@@ -18,6 +18,7 @@ from bot.events import UserMessage
 from memory.types import Message
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, InFlightProbe, Reply, say
+from tests.helpers import user_texts
 from tests.test_slack_adapter import SlackBot, Start, dm, eventually
 
 # The Slack adapter tests' fixtures: a fake Slack Web API and a bot in HTTP mode on a real runtime.
@@ -179,7 +180,7 @@ async def test_events_of_one_user_are_replayed_in_order(start_bot: Start, llm_se
                 },
             },
         )
-    probe = InFlightProbe(lambda request: say("ok " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
+    probe = InFlightProbe(lambda request: say("ok " + user_texts(request)[-1].rsplit(" ", 1)[-1]))
     llm_server.set_handler(probe)
     assert await bot.adapter.recover() == 5
     assert await bot.texts(5) == [f"ok {n}" for n in range(5)]
@@ -212,7 +213,7 @@ async def test_a_retried_reply_is_not_overtaken_by_the_persons_later_replies(
 ) -> None:
     clock = [1_000_000.0]
     bot.runtime.outbox.clock = lambda: clock[0]
-    llm_server.set_handler(lambda request: say("re: " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
+    llm_server.set_handler(lambda request: say("re: " + user_texts(request)[-1].rsplit(" ", 1)[-1]))
     bot.slack.fail("chat.postMessage", "internal_error", status=500, times=1)
     assert await bot.event(dm("number one"), event_id="EvQ1") == 200
     await bot.adapter.drain()
@@ -358,7 +359,7 @@ async def test_an_older_message_answered_by_a_newer_events_run_is_not_answered_a
     assert await bot.adapter.replay([redos["EvNew"]]) == 1
     assert [m["text"] for m in bot.slack.messages_in("DU1")] == ["not late; at the station"]
     [request] = llm_server.requests
-    shown = [str(m["content"]).rsplit("\n", 1)[-1] for m in request["messages"] if m["role"] == "user"]
+    shown = [text.rsplit("\n", 1)[-1] for text in user_texts(request)]
     assert shown[-2:] == ["and where do we meet?", "am I late?"]  # the newer run saw both
     assert await bot.adapter.replay([redos["EvOld"]]) == 1
     assert len(llm_server.requests) == 1  # the older one's replay did not ask again ...

@@ -13,6 +13,7 @@ from bot.durable.debounce import Burst
 from bot.events import Redo
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, say
+from tests.helpers import user_texts
 from tests.test_slack_adapter import Start, dm
 
 fake_slack = slack_tests.fake_slack
@@ -48,7 +49,7 @@ async def test_a_new_message_arriving_with_the_journal_read_waits_for_the_replay
         return redos
 
     monkeypatch.setattr(bot.runtime, "leftovers", a_new_message_comes_with_the_read)
-    llm_server.set_handler(lambda request: say("ok " + str(request["messages"][-1]["content"]).rsplit(" ", 1)[-1]))
+    llm_server.set_handler(lambda request: say("ok " + user_texts(request)[-1].rsplit(" ", 1)[-1]))
     assert await adapter.recover() == 2  # both are in the inbox's leftovers
     assert await bot.texts(2) == ["ok 1", "ok 2"]  # before the fix: ["ok 2", "ok 1"]
     record = await bot.runtime.store.find_agent("slack:T1:U1")

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import re
+import unicodedata
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +52,7 @@ MAX_ROWS_PER_WORD = 5_000
 CANDIDATE_POOL = 100
 # FTS5's bm25() constants.
 _K1, _B = 1.2, 0.75
+_WORD = re.compile(r"\w+")
 
 
 def passage_terms(text: str) -> dict[str, Any]:
@@ -139,3 +143,29 @@ async def upgrade_passage_terms(passages: AsyncCollection[Any]) -> None:
         upgraded += len(batch)
     if upgraded:
         log.info("re-analysed the keyword terms of %d archival passages (stemmed, identifiers whole)", upgraded)
+
+
+# -- messages: recall search's keywords, BM25 over their words ------------------
+def words(text: str) -> list[str]:
+    """Searchable words: \\w runs, case-folded, accents removed (café = CAFE)."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+    return [word[:MAX_TERM] for word in _WORD.findall(folded)]
+
+
+def bm25(docs: Sequence[Sequence[str]], query: Sequence[str], n_docs: int, avg_len: float) -> list[float]:
+    """Okapi BM25 of each document (a word list) for `query`, given every
+    document that contains any query word and the collection's size and mean
+    length. IDF is the always-positive form ln(1 + (N - df + .5) / (df + .5))."""
+    counts = [Counter(doc) for doc in docs]
+    n = max(n_docs, len(docs))
+    avg = avg_len if avg_len > 0 else max(sum(map(len, docs)) / max(len(docs), 1), 1.0)
+    idf = {}
+    for term in query:
+        df = sum(1 for count in counts if term in count)
+        idf[term] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
+    scores = []
+    for doc, count in zip(docs, counts, strict=True):
+        norm = _K1 * (1.0 - _B + _B * len(doc) / avg)
+        scores.append(sum(idf[t] * count[t] * (_K1 + 1.0) / (count[t] + norm) for t in query if t in count))
+    return scores

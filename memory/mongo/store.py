@@ -63,9 +63,6 @@ import functools
 import json
 import logging
 import math
-import re
-import unicodedata
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -80,7 +77,7 @@ from memory.mongo.coordination import MongoCoordination
 from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.inbox import MongoInbox
 from memory.mongo.indexes import ensure_indexes
-from memory.mongo.keywords import upgrade_passage_terms
+from memory.mongo.keywords import bm25, upgrade_passage_terms, words
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
 from memory.mongo.usage import MongoUsage
@@ -92,40 +89,12 @@ from memory.types import AgentRecord, Block, Message, SearchPage
 
 log = logging.getLogger(__name__)
 
-_WORD = re.compile(r"\w+")
-_MAX_TERM = 64  # longer words are cut, the same way in documents and queries
 _MAX_QUERY_TERMS = 32
-_BM25_K1, _BM25_B = 1.2, 0.75
 # Search-only fields, never sent back with a message.
 _NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0, "embedding": 0}
 
 
 # -- values ------------------------------------------------------------------
-def words(text: str) -> list[str]:
-    """Searchable words: \\w runs, case-folded, accents removed (café = CAFE)."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    folded = "".join(ch for ch in decomposed if not unicodedata.combining(ch))
-    return [word[:_MAX_TERM] for word in _WORD.findall(folded)]
-
-
-def bm25(docs: Sequence[Sequence[str]], query: Sequence[str], n_docs: int, avg_len: float) -> list[float]:
-    """Okapi BM25 of each document (a word list) for `query`, given every
-    document that contains any query word and the collection's size and mean
-    length. IDF is the always-positive form ln(1 + (N - df + .5) / (df + .5))."""
-    counts = [Counter(doc) for doc in docs]
-    n = max(n_docs, len(docs))
-    avg = avg_len if avg_len > 0 else max(sum(map(len, docs)) / max(len(docs), 1), 1.0)
-    idf = {}
-    for term in query:
-        df = sum(1 for count in counts if term in count)
-        idf[term] = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-    scores = []
-    for doc, count in zip(docs, counts, strict=True):
-        norm = _BM25_K1 * (1.0 - _BM25_B + _BM25_B * len(doc) / avg)
-        scores.append(sum(idf[t] * count[t] * (_BM25_K1 + 1.0) / (count[t] + norm) for t in query if t in count))
-    return scores
-
-
 def _agent(doc: Doc) -> AgentRecord:
     return AgentRecord(doc["_id"], doc["key"], from_us(doc["created_at"]))
 
