@@ -8,23 +8,27 @@ which the client knows nothing of.
 - A step the server refuses as over its context flushes harder (the limits
   learned from the refusal, or one more eviction) and is sent again.
 - Every call carries a `max_tokens` for its purpose (a step: the response
-  reserve; a summary: its budget) and the deadline of the message's time budget.
+  reserve; a summary: its budget), which the client also reads no further than
+  (bot/llm/types.py: read_answer), and the deadline of the message's time budget:
+  the steps have three quarters of it, the rest is kept for one last request
+  when the chain fails (`plain_answer`).
 - Every call's tokens are counted here, with the model's tokenizer (the daily
   budget, bot/limits.py); see `complete`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from bot.conversation import Conversation
-from bot.llm import Completion, ContextLimitError, Request, TokenUsage
+from bot.llm import Completion, ContextLimitError, Request, TokenUsage, tools_as_text
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from bot.services import AgentServices
-from memory.queue_manager import PRESSURE_MARKER, ContextOverflowError, QueueManager, render_transcript
+from memory.queue_manager import PRESSURE_MARKER, STATUS_MARKER, ContextOverflowError, QueueManager, render_transcript
 from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import Message
 
@@ -36,6 +40,19 @@ CONTEXT_RETRIES = 3
 # A refusal that gave no token count: the margin grows by this much.
 UNCOUNTED_MARGIN = 1.15
 MAX_RATIO = 4.0
+# The share of the message's time budget the steps may use; the rest is the last
+# plain-text request's when a chain fails.
+STEPS_SHARE = 0.75
+# What the system writes into the model's context: a plain-text answer that repeats it
+# (small models echo the status and alerts) is not an answer for the person.
+SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
+# A plain-text answer this long found anywhere in the system's own text is an echo of it.
+ECHO_LENGTH = 40
+# The last request of a failed chain (plain_answer): the model's words are sent as they are.
+PLAIN_ANSWER_REQUEST = (
+    "[system alert] Write your answer to the person's last message now, in plain text and in your own words: "
+    "it is sent to them exactly as you write it. No function calls."
+)
 
 
 class CallingAgent(Protocol):
@@ -63,12 +80,19 @@ class CallingAgent(Protocol):
 class AgentCalls:
     def __init__(self, agent: CallingAgent) -> None:
         self.agent = agent
-        # time.monotonic() by which the current event's calls must be done (None: no budget).
+        # time.monotonic() by which the current event's steps must be done, and its
+        # last plain-text request (None: no budget).
         self.deadline: float | None = None
+        self.last_deadline: float | None = None
+        # The function schemas' tokens, for the server's count to be checked against
+        # (bot/llm/client.py: Endpoint.check_tools): (the list, its length, tokens).
+        self._tool_tokens: tuple[object, int, int] = (None, 0, 0)
 
     def start_event(self) -> None:
         budget = self.agent.services.message_time_budget
-        self.deadline = time.monotonic() + budget if budget > 0 else None
+        now = time.monotonic()
+        self.deadline = now + budget * STEPS_SHARE if budget > 0 else None
+        self.last_deadline = now + budget if budget > 0 else None
 
     # -- the step -------------------------------------------------------------
     async def step(self) -> Completion:
@@ -117,6 +141,51 @@ class AgentCalls:
             agent.queue.total_tokens(status),
             max_tokens=agent.queue.response_reserve,
         )
+
+    async def plain_answer(self) -> str:
+        """The chain failed (malformed calls, the step cap, a function loop): one last
+        request, without functions, asks for the answer in plain text, with the rest of
+        the message's time. The conversation goes with function calls and results
+        written out as text, which any chat template renders. The model's text (or,
+        from a server that sends a call anyway, send_message's), for the agent to judge."""
+        agent = self.agent
+        self.deadline = self.last_deadline
+        prompt = agent.queue.compile(agent.status_line())
+        messages = tools_as_text([*prompt, {"role": "user", "content": PLAIN_ANSWER_REQUEST}])
+        completion = await self.complete(messages, max_tokens=agent.queue.response_reserve, teaches_ratio=False)
+        if completion.content_is_text and (completion.content or "").strip():
+            return completion.content or ""
+        for call in completion.tool_calls:
+            if call.name == "send_message":
+                try:
+                    message = json.loads(call.arguments).get("message")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(message, str):
+                    return message
+        return ""
+
+    def usable_text(self, text: str | None) -> str:
+        """`text` as an answer for the person, or "" when it is none: empty, or an echo
+        of what the system wrote into the prompt (small models copy the memory status,
+        the alerts, "(none yet)" of an empty summary), a line of it or a long part."""
+        text = (text or "").strip()
+        if not text or any(marker in text for marker in SYSTEM_MARKERS):
+            return ""
+        flat = " ".join(text.split())
+        written = f"{self.agent.queue.system_text()}\n{self.agent.status_line()}"
+        lines = {" ".join(line.split()) for line in written.splitlines()}
+        if flat in lines or (len(flat) >= ECHO_LENGTH and flat in " ".join(written.split())):
+            return ""
+        return text
+
+    def tool_tokens(self, tools: list[dict[str, Any]]) -> int:
+        """Our count of `tools` (the same list on every step: counted once)."""
+        known, length, tokens = self._tool_tokens
+        if known is not tools or length != len(tools):
+            tokens = self.agent.services.counter.count_tools(tools)
+            self._tool_tokens = (tools, len(tools), tokens)
+        return tokens
 
     # -- queue management --------------------------------------------------
     async def make_room(self) -> None:
@@ -232,8 +301,11 @@ class AgentCalls:
                 call_functions=call_functions,
                 max_tokens=max_tokens,
                 deadline=self.deadline,
-                # Our count, for the server's ratio to the agent's prompts (bot/llm/client.py: Endpoint).
+                # Our count, for the server's ratio to the agent's prompts and whether
+                # it rendered the functions (bot/llm/client.py: Endpoint).
                 prompt_tokens=prompt if teaches_ratio else 0,
+                tool_tokens=self.tool_tokens(tools) if tools and teaches_ratio else 0,
+                count_tokens=counter.count,
             )
         )
         answer = counter.count(completion.content or "")

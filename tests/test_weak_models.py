@@ -11,6 +11,7 @@ from pathlib import Path
 import openai
 
 from bot.agent import NO_ANSWER
+from bot.agent_calls import PLAIN_ANSWER_REQUEST
 from cli import logs
 from tests.conftest import RuntimeFactory, make_settings
 from tests.fake_llm import FakeLLMServer, reply_text, reply_tool_calls, tool_call
@@ -32,15 +33,34 @@ async def test_the_step_cap_sends_the_models_own_text(make_runtime: RuntimeFacto
     assert all("stuck" not in r.text for r in result.replies)
 
 
-async def test_a_chain_ending_without_a_reply_gets_an_honest_note(
+SILENT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
+
+
+async def test_a_chain_ending_without_a_reply_asks_once_for_plain_text(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     # A memory call without a heartbeat ends the chain: the person got nothing at all.
-    llm_server.script(
-        reply_tool_calls(
-            tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
-        )
-    )
+    llm_server.script(reply_tool_calls(SILENT_CALL), reply_text("Noted: you like tea."))
+    runtime = await make_runtime()
+    result = await runtime.handle_with_details(said("I like tea"))
+    assert [r.text for r in result.replies] == ["Noted: you like tea."] and result.trouble is None
+    # The last request offers no functions, and carries none of their calls or results.
+    last = llm_server.requests[-1]
+    assert len(llm_server.requests) == 2 and "tools" not in last and "tool_choice" not in last
+    assert all(m["role"] in ("system", "user", "assistant") and "tool_calls" not in m for m in last["messages"])
+    assert PLAIN_ANSWER_REQUEST in last["messages"][-1]["content"]
+    assert "core_memory_append" in json.dumps(last["messages"])  # the call, written out as text
+    # The answer is kept as the model's: the next message's request shows it.
+    llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "Tea it is."})))
+    await runtime.handle(said("and coffee?"))
+    assert any(m.get("content") == "Noted: you like tea." for m in llm_server.requests[-1]["messages"])
+
+
+async def test_a_plain_answer_that_echoes_the_prompt_gets_an_honest_note(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-server copied "(none yet)" (the empty summary) as its answer.
+    llm_server.script(reply_tool_calls(SILENT_CALL), reply_text("(none yet)"))
     runtime = await make_runtime()
     result = await runtime.handle_with_details(said("I like tea"))
     assert [r.text for r in result.replies] == [NO_ANSWER]

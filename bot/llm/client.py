@@ -38,21 +38,32 @@ per client, shared by every agent of the process):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+import httpx2
 import openai
 from openai._types import RequestOptions
 
 from bot import metrics
 from bot.llm import shape
 from bot.llm.refusals import Refusal, classify, refusal_summary, unavailable, unrepaired
-from bot.llm.types import LATE, Completion, ContextLimitError, LLMUnavailableError, Request, parse_completion, trouble
+from bot.llm.types import (
+    LATE,
+    Completion,
+    ContextLimitError,
+    LLMUnavailableError,
+    Request,
+    parse_completion,
+    read_answer,
+    reply_budget,
+    trouble,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +81,7 @@ RATIO_DECAY = 0.1
 # before: taken as a ratio (1.24), that shrank the window below the fixed prompt.
 DOUBTFUL_REFUSAL = 1.15
 ANSWERS_BEFORE_DOUBT = 3
+STREAM_OPTIONS = {"include_usage": True}
 
 
 class LLMClient:
@@ -138,6 +150,10 @@ class LLMClient:
                 raise
             # `from None`: the SDK's own exception in the chain holds the key too.
             raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
+        if completion.tool_calls:
+            self.endpoint.calls_seen = True
+        elif request.prompt_tokens and completion.usage.prompt and not completion.repaired:
+            self.endpoint.check_tools(completion.usage.prompt, request)
         if request.prompt_tokens and completion.usage.prompt and not completion.repaired:
             self.endpoint.observe(model, completion.usage.prompt, request.prompt_tokens)
         return completion
@@ -199,25 +215,18 @@ class RequestRun:
     async def run(self) -> Completion:
         attempt = self._known_repairs(shape.portable(self.request.messages))
         levels, level, fixes = list(shape.LEVELS), 0, 0
+        # An answer that broke off mid-body is asked for again as the client's own
+        # retries would (they end once the status line is in).
+        rereads = self.client.max_retries
         while True:
             body = self._body(attempt)
             try:
-                # The low-level post keeps the client's retries, auth and error types but
-                # skips its typed-params transform, which walks every message of the
-                # request in Python and cost ~10 ms per call on a full context. Our
-                # messages are already plain API-shaped dicts, sent as JSON we encode
-                # (the function schemas once, not on every call), and the answer is
-                # read raw, not into the client's typed models: together about a
-                # tenth of the CPU of an event with an instant model. A repair is sent once.
-                options: RequestOptions = {"timeout": self.timeout}
-                if level:
-                    options["max_retries"] = 0
-                raw = await self.client.client.post(
-                    "/chat/completions", content=self.client.encode(body), cast_to=bytes, options=options
-                )
-                # Not JSON (a truncated body, a proxy's HTML page sent with status 200): a
-                # ValueError, which `unavailable` below words for the person.
-                response = json.loads(raw)
+                response = await self._answer(body, retries=not level)
+            except BrokenAnswer as broken:
+                if rereads and not level and not isinstance(broken.error, openai.APITimeoutError):
+                    rereads -= 1
+                    continue
+                raise unavailable(broken.error, self.model) from broken.cause
             except openai.APIStatusError as error:
                 refusal = classify(error, body)
                 if refusal is None:
@@ -251,6 +260,54 @@ class RequestRun:
             if level:
                 self._learned(level)
             return completion
+
+    async def _answer(self, body: dict[str, Any], *, retries: bool) -> Any:
+        """The server's answer to `body`, read as far as the bot uses it (bot/llm/types.py).
+
+        The low-level post keeps the client's retries, auth and error types but
+        skips its typed-params transform, which walks every message of the request
+        in Python and cost ~10 ms per call on a full context. Our messages are
+        already plain API-shaped dicts, sent as JSON we encode (the function schemas
+        once, not on every call), and the answer is read raw, not into the client's
+        typed models: together about a tenth of the CPU of an event with an instant
+        model. A repair is sent once (`retries` False). The body is read here, not
+        by the client (stream=True at the HTTP level, whether the server streams or
+        not), so the read stops at the reply budget and the connection closes."""
+        options: RequestOptions = {"timeout": self.timeout}
+        if not retries:
+            options["max_retries"] = 0
+        response = cast(
+            httpx2.Response,
+            await self.client.client.post(
+                "/chat/completions",
+                content=self.client.encode(body),
+                cast_to=httpx2.Response,
+                options=options,
+                stream=True,
+                stream_cls=openai.AsyncStream[Any],
+            ),
+        )
+        request = self.request
+        try:
+            # Not JSON (a proxy's HTML page sent with status 200): a ValueError,
+            # which `unavailable` words for the person.
+            answer, cut = await read_answer(response, reply_budget(request.max_tokens), request.count_tokens)
+        except httpx2.TransportError as error:
+            # As the client words a failed request: a timeout, or a lost connection.
+            kind = openai.APITimeoutError if isinstance(error, httpx2.TimeoutException) else openai.APIConnectionError
+            worded = kind(request=response.request)
+            worded.__cause__ = error  # `unavailable` reads the cause (a refused connection)
+            raise BrokenAnswer(worded, error) from error
+        finally:
+            with contextlib.suppress(httpx2.TransportError):
+                await response.aclose()  # before the end of the answer: the server stops writing
+        if cut:
+            self.client.endpoint.tell_once(
+                "cut",
+                f"the LLM server wrote past max_tokens ({request.max_tokens}); the bot stops reading each answer "
+                "at its reply budget and closes the connection",
+            )
+        return answer
 
     # -- what the endpoint learned ---------------------------------------------
     def _known_repairs(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -316,7 +373,20 @@ class RequestRun:
             name = endpoint.renamed_parameters.get("max_tokens", "max_tokens")
             if name not in endpoint.dropped_parameters:
                 body[name] = request.max_tokens
+        if "stream" not in endpoint.dropped_parameters:
+            body["stream"] = True
+            if "stream_options" not in endpoint.dropped_parameters:
+                body["stream_options"] = STREAM_OPTIONS  # the usage comes in the last event
         return body
+
+
+class BrokenAnswer(Exception):
+    """The answer's body broke off: `error` is the client's word for it."""
+
+    def __init__(self, error: openai.APIError, cause: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.cause = cause
 
 
 # -- what the client learns about its endpoint ---------------------------------
@@ -336,6 +406,10 @@ class Endpoint:
     renamed_parameters: dict[str, str] = field(default_factory=dict)
     dropped_messages: set[str] = field(default_factory=set)
     tools_as_text: bool = False
+    # The model called a function; the server's prompt count showed the function
+    # schemas left out (check_tools).
+    calls_seen: bool = False
+    tools_dropped: bool = False
     models: dict[str, ModelLimits] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
     _told: set[str] = field(default_factory=set)
@@ -387,6 +461,28 @@ class Endpoint:
                 f"for model {model}; prompts now leave that margin",
             )
         return True
+
+    def check_tools(self, server_tokens: int, request: Request) -> None:
+        """Whether the server rendered the functions it was offered, from an answer
+        without a call: a chat template that ignores tools (SmolLM2's own, in
+        llama-server --jinja) counts the prompt nearer our count without the schemas
+        than with them, and the model never calls one. Once one was called, never."""
+        tools = request.tool_tokens
+        if self.tools_dropped or self.calls_seen or not request.call_functions or tools < MIN_TOKENS_FOR_RATIO:
+            return
+        without = request.prompt_tokens - tools
+        if server_tokens >= without + tools / 2:  # nearer the count with them
+            return
+        self.tools_dropped = True
+        self.tell_once(
+            "tools dropped",
+            f"the LLM server left the functions out of the prompt: it counted {server_tokens} prompt tokens where "
+            f"the bot counts {request.prompt_tokens} with the function schemas and {without} without them. Its "
+            "chat template ignores tools, so the model can never save a memory or call a function, and answers "
+            "in plain text only. Fix: serve the model with a chat template that renders tools (llama-server: "
+            "--jinja with --chat-template chatml, or --chat-template-file), or use a model whose own template "
+            "supports tool calls",
+        )
 
     def learn_context_limit(self, model: str, limit: int | None) -> None:
         if not limit:
