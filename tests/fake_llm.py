@@ -214,14 +214,22 @@ class RunawayReply(Reply):
 
     piece: str = "la "
     pause: float = 0.002
+    arguments: bool = False  # the pieces are a send_message call's arguments, not text
     pieces: list[int] = field(default_factory=lambda: [0])
     closed: threading.Event = field(default_factory=threading.Event)
 
     def respond(self, h: _Handler, request: JSONDict) -> None:
         head = {"id": "chatcmpl-runaway", "object": "chat.completion.chunk", "created": 0, "model": "m"}
         h.start_events()
+        call = {"index": 0, "id": "call_runaway", "type": "function"}
+        first = True
         while not h.fake_server.stopping.is_set():
-            event = head | {"choices": [{"index": 0, "delta": {"content": self.piece}, "finish_reason": None}]}
+            delta: JSONDict = {"content": self.piece}
+            if self.arguments:
+                opening = {"name": "send_message", "arguments": '{"message": "'} if first else {}
+                delta = {"tool_calls": [call | {"function": opening or {"arguments": self.piece}}]}
+            first = False
+            event = head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
             if not h.send_event(event):
                 self.closed.set()
                 return

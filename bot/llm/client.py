@@ -32,7 +32,12 @@ per client, shared by every agent of the process):
   from its context-limit refusals. The queue manager leaves that margin.
 - a cap on requests in flight (MEMGPT_LLM_CONCURRENCY): a single-slot server
   (llama-cpp-python, llama-server without --parallel) answers one at a time,
-  so more only wait at the server, where a timeout cannot see them.
+  so more only wait at the server, where a timeout cannot see them;
+- whether its chat template dropped the functions (`Endpoint.check_tools`).
+
+Answers are streamed where the server takes it, and read no further than the
+reply budget (bot/llm/types.py: read_answer); a refusal of `stream` is a
+refused parameter like the others.
 """
 
 from __future__ import annotations
@@ -55,13 +60,12 @@ from bot.llm import shape
 from bot.llm.refusals import Refusal, classify, refusal_summary, unavailable, unrepaired
 from bot.llm.types import (
     LATE,
+    BrokenAnswer,
     Completion,
     ContextLimitError,
     LLMUnavailableError,
     Request,
-    parse_completion,
     read_answer,
-    reply_budget,
     trouble,
 )
 
@@ -82,6 +86,10 @@ RATIO_DECAY = 0.1
 DOUBTFUL_REFUSAL = 1.15
 ANSWERS_BEFORE_DOUBT = 3
 STREAM_OPTIONS = {"include_usage": True}
+# Room over `max_tokens` before a streamed answer is cut: the server counts with its
+# own tokenizer, and an answer it would end by itself is not cut short.
+BUDGET_SLACK = 1.25
+BUDGET_EXTRA = 8
 
 
 class LLMClient:
@@ -221,7 +229,7 @@ class RequestRun:
         while True:
             body = self._body(attempt)
             try:
-                response = await self._answer(body, retries=not level)
+                completion = await self._answer(body, retries=not level)
             except BrokenAnswer as broken:
                 if rereads and not level and not isinstance(broken.error, openai.APITimeoutError):
                     rereads -= 1
@@ -254,39 +262,27 @@ class RequestRun:
                 continue
             except (openai.APIError, ValueError) as error:
                 raise unavailable(error, self.model) from error
-            completion = parse_completion(response)
             # Messages left out: our count of the prompt is not the server's to compare.
             completion.repaired = self._dropped
             if level:
                 self._learned(level)
             return completion
 
-    async def _answer(self, body: dict[str, Any], *, retries: bool) -> Any:
-        """The server's answer to `body`, read as far as the bot uses it (bot/llm/types.py).
-
-        The low-level post keeps the client's retries, auth and error types but
-        skips its typed-params transform, which walks every message of the request
-        in Python and cost ~10 ms per call on a full context. Our messages are
-        already plain API-shaped dicts, sent as JSON we encode (the function schemas
-        once, not on every call), and the answer is read raw, not into the client's
-        typed models: together about a tenth of the CPU of an event with an instant
-        model. A repair is sent once (`retries` False). The body is read here, not
-        by the client (stream=True at the HTTP level, whether the server streams or
-        not), so the read stops at the reply budget and the connection closes."""
+    async def _answer(self, body: dict[str, Any], *, retries: bool) -> Completion:
+        """The server's answer to `body`, read as far as the bot uses it. The low-level
+        post keeps the client's retries, auth and error types but skips its typed-params
+        transform (~10 ms per call on a full context: it walks every message); our
+        messages are plain dicts sent as JSON we encode (the schemas once), and the
+        answer is read by us, not into typed models (stream=True at the HTTP level,
+        whether the server streams or not, so the read stops at the reply budget)."""
         options: RequestOptions = {"timeout": self.timeout}
         if not retries:
             options["max_retries"] = 0
-        response = cast(
-            httpx2.Response,
-            await self.client.client.post(
-                "/chat/completions",
-                content=self.client.encode(body),
-                cast_to=httpx2.Response,
-                options=options,
-                stream=True,
-                stream_cls=openai.AsyncStream[Any],
-            ),
+        raw, unread = self.client.encode(body), openai.AsyncStream[Any]  # the body is ours to read
+        sent = self.client.client.post(
+            "/chat/completions", content=raw, cast_to=httpx2.Response, options=options, stream=True, stream_cls=unread
         )
+        response = cast(httpx2.Response, await sent)
         request = self.request
         try:
             # Not JSON (a proxy's HTML page sent with status 200): a ValueError,
@@ -378,15 +374,6 @@ class RequestRun:
             if "stream_options" not in endpoint.dropped_parameters:
                 body["stream_options"] = STREAM_OPTIONS  # the usage comes in the last event
         return body
-
-
-class BrokenAnswer(Exception):
-    """The answer's body broke off: `error` is the client's word for it."""
-
-    def __init__(self, error: openai.APIError, cause: BaseException) -> None:
-        super().__init__(str(error))
-        self.error = error
-        self.cause = cause
 
 
 # -- what the client learns about its endpoint ---------------------------------
@@ -497,6 +484,11 @@ class Endpoint:
         if key not in self._told:
             self._told.add(key)
             log.warning("%s", text)
+
+
+def reply_budget(max_tokens: int) -> int:
+    """Tokens (ours) read before a streamed answer is cut; 0: no cut."""
+    return int(max_tokens * BUDGET_SLACK) + BUDGET_EXTRA if max_tokens > 0 else 0
 
 
 @functools.lru_cache(maxsize=64)

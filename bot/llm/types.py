@@ -115,6 +115,15 @@ class Completion:
     content_is_text: bool = True
 
 
+class BrokenAnswer(Exception):
+    """The answer's body broke off: `error` is the client's word for it."""
+
+    def __init__(self, error: Exception, cause: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.cause = cause
+
+
 class ContextLimitError(LLMUnavailableError):
     """The server said the prompt is over its context limit (bot/llm/refusals.py)."""
 
@@ -125,28 +134,19 @@ class ContextLimitError(LLMUnavailableError):
 
 
 # -- reading an answer ----------------------------------------------------------
-# Room over `max_tokens` before the read stops: the server counts with its own
-# tokenizer, and an answer it would end by itself is not cut short.
-BUDGET_SLACK = 1.25
-BUDGET_EXTRA = 8
-
-
-def reply_budget(max_tokens: int) -> int:
-    """Tokens (ours) read before a streamed answer is cut; 0: no cut."""
-    return int(max_tokens * BUDGET_SLACK) + BUDGET_EXTRA if max_tokens > 0 else 0
-
-
 def one_per_piece(piece: str) -> int:
     """The count when the caller gave none: servers stream about a token a piece."""
     return 1 if piece else 0
 
 
-async def read_answer(response: httpx2.Response, budget: int, count: Callable[[str], int] | None) -> tuple[Any, bool]:
-    """The answer's body as a non-streamed answer has it, and whether it was cut at
-    `budget` tokens (0: read to the end); the caller closes the response. A body
-    that is not JSON raises ValueError; a dropped connection, httpx2's TransportError."""
+async def read_answer(
+    response: httpx2.Response, budget: int, count: Callable[[str], int] | None
+) -> tuple[Completion, bool]:
+    """The answer, and whether it was cut at `budget` tokens (0: read to the end);
+    the caller closes the response. A body that is not JSON raises ValueError; a
+    dropped connection, httpx2's TransportError; no answer, LLMUnavailableError."""
     if "text/event-stream" not in response.headers.get("content-type", ""):  # the server did not stream
-        return json.loads(await response.aread()), False
+        return parse_completion(json.loads(await response.aread())), False
     answer = StreamedAnswer(budget, count or one_per_piece)
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
@@ -156,7 +156,7 @@ async def read_answer(response: httpx2.Response, budget: int, count: Callable[[s
             break
         if not answer.add(json.loads(data)):
             break
-    return answer.body(), answer.cut
+    return parse_completion(answer.body()), answer.cut
 
 
 @dataclass(slots=True)
