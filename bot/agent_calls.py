@@ -46,12 +46,12 @@ STEPS_SHARE = 0.75
 # What the system writes into the model's context: a plain-text answer that repeats it
 # (small models echo the status and alerts) is not an answer for the person.
 SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
-# A plain-text answer this long found anywhere in the system's own text is an echo of it.
-ECHO_LENGTH = 40
+# A line of a plain-text answer this long found anywhere in the system's own text is an echo of it.
+ECHO_LENGTH = 12
 # The last request of a failed chain (plain_answer): the model's words are sent as they are.
 PLAIN_ANSWER_REQUEST = (
-    "[system alert] Write your answer to the person's last message now, in plain text and in your own words: "
-    "it is sent to them exactly as you write it. No function calls."
+    "## Now\nAnswer the person's last message in plain text, in your own words: what you write is sent to them "
+    "as it is. No function calls."
 )
 
 
@@ -132,6 +132,8 @@ class AgentCalls:
 
     async def _step_call(self) -> Completion:
         agent = self.agent
+        if agent.services.llm.endpoint.tools_dropped:
+            return await self._plain_call()
         status = agent.status_line()
         # The queue manager's cached total (an upper bound of a full recount,
         # function schemas included) spares re-tokenizing the whole prompt.
@@ -145,14 +147,14 @@ class AgentCalls:
     async def plain_answer(self) -> str:
         """The chain failed (malformed calls, the step cap, a function loop): one last
         request, without functions, asks for the answer in plain text, with the rest of
-        the message's time. The conversation goes with function calls and results
-        written out as text, which any chat template renders. The model's text (or,
-        from a server that sends a call anyway, send_message's), for the agent to judge."""
-        agent = self.agent
+        the message's time. The instruction goes in the system message and the person's
+        message last (a small model answers, or copies, the newest turn); the system's
+        alerts and the chain's plain texts that reached no one are left out, and its
+        function calls and results go as text, which any chat template renders. The
+        model's text (or, from a server that sends a call anyway, send_message's), for
+        the agent to judge (`usable_text`)."""
         self.deadline = self.last_deadline
-        prompt = agent.queue.compile(agent.status_line())
-        messages = tools_as_text([*prompt, {"role": "user", "content": PLAIN_ANSWER_REQUEST}])
-        completion = await self.complete(messages, max_tokens=agent.queue.response_reserve, teaches_ratio=False)
+        completion = await self._plain_call()
         if completion.content_is_text and (completion.content or "").strip():
             return completion.content or ""
         for call in completion.tool_calls:
@@ -165,19 +167,42 @@ class AgentCalls:
                     return message
         return ""
 
+    async def _plain_call(self) -> Completion:
+        """The request of `plain_answer`, also every step's on a server that drops the
+        functions (they would only lengthen the prompt)."""
+        queue = self.agent.queue
+        system = {"role": "system", "content": f"{queue.system_text()}\n\n{PLAIN_ANSWER_REQUEST}"}
+        event = queue.protected_seq  # the person's message (the event's first)
+        kept, theirs = [], []
+        for entry in queue.entries:
+            message = entry.message
+            if event is not None and message.seq == event:
+                theirs.append(entry.payload)
+            elif message.name == "system_alert" or (
+                event is not None and message.seq > event and message.role == "assistant" and not message.tool_calls
+            ):
+                continue  # the system's alerts, and this chain's plain texts that reached no one
+            else:
+                kept.append(entry.payload)
+        messages = tools_as_text([system, *kept, *theirs])
+        return await self.complete(messages, max_tokens=queue.response_reserve, teaches_ratio=False)
+
     def usable_text(self, text: str | None) -> str:
-        """`text` as an answer for the person, or "" when it is none: empty, or an echo
-        of what the system wrote into the prompt (small models copy the memory status,
-        the alerts, "(none yet)" of an empty summary), a line of it or a long part."""
-        text = (text or "").strip()
-        if not text or any(marker in text for marker in SYSTEM_MARKERS):
-            return ""
-        flat = " ".join(text.split())
-        written = f"{self.agent.queue.system_text()}\n{self.agent.status_line()}"
+        """`text` as an answer for the person, without what echoes the system's own
+        words into the prompt (small models copy the memory status, the alerts,
+        "(none yet)" of an empty summary): the lines that carry a marker, repeat a
+        line of it or a long part (in any case), or hold no word; "" when nothing is left."""
+        agent = self.agent
+        written = f"{agent.queue.system_text()}\n{PLAIN_ANSWER_REQUEST}\n{agent.status_line()}".lower()
         lines = {" ".join(line.split()) for line in written.splitlines()}
-        if flat in lines or (len(flat) >= ECHO_LENGTH and flat in " ".join(written.split())):
-            return ""
-        return text
+        flat_written = " ".join(written.split())
+        kept = []
+        for line in (text or "").strip().splitlines():
+            flat = " ".join(line.split()).lower()
+            echo = flat in lines or (len(flat) >= ECHO_LENGTH and flat in flat_written)
+            if not (echo or any(marker in line for marker in SYSTEM_MARKERS)) and any(c.isalnum() for c in line):
+                kept.append(line)
+        return "\n".join(kept).strip()
 
     def tool_tokens(self, tools: list[dict[str, Any]]) -> int:
         """Our count of `tools` (the same list on every step: counted once)."""

@@ -48,7 +48,8 @@ async def test_a_chain_ending_without_a_reply_asks_once_for_plain_text(
     last = llm_server.requests[-1]
     assert len(llm_server.requests) == 2 and "tools" not in last and "tool_choice" not in last
     assert all(m["role"] in ("system", "user", "assistant") and "tool_calls" not in m for m in last["messages"])
-    assert PLAIN_ANSWER_REQUEST in last["messages"][-1]["content"]
+    # The instruction in the system message, the person's message last (a small model answers the newest turn).
+    assert PLAIN_ANSWER_REQUEST in last["messages"][0]["content"] and "I like tea" in last["messages"][-1]["content"]
     assert "core_memory_append" in json.dumps(last["messages"])  # the call, written out as text
     # The answer is kept as the model's: the next message's request shows it.
     llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "Tea it is."})))

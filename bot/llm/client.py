@@ -86,6 +86,8 @@ RATIO_DECAY = 0.1
 DOUBTFUL_REFUSAL = 1.15
 ANSWERS_BEFORE_DOUBT = 3
 STREAM_OPTIONS = {"include_usage": True}
+# (llama-server's --chat-template chatml renders no tools either: tried with SmolLM2.)
+TOOLS_FIX = "llama-server: --jinja --chat-template-file with one that does, e.g. Qwen2.5's for a ChatML model"
 # Room over `max_tokens` before a streamed answer is cut: the server counts with its
 # own tokenizer, and an answer it would end by itself is not cut short.
 BUDGET_SLACK = 1.25
@@ -393,10 +395,10 @@ class Endpoint:
     renamed_parameters: dict[str, str] = field(default_factory=dict)
     dropped_messages: set[str] = field(default_factory=set)
     tools_as_text: bool = False
-    # The model called a function; the server's prompt count showed the function
-    # schemas left out (check_tools).
+    # The model called a function; the server's counts showed the schemas left out (check_tools).
     calls_seen: bool = False
     tools_dropped: bool = False
+    _short_counts: int = 0  # answers without a call whose count looked so (two make it so)
     models: dict[str, ModelLimits] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
     _told: set[str] = field(default_factory=set)
@@ -450,25 +452,25 @@ class Endpoint:
         return True
 
     def check_tools(self, server_tokens: int, request: Request) -> None:
-        """Whether the server rendered the functions it was offered, from an answer
-        without a call: a chat template that ignores tools (SmolLM2's own, in
-        llama-server --jinja) counts the prompt nearer our count without the schemas
-        than with them, and the model never calls one. Once one was called, never."""
+        """Whether the server rendered the functions offered, from answers without a call: a chat template
+        that ignores tools (SmolLM2's in llama-server --jinja) counts the prompt nearer our count without them."""
         tools = request.tool_tokens
         if self.tools_dropped or self.calls_seen or not request.call_functions or tools < MIN_TOKENS_FOR_RATIO:
             return
         without = request.prompt_tokens - tools
         if server_tokens >= without + tools / 2:  # nearer the count with them
             return
-        self.tools_dropped = True
+        self._short_counts += 1
+        self.tools_dropped = self._short_counts >= 2  # then the steps go without them (bot/agent_calls.py)
+        if not self.tools_dropped:
+            return
         self.tell_once(
             "tools dropped",
-            f"the LLM server left the functions out of the prompt: it counted {server_tokens} prompt tokens where "
-            f"the bot counts {request.prompt_tokens} with the function schemas and {without} without them. Its "
-            "chat template ignores tools, so the model can never save a memory or call a function, and answers "
-            "in plain text only. Fix: serve the model with a chat template that renders tools (llama-server: "
-            "--jinja with --chat-template chatml, or --chat-template-file), or use a model whose own template "
-            "supports tool calls",
+            f"the LLM server left the functions out of the prompt: it counted {server_tokens} prompt tokens where the "
+            f"bot counts {request.prompt_tokens} with the function schemas, {without} without. Its chat template "
+            "ignores tools: the model cannot save a memory or call a function, and is asked for plain text only. "
+            f"Fix: serve it with a chat template that renders tools ({TOOLS_FIX}), or use a model whose own "
+            "template supports tool calls",
         )
 
     def learn_context_limit(self, model: str, limit: int | None) -> None:
