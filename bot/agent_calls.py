@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -48,6 +49,7 @@ STEPS_SHARE = 0.75
 SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
 # A line of a plain-text answer this long found anywhere in the system's own text is an echo of it.
 ECHO_LENGTH = 12
+TRANSCRIPT_HEAD = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}(?: UTC)?\] [^:\n]{1,60}: ")
 # The last request of a failed chain (plain_answer): the model's words are sent as they are.
 PLAIN_ANSWER_REQUEST = (
     "## Now\nAnswer the person's last message in plain text, in your own words: what you write is sent to them "
@@ -190,14 +192,16 @@ class AgentCalls:
     def usable_text(self, text: str | None) -> str:
         """`text` as an answer for the person, without what echoes the system's own
         words into the prompt (small models copy the memory status, the alerts,
-        "(none yet)" of an empty summary): the lines that carry a marker, repeat a
-        line of it or a long part (in any case), or hold no word; "" when nothing is left."""
+        "(none yet)" of an empty summary, a message's "[time] name: " head): the lines
+        that carry a marker, repeat a line of it or a long part (in any case), or hold
+        no word; "" when nothing is left."""
         agent = self.agent
         written = f"{agent.queue.system_text()}\n{PLAIN_ANSWER_REQUEST}\n{agent.status_line()}".lower()
         lines = {" ".join(line.split()) for line in written.splitlines()}
         flat_written = " ".join(written.split())
         kept = []
         for line in (text or "").strip().splitlines():
+            line = TRANSCRIPT_HEAD.sub("", line)  # "[2026-12-07 17:44 UTC] user: ": a message's rendering
             flat = " ".join(line.split()).lower()
             echo = flat in lines or (len(flat) >= ECHO_LENGTH and flat in flat_written)
             if not (echo or any(marker in line for marker in SYSTEM_MARKERS)) and any(c.isalnum() for c in line):

@@ -231,6 +231,11 @@ class Exchange:
         return (self.response or {}).get("usage") or {}
 
 
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the bot closing a connection it has finished with (or a stream it cut) is no error
+
+
 class RecordingProxy:
     """An HTTP proxy on a free loopback port that forwards everything to
     `upstream` (host:port) and records each exchange."""
@@ -297,7 +302,7 @@ class RecordingProxy:
 
             do_GET = do_POST = _forward
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="recording-proxy", daemon=True)
         self._thread.start()

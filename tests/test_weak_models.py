@@ -121,3 +121,15 @@ async def test_the_openai_clients_request_log_is_held_to_warnings(tmp_path: Path
             root.removeHandler(handler)
             handler.close()
         logs._handlers.clear()
+
+
+async def test_the_lines_of_an_answer_that_echo_the_prompt_are_cut(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-server: a message's transcript head, the empty summary in
+    # another case, a line of the memory status, and punctuation alone around its words.
+    echoing = "[2026-12-07 17:44 UTC] user: Hello Dana!\n(None yet)\n[memory status] memory 5% full\n```\nNice to meet."
+    llm_server.script(reply_text(echoing))
+    runtime = await make_runtime()
+    replies = await runtime.handle(said("I'm Dana"))
+    assert [r.text for r in replies] == ["Hello Dana!\nNice to meet."]
