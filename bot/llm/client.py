@@ -90,8 +90,8 @@ STREAM_OPTIONS = {"include_usage": True}
 TOOLS_FIX = "llama-server: --jinja --chat-template-file with one that does, e.g. Qwen2.5's for a ChatML model"
 # Room over `max_tokens` before a streamed answer is cut: the server counts with its
 # own tokenizer, and an answer it would end by itself is not cut short.
-BUDGET_SLACK = 1.25
-BUDGET_EXTRA = 8
+BUDGET_SLACK = 2.0
+BUDGET_EXTRA = 16
 
 
 class LLMClient:
