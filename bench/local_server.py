@@ -112,6 +112,7 @@ async def through_the_bot(kind: str, server: RealServer, context: int, embedder:
     firsts: set[int] = set()  # the index (among the completions) of each message's first request
     try:
         for text in MESSAGES:
+            await asyncio.sleep(0.5)  # the proxy records an exchange once it has passed on its last byte
             firsts.add(len(proxy.completions()))
             started = time.monotonic()
             result = await runtime.handle_with_details(UserMessage(platform="terminal", user_id="dana", text=text))
@@ -137,6 +138,8 @@ async def through_the_bot(kind: str, server: RealServer, context: int, embedder:
     for first, share in shares:
         if share is not None:
             (measured.first_cached if first else measured.later_cached).append(share)
+    shown = " ".join(f"{'|' if first else ''}{share:.2f}" for first, share in shares if share is not None)
+    print(f"[{kind}] cached share per request ('|': a message's first): {shown}", flush=True)
     return measured
 
 

@@ -47,7 +47,7 @@ STEPS_SHARE = 0.75
 # What the system writes into the model's context: a plain-text answer that repeats it
 # (small models echo the status and alerts) is not an answer for the person.
 SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
-# A line of a plain-text answer this long found anywhere in the system's own text is an echo of it.
+# A line of a plain-text answer this long found in the system's instructions is an echo of them.
 ECHO_LENGTH = 12
 TRANSCRIPT_HEAD = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}(?: UTC)?\] [^:\n]{1,60}: ")
 # The last request of a failed chain (plain_answer): the model's words are sent as they are.
@@ -193,12 +193,13 @@ class AgentCalls:
         """`text` as an answer for the person, without what echoes the system's own
         words into the prompt (small models copy the memory status, the alerts,
         "(none yet)" of an empty summary, a message's "[time] name: " head): the lines
-        that carry a marker, repeat a line of it or a long part (in any case), or hold
-        no word; "" when nothing is left."""
+        that carry a marker, repeat a line of it or a part of its instructions (in any
+        case), or hold no word; "" when nothing is left."""
         agent = self.agent
         written = f"{agent.queue.system_text()}\n{PLAIN_ANSWER_REQUEST}\n{agent.status_line()}".lower()
         lines = {" ".join(line.split()) for line in written.splitlines()}
-        flat_written = " ".join(written.split())
+        # Parts only of the system's own words: the memory (working context, summary) may be quoted.
+        flat_written = " ".join(f"{agent.queue.instructions}\n{PLAIN_ANSWER_REQUEST}".lower().split())
         kept = []
         for line in (text or "").strip().splitlines():
             line = TRANSCRIPT_HEAD.sub("", line)  # "[2026-12-07 17:44 UTC] user: ": a message's rendering
