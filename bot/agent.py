@@ -320,9 +320,10 @@ class Agent:
         calls = completion.tool_calls
         text = self.calls.usable_text(completion.content) if completion.content_is_text and not calls else ""
         if not calls and text and self._awaits_answer() and not self._outbox:
-            if first_step and self.services.plain_text_replies:
-                # Answered in plain text, not in a heartbeat chain: that text is the
-                # answer (small local models rarely call send_message every time).
+            if (first_step or self.calls.plain_steps) and self.services.plain_text_replies:
+                # Answered in plain text, not in a heartbeat chain (or asked for plain
+                # text: the server drops the functions): that text is the answer (small
+                # local models rarely call send_message every time).
                 await self.send(text)
                 await self._record_step([Message(role="assistant", content=completion.content)], last=True)
                 return False

@@ -132,10 +132,15 @@ class AgentCalls:
         limits = self.agent.services.llm.limits()
         self.agent.queue.fit_server(limits.context_limit, limits.ratio)
 
+    @property
+    def plain_steps(self) -> bool:
+        """Whether steps ask for plain text: the server drops the functions (bot/llm/client.py)."""
+        return self.agent.services.llm.endpoint.tools_dropped
+
     async def _step_call(self) -> Completion:
-        agent = self.agent
-        if agent.services.llm.endpoint.tools_dropped:
+        if self.plain_steps:
             return await self._plain_call()
+        agent = self.agent
         status = agent.status_line()
         # The queue manager's cached total (an upper bound of a full recount,
         # function schemas included) spares re-tokenizing the whole prompt.
