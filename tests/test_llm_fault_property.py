@@ -601,7 +601,8 @@ def fault_report(request: pytest.FixtureRequest) -> Iterator[None]:
 async def test_endless_heartbeats_end_at_the_cap_with_one_note(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
-    # Found by the property: the chain stopped at the cap and the person got nothing.
+    # Found by the property: the chain stopped at the cap and the person got nothing. (Here
+    # the server answers even the last request, without functions, with a call: no text to send.)
     llm_server.set_handler(
         lambda request: calls(("core_memory_append", args(name="human", content="x", request_heartbeat=True)))
     )
