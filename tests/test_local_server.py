@@ -4,7 +4,8 @@
 - answers are streamed and read only to the reply budget: a server that writes
   past `max_tokens` (llama-cpp-python's chatml-function-calling) is cut off, its
   connection closed, and no longer eats the message's time budget;
-- a server that refuses streaming is asked without it (and its usage still read);
+- a server that refuses streaming is asked without it (and its usage still read), and
+  a stream that stops short of its answer is asked again without streaming;
 - the usage comes from the stream's last event, the cached share from
   `prompt_tokens_details` or llama-server's `timings`;
 - a server whose chat template drops the functions is named once, with the fix,
@@ -16,7 +17,9 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,3 +168,25 @@ def test_memgpt_chat_names_the_dropped_functions_once(llm_server: FakeLLMServer,
     assert result.returncode == 0, result.stderr
     assert result.stderr.count(DROPPED) == 1, result.stderr
     assert "(none yet)" not in result.stdout
+
+
+@dataclass(frozen=True)
+class StreamThatStops(Reply):
+    """llama-cpp-python's chatml-function-calling asked to stream a function call: it
+    raises after the first event, and the stream ends without the answer."""
+
+    def respond(self, h: Any, request: dict[str, Any]) -> None:
+        h.start_events()
+        h.send_event({"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]})
+        h.wfile.write(b"0\r\n\r\n")
+
+
+async def test_a_stream_that_stops_short_is_asked_again_without_streaming(llm_server: FakeLLMServer) -> None:
+    llm_server.script(StreamThatStops(), reply_tool_calls(tool_call("send_message", {"message": "hello"})))
+    client = client_for(llm_server)
+    try:
+        completion = await client.complete(Request(HI, max_tokens=64))
+    finally:
+        await client.close()
+    assert [call.name for call in completion.tool_calls] == ["send_message"]
+    assert [body.get("stream", False) for body in llm_server.requests] == [True, False]

@@ -221,6 +221,7 @@ class RequestRun:
     _refusal: Refusal | None = field(default=None, init=False)
     _pending: tuple[int, frozenset[str]] = field(default=(0, frozenset()), init=False)
     _dropped: bool = field(default=False, init=False)
+    streamed: bool = field(default=True, init=False)  # False once a stream broke off (asked again without)
 
     async def run(self) -> Completion:
         attempt = self._known_repairs(shape.portable(self.request.messages))
@@ -233,6 +234,10 @@ class RequestRun:
             try:
                 completion = await self._answer(body, retries=not level)
             except BrokenAnswer as broken:
+                if "stream" in body and self.streamed and not isinstance(broken.error, openai.APITimeoutError):
+                    self.streamed = False  # asked once more, not streamed (llama-cpp-python's function calls)
+                    self.client.endpoint.tell_once("unstreamed", f"a streamed answer broke off ({broken}): asked again")
+                    continue
                 if rereads and not level and not isinstance(broken.error, openai.APITimeoutError):
                     rereads -= 1
                     continue
@@ -271,12 +276,9 @@ class RequestRun:
             return completion
 
     async def _answer(self, body: dict[str, Any], *, retries: bool) -> Completion:
-        """The server's answer to `body`, read as far as the bot uses it. The low-level
-        post keeps the client's retries, auth and error types but skips its typed-params
-        transform (~10 ms per call on a full context: it walks every message); our
-        messages are plain dicts sent as JSON we encode (the schemas once), and the
-        answer is read by us, not into typed models (stream=True at the HTTP level,
-        whether the server streams or not, so the read stops at the reply budget)."""
+        """The answer to `body`, read as far as the bot uses it (stream=True at the HTTP level, whether the
+        server streams or not). The low-level post keeps the client's retries, auth and errors, without its
+        typed-params transform (~10 ms a call on a full context); we encode the JSON (the schemas once)."""
         options: RequestOptions = {"timeout": self.timeout}
         if not retries:
             options["max_retries"] = 0
@@ -300,11 +302,8 @@ class RequestRun:
             with contextlib.suppress(httpx2.TransportError):
                 await response.aclose()  # before the end of the answer: the server stops writing
         if cut:
-            self.client.endpoint.tell_once(
-                "cut",
-                f"the LLM server wrote past max_tokens ({request.max_tokens}); the bot stops reading each answer "
-                "at its reply budget and closes the connection",
-            )
+            note = f"the LLM server wrote past max_tokens ({request.max_tokens}): answers are read to a budget"
+            self.client.endpoint.tell_once("cut", note)
         return answer
 
     # -- what the endpoint learned ---------------------------------------------
@@ -371,7 +370,7 @@ class RequestRun:
             name = endpoint.renamed_parameters.get("max_tokens", "max_tokens")
             if name not in endpoint.dropped_parameters:
                 body[name] = request.max_tokens
-        if "stream" not in endpoint.dropped_parameters:
+        if self.streamed and "stream" not in endpoint.dropped_parameters:
             body["stream"] = True
             if "stream_options" not in endpoint.dropped_parameters:
                 body["stream_options"] = STREAM_OPTIONS  # the usage comes in the last event

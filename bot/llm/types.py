@@ -147,15 +147,20 @@ async def read_answer(
     dropped connection, httpx2's TransportError; no answer, LLMUnavailableError."""
     if "text/event-stream" not in response.headers.get("content-type", ""):  # the server did not stream
         return parse_completion(json.loads(await response.aread())), False
-    answer = StreamedAnswer(budget, count or one_per_piece)
+    answer, done = StreamedAnswer(budget, count or one_per_piece), False
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue  # comments (": ping"), event names, blank separators
         data = line[5:].strip()
         if data == "[DONE]":
+            done = True
             break
         if not answer.add(json.loads(data)):
             break
+    if not (done or answer.finish_reason or answer.cut or answer.error is not None):
+        # llama-cpp-python's chatml-function-calling raises inside a streamed function call
+        # ("Automatic streaming tool choice is not supported"): the stream just stops.
+        raise httpx2.RemoteProtocolError("the stream ended before the answer did")
     return parse_completion(answer.body()), answer.cut
 
 
