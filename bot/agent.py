@@ -367,9 +367,11 @@ class Agent:
                     content=json.dumps({"status": status, "result": result}, ensure_ascii=False),
                 )
             )
-        if not calls and not self._outbox and self._awaits_answer():
+        if not calls and not self._outbox and self._awaits_answer() and (completion.content or "").strip():
             # Plain text reaches nobody; tell the model once per step and let it retry.
-            # (On ticks, joins and alerts silence is a valid choice: no nudge.)
+            # (On ticks, joins and alerts silence is a valid choice: no nudge. Nor after an
+            # empty answer, which llama-cpp-python's chatml-function-calling gives whenever
+            # its model does not call: the chain ends, and a plain-text request follows.)
             produced.append(Message(role="user", content=NO_CALL_NUDGE, name="system_alert"))
             heartbeat = True
         await self._record_step(produced, last=not heartbeat)

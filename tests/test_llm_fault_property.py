@@ -115,7 +115,8 @@ FAULT_CLASSES = (
 
 ANSWER = "answer: "  # every send_message text the model is scripted to send starts with this
 # What a model answers in plain text, without a function call: sent to the person as
-# the answer (MEMGPT_PLAIN_TEXT_REPLIES), except the empty one, which gets a nudge.
+# the answer (MEMGPT_PLAIN_TEXT_REPLIES), except the empty one, which ends the chain (the
+# plain-text request follows).
 PLAIN_TEXTS = ("Sure, I can help.", "", f"{ANSWER}in plain text", "send_message('hi')")
 # A model asked without functions (the bot's last request of a failed chain) writes text,
 # however it misused them: the step's scripted answer, where the server answers at all.

@@ -133,3 +133,15 @@ async def test_the_lines_of_an_answer_that_echo_the_prompt_are_cut(
     runtime = await make_runtime()
     replies = await runtime.handle(said("I'm Dana"))
     assert [r.text for r in replies] == ["Hello Dana!\nNice to meet."]
+
+
+async def test_an_empty_answer_goes_straight_to_the_plain_text_request(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # llama-cpp-python's chatml-function-calling answers "" whenever its model does not call
+    # a function: nudging it again only gets "" again, step after step.
+    llm_server.script(reply_text(""), reply_text("Hello Dana."))
+    runtime = await make_runtime()
+    replies = await runtime.handle(said("I'm Dana"))
+    assert [r.text for r in replies] == ["Hello Dana."]
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, False]
