@@ -259,11 +259,12 @@ class Agent:
     async def _answer_anyway(self, result: EventResult) -> None:
         """A person's message never ends in silence: the model's own words if it wrote
         any (plain text it was nudged to send); else, when the chain failed with the
-        server answering (malformed calls, the step cap, a function loop), the answer
-        of one last request for plain text (bot/agent_calls.py: plain_answer). One
-        honest note only when the server is down or refuses, or wrote nothing usable."""
+        server answering (malformed calls, the step cap, a function loop, or its share
+        of the time), the answer of one last request for plain text (bot/agent_calls.py:
+        plain_answer). One honest note only when the server is down or refuses, or
+        wrote nothing usable."""
         text, asked = self._best_text, False
-        if not text and result.trouble is None:
+        if not text and self.calls.may_still_answer(result.trouble):
             asked = True
             try:
                 text = self.calls.usable_text(await self.calls.plain_answer())

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from bot.conversation import Conversation
-from bot.llm import Completion, ContextLimitError, Request, TokenUsage, tools_as_text
+from bot.llm import LATE, Completion, ContextLimitError, Request, TokenUsage, tools_as_text, trouble
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from bot.services import AgentServices
 from memory.queue_manager import PRESSURE_MARKER, STATUS_MARKER, ContextOverflowError, QueueManager, render_transcript
@@ -44,6 +44,7 @@ MAX_RATIO = 4.0
 # The share of the message's time budget the steps may use; the rest is the last
 # plain-text request's when a chain fails.
 STEPS_SHARE = 0.75
+MIN_PLAIN_SECONDS = 5.0  # a plain-text request after the steps ran out of time needs at least this
 # What the system writes into the model's context: a plain-text answer that repeats it
 # (small models echo the status and alerts) is not an answer for the person.
 SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
@@ -150,6 +151,15 @@ class AgentCalls:
             agent.queue.total_tokens(status),
             max_tokens=agent.queue.response_reserve,
         )
+
+    def may_still_answer(self, note: str | None) -> bool:
+        """Whether the last plain-text request is worth making after the steps: they
+        ended without a note (the chain failed), or ran out of their share of the time
+        (a slow server is no server that is down) with some of the rest still left."""
+        if note is None:
+            return True
+        left = None if self.last_deadline is None else self.last_deadline - time.monotonic()
+        return note == trouble(LATE) and left is not None and left >= MIN_PLAIN_SECONDS
 
     async def plain_answer(self) -> str:
         """The chain failed (malformed calls, the step cap, a function loop): one last

@@ -28,7 +28,7 @@ from bot.llm.client import reply_budget
 from bot.llm.types import StreamedAnswer, one_per_piece, parse_completion
 from memory.tokens import TokenCounter, load_encoder
 from tests.conftest import RuntimeFactory
-from tests.fake_llm import FakeLLMServer, Reply, RunawayReply, reply_text, reply_tool_calls, say, tool_call
+from tests.fake_llm import FakeLLMServer, Reply, RunawayReply, fault_delay, reply_text, reply_tool_calls, say, tool_call
 from tests.helpers import said
 from tests.test_cli import base_env, memgpt
 
@@ -190,3 +190,14 @@ async def test_a_stream_that_stops_short_is_asked_again_without_streaming(llm_se
         await client.close()
     assert [call.name for call in completion.tool_calls] == ["send_message"]
     assert [body.get("stream", False) for body in llm_server.requests] == [True, False]
+
+
+async def test_a_step_out_of_time_still_leaves_a_plain_text_answer(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # A slow server is no server that is down: the rest of the message's time asks for plain text.
+    llm_server.script(fault_delay(3, say("too late")), reply_text("Here now."))
+    runtime = await make_runtime(llm_timeout=1, llm_max_retries=0, message_time_budget=30.0)
+    result = await runtime.handle_with_details(said("hello"))
+    assert [reply.text for reply in result.replies] == ["Here now."] and result.trouble is None
+    assert "tools" not in llm_server.requests[-1]

@@ -16,9 +16,10 @@ is the agent's: bot/agent_calls.py.
 
 from bot.llm.client import LLMClient
 from bot.llm.shape import tools_as_text
-from bot.llm.types import Completion, ContextLimitError, LLMUnavailableError, Request, TokenUsage
+from bot.llm.types import LATE, Completion, ContextLimitError, LLMUnavailableError, Request, TokenUsage, trouble
 
 __all__ = [
+    "LATE",
     "Completion",
     "ContextLimitError",
     "LLMClient",
@@ -26,4 +27,5 @@ __all__ = [
     "Request",
     "TokenUsage",
     "tools_as_text",
+    "trouble",
 ]
