@@ -26,12 +26,7 @@ from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
-from memory.queue_manager import (
-    PRESSURE_MARKER,
-    STATUS_MARKER,
-    ContextOverflowError,
-    QueueManager,
-)
+from memory.queue_manager import ContextOverflowError, QueueManager
 from memory.store import Store, StoreError
 from memory.types import AgentRecord, Block, Message, OutboxEntry, Passage, utc_now
 from memory.working_context import WorkingContext
@@ -49,9 +44,6 @@ NO_ANSWER = (
 NO_CALL_NUDGE = (
     "[system alert] Your last reply called no function, so the person saw nothing. Use send_message to answer them."
 )
-# What the system writes into the model's context: a plain-text answer that repeats it
-# (small models echo the status and alerts) is not an answer for the person.
-SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
 # Functions a redone step may simply run again: reads, and send_message (its
 # outbox entry is keyed by event and position, so a redo cannot send twice).
 # Their steps skip the extra write that records the calls before they run.
@@ -262,17 +254,34 @@ class Agent:
                 )
                 break
         if not self._outbox and self._awaits_answer():
-            # A person's message never ends in silence: the model's own words if it
-            # wrote any (plain text it was nudged to send), else one honest note.
-            if self._best_text:
-                result.trouble = None
-                await self.send(self._best_text)
-            else:
-                result.trouble = result.trouble or NO_ANSWER
-                await self.send(result.trouble)
+            await self._answer_anyway(result)
         await self._save_replies()
         result.replies = list(self._outbox)
         return result
+
+    async def _answer_anyway(self, result: EventResult) -> None:
+        """A person's message never ends in silence: the model's own words if it wrote
+        any (plain text it was nudged to send); else, when the chain failed with the
+        server answering (malformed calls, the step cap, a function loop, or its share
+        of the time), the answer of one last request for plain text (bot/agent_calls.py:
+        plain_answer). One honest note only when the server is down or refuses, or
+        wrote nothing usable."""
+        text, asked = self._best_text, False
+        if not text and self.calls.may_still_answer(result.trouble):
+            asked = True
+            try:
+                text = self.calls.usable_text(await self.calls.plain_answer())
+            except LLMUnavailableError as error:
+                log.error("agent %s: LLM unavailable for the plain-text answer: %s", self.id, error)
+                result.trouble = error.user_message
+        if not text:
+            result.trouble = result.trouble or NO_ANSWER
+            await self.send(result.trouble)
+            return
+        result.trouble = None
+        await self.send(text)
+        if asked:  # kept as the model's answer, its outbox entry in the same write
+            await self.record_messages([Message(role="assistant", content=text)])
 
     async def _answered_before_a_crash(self, event: Event, result: EventResult) -> bool:
         """Record the event's message, unless a run of this event before a
@@ -313,13 +322,12 @@ class Agent:
     async def _execute(self, completion: Completion, *, first_step: bool = False) -> bool:
         """Run one step's function calls in order; returns whether to go on."""
         calls = completion.tool_calls
-        text = (completion.content or "").strip() if completion.content_is_text else ""
-        if any(marker in text for marker in SYSTEM_MARKERS):
-            text = ""
+        text = self.calls.usable_text(completion.content) if completion.content_is_text and not calls else ""
         if not calls and text and self._awaits_answer() and not self._outbox:
-            if first_step and self.services.plain_text_replies:
-                # Answered in plain text, not in a heartbeat chain: that text is the
-                # answer (small local models rarely call send_message every time).
+            if (first_step or self.calls.plain_steps) and self.services.plain_text_replies:
+                # Answered in plain text, not in a heartbeat chain (or asked for plain
+                # text: the server drops the functions): that text is the answer (small
+                # local models rarely call send_message every time).
                 await self.send(text)
                 await self._record_step([Message(role="assistant", content=completion.content)], last=True)
                 return False
@@ -363,9 +371,11 @@ class Agent:
                     content=json.dumps({"status": status, "result": result}, ensure_ascii=False),
                 )
             )
-        if not calls and not self._outbox and self._awaits_answer():
+        if not calls and not self._outbox and self._awaits_answer() and (completion.content or "").strip():
             # Plain text reaches nobody; tell the model once per step and let it retry.
-            # (On ticks, joins and alerts silence is a valid choice: no nudge.)
+            # (On ticks, joins and alerts silence is a valid choice: no nudge. Nor after an
+            # empty answer, which llama-cpp-python's chatml-function-calling gives whenever
+            # its model does not call: the chain ends, and a plain-text request follows.)
             produced.append(Message(role="user", content=NO_CALL_NUDGE, name="system_alert"))
             heartbeat = True
         await self._record_step(produced, last=not heartbeat)

@@ -8,23 +8,28 @@ which the client knows nothing of.
 - A step the server refuses as over its context flushes harder (the limits
   learned from the refusal, or one more eviction) and is sent again.
 - Every call carries a `max_tokens` for its purpose (a step: the response
-  reserve; a summary: its budget) and the deadline of the message's time budget.
+  reserve; a summary: its budget), which the client also reads no further than
+  (bot/llm/types.py: read_answer), and the deadline of the message's time budget:
+  the steps have three quarters of it, the rest is kept for one last request
+  when the chain fails (`plain_answer`).
 - Every call's tokens are counted here, with the model's tokenizer (the daily
   budget, bot/limits.py); see `complete`.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import re
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
 from bot.conversation import Conversation
-from bot.llm import Completion, ContextLimitError, Request, TokenUsage
+from bot.llm import LATE, Completion, ContextLimitError, Request, TokenUsage, tools_as_text, trouble
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from bot.services import AgentServices
-from memory.queue_manager import PRESSURE_MARKER, ContextOverflowError, QueueManager, render_transcript
+from memory.queue_manager import PRESSURE_MARKER, STATUS_MARKER, ContextOverflowError, QueueManager, render_transcript
 from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import Message
 
@@ -36,6 +41,21 @@ CONTEXT_RETRIES = 3
 # A refusal that gave no token count: the margin grows by this much.
 UNCOUNTED_MARGIN = 1.15
 MAX_RATIO = 4.0
+# The share of the message's time budget the steps may use; the rest is the last
+# plain-text request's when a chain fails.
+STEPS_SHARE = 0.75
+MIN_PLAIN_SECONDS = 5.0  # a plain-text request after the steps ran out of time needs at least this
+# What the system writes into the model's context: a plain-text answer that repeats it
+# (small models echo the status and alerts) is not an answer for the person.
+SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
+# A line of a plain-text answer this long found in the system's instructions is an echo of them.
+ECHO_LENGTH = 12
+TRANSCRIPT_HEAD = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}(?: UTC)?\] [^:\n]{1,60}: ")
+# The last request of a failed chain (plain_answer): the model's words are sent as they are.
+PLAIN_ANSWER_REQUEST = (
+    "## Now\nAnswer the person's last message in plain text, in your own words: what you write is sent to them "
+    "as it is. No function calls."
+)
 
 
 class CallingAgent(Protocol):
@@ -63,12 +83,19 @@ class CallingAgent(Protocol):
 class AgentCalls:
     def __init__(self, agent: CallingAgent) -> None:
         self.agent = agent
-        # time.monotonic() by which the current event's calls must be done (None: no budget).
+        # time.monotonic() by which the current event's steps must be done, and its
+        # last plain-text request (None: no budget).
         self.deadline: float | None = None
+        self.last_deadline: float | None = None
+        # The function schemas' tokens, for the server's count to be checked against
+        # (bot/llm/client.py: Endpoint.check_tools): (the list, its length, tokens).
+        self._tool_tokens: tuple[object, int, int] = (None, 0, 0)
 
     def start_event(self) -> None:
         budget = self.agent.services.message_time_budget
-        self.deadline = time.monotonic() + budget if budget > 0 else None
+        now = time.monotonic()
+        self.deadline = now + budget * STEPS_SHARE if budget > 0 else None
+        self.last_deadline = now + budget if budget > 0 else None
 
     # -- the step -------------------------------------------------------------
     async def step(self) -> Completion:
@@ -106,7 +133,14 @@ class AgentCalls:
         limits = self.agent.services.llm.limits()
         self.agent.queue.fit_server(limits.context_limit, limits.ratio)
 
+    @property
+    def plain_steps(self) -> bool:
+        """Whether steps ask for plain text: the server drops the functions (bot/llm/client.py)."""
+        return self.agent.services.llm.endpoint.tools_dropped
+
     async def _step_call(self) -> Completion:
+        if self.plain_steps:
+            return await self._plain_call()
         agent = self.agent
         status = agent.status_line()
         # The queue manager's cached total (an upper bound of a full recount,
@@ -117,6 +151,86 @@ class AgentCalls:
             agent.queue.total_tokens(status),
             max_tokens=agent.queue.response_reserve,
         )
+
+    def may_still_answer(self, note: str | None) -> bool:
+        """Whether the last plain-text request is worth making after the steps: they
+        ended without a note (the chain failed), or ran out of their share of the time
+        (a slow server is no server that is down) with some of the rest still left."""
+        if note is None:
+            return True
+        left = None if self.last_deadline is None else self.last_deadline - time.monotonic()
+        return note == trouble(LATE) and left is not None and left >= MIN_PLAIN_SECONDS
+
+    async def plain_answer(self) -> str:
+        """The chain failed (malformed calls, the step cap, a function loop): one last
+        request, without functions, asks for the answer in plain text, with the rest of
+        the message's time. The instruction goes in the system message and the person's
+        message last (a small model answers, or copies, the newest turn); the system's
+        alerts and the chain's plain texts that reached no one are left out, and its
+        function calls and results go as text, which any chat template renders. The
+        model's text (or, from a server that sends a call anyway, send_message's), for
+        the agent to judge (`usable_text`)."""
+        self.deadline = self.last_deadline
+        completion = await self._plain_call()
+        if completion.content_is_text and (completion.content or "").strip():
+            return completion.content or ""
+        for call in completion.tool_calls:
+            if call.name == "send_message":
+                try:
+                    message = json.loads(call.arguments).get("message")
+                except (ValueError, AttributeError):
+                    continue
+                if isinstance(message, str):
+                    return message
+        return ""
+
+    async def _plain_call(self) -> Completion:
+        """The request of `plain_answer`, also every step's on a server that drops the
+        functions (they would only lengthen the prompt)."""
+        queue = self.agent.queue
+        system = {"role": "system", "content": f"{queue.system_text()}\n\n{PLAIN_ANSWER_REQUEST}"}
+        event = queue.protected_seq  # the person's message (the event's first)
+        kept, theirs = [], []
+        for entry in queue.entries:
+            message = entry.message
+            if event is not None and message.seq == event:
+                theirs.append(entry.payload)
+            elif message.name == "system_alert" or (
+                event is not None and message.seq > event and message.role == "assistant" and not message.tool_calls
+            ):
+                continue  # the system's alerts, and this chain's plain texts that reached no one
+            else:
+                kept.append(entry.payload)
+        messages = tools_as_text([system, *kept, *theirs])
+        return await self.complete(messages, max_tokens=queue.response_reserve, teaches_ratio=False)
+
+    def usable_text(self, text: str | None) -> str:
+        """`text` as an answer for the person, without what echoes the system's own
+        words into the prompt (small models copy the memory status, the alerts,
+        "(none yet)" of an empty summary, a message's "[time] name: " head): the lines
+        that carry a marker, repeat a line of it or a part of its instructions (in any
+        case), or hold no word; "" when nothing is left."""
+        agent = self.agent
+        written = f"{agent.queue.system_text()}\n{PLAIN_ANSWER_REQUEST}\n{agent.status_line()}".lower()
+        lines = {" ".join(line.split()) for line in written.splitlines()}
+        # Parts only of the system's own words: the memory (working context, summary) may be quoted.
+        flat_written = " ".join(f"{agent.queue.instructions}\n{PLAIN_ANSWER_REQUEST}".lower().split())
+        kept = []
+        for line in (text or "").strip().splitlines():
+            line = TRANSCRIPT_HEAD.sub("", line)  # "[2026-12-07 17:44 UTC] user: ": a message's rendering
+            flat = " ".join(line.split()).lower()
+            echo = flat in lines or (len(flat) >= ECHO_LENGTH and flat in flat_written)
+            if not (echo or any(marker in line for marker in SYSTEM_MARKERS)) and any(c.isalnum() for c in line):
+                kept.append(line)
+        return "\n".join(kept).strip()
+
+    def tool_tokens(self, tools: list[dict[str, Any]]) -> int:
+        """Our count of `tools` (the same list on every step: counted once)."""
+        known, length, tokens = self._tool_tokens
+        if known is not tools or length != len(tools):
+            tokens = self.agent.services.counter.count_tools(tools)
+            self._tool_tokens = (tools, len(tools), tokens)
+        return tokens
 
     # -- queue management --------------------------------------------------
     async def make_room(self) -> None:
@@ -232,8 +346,11 @@ class AgentCalls:
                 call_functions=call_functions,
                 max_tokens=max_tokens,
                 deadline=self.deadline,
-                # Our count, for the server's ratio to the agent's prompts (bot/llm/client.py: Endpoint).
+                # Our count, for the server's ratio to the agent's prompts and whether
+                # it rendered the functions (bot/llm/client.py: Endpoint).
                 prompt_tokens=prompt if teaches_ratio else 0,
+                tool_tokens=self.tool_tokens(tools) if tools and teaches_ratio else 0,
+                count_tokens=counter.count,
             )
         )
         answer = counter.count(completion.content or "")

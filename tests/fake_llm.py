@@ -20,6 +20,10 @@ optional fallback ``server.set_handler(fn)`` is called with the parsed request b
 neither yields a reply the server answers a loud HTTP 500 (with ``x-should-retry: false`` so
 the openai client does not retry it) saying the script ran out.
 
+A request with ``stream: true`` gets its reply as server-sent events (the usage last, when
+``stream_options.include_usage`` asks for it); ``server.streaming = False`` refuses such a
+request with 400, as some servers do. ``RunawayReply`` streams until the client closes.
+
 Faults (``fault_status``, ``fault_delay``, ``fault_malformed_json``, ``fault_disconnect``) are
 replies too and can be scripted or returned from a handler.
 
@@ -74,6 +78,7 @@ __all__ = [
     "RecordedRequest",
     "RefusedPort",
     "Reply",
+    "RunawayReply",
     "StatusFault",
     "ToolCall",
     "TruncatedBodyFault",
@@ -162,10 +167,12 @@ class CompletionReply(Reply):
         }
 
     def _rough_usage(self, request: JSONDict) -> JSONDict:
-        # Deliberately rough and low (~8 chars per token, the tools not counted): the
-        # bot learns a server/our token ratio from it only above 1, so this count
-        # never teaches one. tests/strict_llm.py reports a server's real count.
-        prompt = len(json.dumps(request.get("messages", []))) // 8
+        # Deliberately rough and low (5 characters of the JSON per token, where
+        # tiktoken's are about 3.8): the bot learns a server/our token ratio from it
+        # only above 1, so this count never teaches one; the tools are counted (a
+        # count without them is a server that left them out, bot/llm/client.py).
+        # tests/strict_llm.py reports a server's real count.
+        prompt = len(json.dumps([request.get("messages", []), request.get("tools") or []])) // 5
         out = len(self.content or "") + sum(len(t.name) + len(t.arguments) for t in self.tool_calls)
         completion = out // 4 + 1
         return {
@@ -175,7 +182,59 @@ class CompletionReply(Reply):
         }
 
     def respond(self, h: _Handler, request: JSONDict) -> None:
-        h.send_json(200, self.to_json(request))
+        if request.get("stream"):
+            h.send_events(stream_events(self.to_json(request), request))
+        else:
+            h.send_json(200, self.to_json(request))
+
+
+def stream_events(answer: JSONDict, request: JSONDict) -> list[JSONDict]:
+    """A chat.completion as the chunks a streaming server sends: the text, each
+    call, the finish reason, and the usage when the request asked for it."""
+    choice = answer["choices"][0]
+    message = choice["message"]
+    head = {key: answer[key] for key in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+
+    def chunk(delta: JSONDict, finish: str | None = None) -> JSONDict:
+        return head | {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    events = [chunk({"role": "assistant", "content": message["content"]})]
+    events += [chunk({"tool_calls": [call | {"index": i}]}) for i, call in enumerate(message.get("tool_calls", []))]
+    events.append(chunk({}, choice["finish_reason"]))
+    if (request.get("stream_options") or {}).get("include_usage"):
+        events.append(head | {"choices": [], "usage": answer["usage"]})
+    return events
+
+
+@dataclass(frozen=True)
+class RunawayReply(Reply):
+    """A streamed answer that never ends on its own, as llama-cpp-python's
+    chatml-function-calling writes past max_tokens: `piece` every `pause` seconds
+    until the client closes the connection; `pieces` counts what was written."""
+
+    piece: str = "la "
+    pause: float = 0.002
+    arguments: bool = False  # the pieces are a send_message call's arguments, not text
+    pieces: list[int] = field(default_factory=lambda: [0])
+    closed: threading.Event = field(default_factory=threading.Event)
+
+    def respond(self, h: _Handler, request: JSONDict) -> None:
+        head = {"id": "chatcmpl-runaway", "object": "chat.completion.chunk", "created": 0, "model": "m"}
+        h.start_events()
+        call = {"index": 0, "id": "call_runaway", "type": "function"}
+        first = True
+        while not h.fake_server.stopping.is_set():
+            delta: JSONDict = {"content": self.piece}
+            if self.arguments:
+                opening = {"name": "send_message", "arguments": '{"message": "'} if first else {}
+                delta = {"tool_calls": [call | {"function": opening or {"arguments": self.piece}}]}
+            first = False
+            event = head | {"choices": [{"index": 0, "delta": delta, "finish_reason": None}]}
+            if not h.send_event(event):
+                self.closed.set()
+                return
+            self.pieces[0] += 1
+            time.sleep(self.pause)
 
 
 @dataclass(frozen=True)
@@ -406,6 +465,27 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:  # client went away (e.g. it timed out while we were delaying)
             self.close_connection = True
 
+    def send_events(self, events: list[JSONDict]) -> None:
+        """A whole server-sent event stream at once (each event a `data:` line, then [DONE])."""
+        body = "".join(f"data: {json.dumps(event)}\n\n" for event in events) + "data: [DONE]\n\n"
+        self.send_raw(200, body.encode(), {"Content-Type": "text/event-stream"})
+
+    def start_events(self) -> None:
+        """The head of an event stream sent piece by piece (chunked), for `send_event`."""
+        self.close_connection = True
+        head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+        self.wfile.write(f"{head}Connection: close\r\n\r\n".encode("latin-1"))
+
+    def send_event(self, event: JSONDict) -> bool:
+        """One event as one chunk; False once the client has gone."""
+        data = f"data: {json.dumps(event)}\n\n".encode()
+        try:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+        except OSError:
+            return False
+        return True
+
     def send_json(self, status: int, obj: Any, headers: dict[str, str] | None = None) -> None:
         body = json.dumps(obj).encode()
         self.send_raw(status, body, {"Content-Type": "application/json", **(headers or {})})
@@ -460,7 +540,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_api_error(400, f"fake_llm: request body is not JSON: {exc}", retry=False)
             return
         self._record(raw, body)
-        if body.get("stream"):
+        if body.get("stream") and not self.fake_server.streaming:
             self.send_api_error(400, "fake_llm: streaming (stream=true) is not supported", retry=False)
             return
         strict = self.fake_server.strict
@@ -522,6 +602,8 @@ class FakeLLMServer:
         self._thread: threading.Thread | None = None
         # A strict server's behaviour (tests/strict_llm.py); None: accept anything.
         self.strict: Any = None
+        # False: a request with stream=true is refused (400), as some servers do.
+        self.streaming = True
 
     # -- lifecycle --
 
@@ -600,6 +682,7 @@ class FakeLLMServer:
             self._queue.clear()
             self._handler = None
             self.strict = None
+            self.streaming = True
             self.requests.clear()
             self.raw_requests.clear()
 

@@ -25,6 +25,7 @@ own token counts, its errors).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -44,6 +45,7 @@ from typing import Any
 
 import pytest
 
+from bot.llm.types import StreamedAnswer, one_per_piece
 from memory.tokens import TokenCounter
 from tests.helpers import free_port, stop_process
 from tests.mongo_server import tools_dir
@@ -217,6 +219,8 @@ class Exchange:
     response: JSONDict | None
     error: str  # the server's error text (or the connection error), "" when it answered 200
     seconds: float
+    streamed: bool = False  # the answer came as server-sent events (`response` is put back together)
+    left: bool = False  # the bot closed the connection before the end of the answer (its reply budget)
 
     @property
     def is_completion(self) -> bool:
@@ -225,6 +229,11 @@ class Exchange:
     @property
     def usage(self) -> Mapping[str, Any]:
         return (self.response or {}).get("usage") or {}
+
+
+class _QuietServer(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        pass  # the bot closing a connection it has finished with (or a stream it cut) is no error
 
 
 class RecordingProxy:
@@ -250,35 +259,50 @@ class RecordingProxy:
                 proxy.request_seen.set()
                 started = time.monotonic()
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
-                status, reply, reply_headers, error = 0, b"", [("Content-Type", "application/json")], ""
+                status, reply, error, left = 0, b"", "", False
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=3600)
                 try:
                     upstream.request(self.command, self.path, body=body or None, headers=headers)
                     answer = upstream.getresponse()
-                    status, reply = answer.status, answer.read()
+                    status = answer.status
                     reply_headers = [
                         (k, v)
                         for k, v in answer.getheaders()
                         if k.lower() not in ("content-length", "transfer-encoding", "connection")
                     ]
-                except OSError as exc:
+                    # Passed on as it comes (chunked), so the bot reads a streamed answer
+                    # as the server writes it; a bot that stops reading closes the
+                    # connection, and the proxy then closes the server's (which stops it).
+                    self.send_response(status)
+                    for key, value in reply_headers:
+                        self.send_header(key, value)
+                    self.send_header("Transfer-Encoding", "chunked")
+                    self.end_headers()
+                    parts = []
+                    while piece := answer.read1(65536):
+                        parts.append(piece)
+                        if not left:
+                            try:
+                                self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                                self.wfile.flush()
+                            except OSError:
+                                left = True
+                                break
+                    reply = b"".join(parts)
+                    if not left:
+                        with contextlib.suppress(OSError):
+                            self.wfile.write(b"0\r\n\r\n")
+                except (OSError, http.client.HTTPException) as exc:  # the server died, or before it answered
                     error = f"{type(exc).__name__}: {exc}"
                 finally:
                     upstream.close()
-                proxy._record(self.path, body, status, reply, error, time.monotonic() - started)
-                if status == 0:  # as the server being down looks to the client: the connection drops
+                proxy._record(self.path, body, status, reply, error, time.monotonic() - started, left)
+                if status == 0 or left or error:  # as the server being down looks to the client: the connection drops
                     self.close_connection = True
-                    return
-                self.send_response(status)
-                for key, value in reply_headers:
-                    self.send_header(key, value)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
 
             do_GET = do_POST = _forward
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server = _QuietServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="recording-proxy", daemon=True)
         self._thread.start()
@@ -287,13 +311,16 @@ class RecordingProxy:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
-    def _record(self, path: str, body: bytes, status: int, reply: bytes, error: str, seconds: float) -> None:
+    def _record(
+        self, path: str, body: bytes, status: int, reply: bytes, error: str, seconds: float, left: bool = False
+    ) -> None:
         request = _json_or_none(body)
-        response = _json_or_none(reply)
+        streamed = reply.startswith((b"data:", b":")) and status == 200
+        response = _events_answer(reply) if streamed else _json_or_none(reply)
         if status and status != 200 and not error:
             error = reply.decode("utf-8", "replace")[:2000]
         with self._lock:
-            self.exchanges.append(Exchange(path, request, status, response, error, seconds))
+            self.exchanges.append(Exchange(path, request, status, response, error, seconds, streamed, left))
 
     def completions(self, since: int = 0) -> list[Exchange]:
         with self._lock:
@@ -302,6 +329,18 @@ class RecordingProxy:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+def _events_answer(raw: bytes) -> JSONDict | None:
+    """A streamed answer put back together as a non-streamed one (the bot's own reader's way)."""
+    answer = StreamedAnswer(0, one_per_piece)
+    for line in raw.decode("utf-8", "replace").splitlines():
+        data = line[5:].strip() if line.startswith("data:") else ""
+        if data and data != "[DONE]":
+            with contextlib.suppress(ValueError):
+                answer.add(json.loads(data))
+    body = answer.body()
+    return body if isinstance(body, dict) else None
 
 
 def _json_or_none(raw: bytes) -> JSONDict | None:

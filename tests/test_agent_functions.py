@@ -55,15 +55,19 @@ async def test_step_cap_stops_an_endless_chain(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     llm_server.set_handler(
-        lambda request: reply_tool_calls(
-            tool_call("conversation_search", {"query": "anything", "request_heartbeat": True})
+        lambda request: (
+            reply_tool_calls(tool_call("conversation_search", {"query": "anything", "request_heartbeat": True}))
+            if request.get("tools")
+            else reply_text("I looked, and found nothing.")
         )
     )
     runtime = await make_runtime(max_steps_per_event=4)
     with caplog.at_level(logging.WARNING):
         result = await runtime.handle_with_details(said("loop forever"))
     assert result.hit_step_cap and result.steps == 4
-    assert len(llm_server.requests) == 4
+    # Four steps, then one request without functions for a plain-text answer, which is sent.
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True] * 4 + [False]
+    assert [r.text for r in result.replies] == ["I looked, and found nothing."]
     assert any("step cap of 4 reached" in record.getMessage() for record in caplog.records)
     # The agent is not stuck: the next event runs normally.
     llm_server.set_handler(None)
@@ -175,6 +179,7 @@ async def test_two_users_never_see_each_others_memory(make_runtime: RuntimeFacto
     secret = "The vault code is 7741-ALPHA-ZULU"
     llm_server.script(
         reply_tool_calls(tool_call("archival_memory_insert", {"content": secret, "request_heartbeat": False})),
+        reply_text("Kept safe."),  # the chain sent nothing: the plain-text answer
         reply_tool_calls(tool_call("conversation_search", {"query": "vault code", "request_heartbeat": True})),
         reply_tool_calls(
             tool_call("archival_memory_search", {"query": "the code of the vault", "request_heartbeat": True})
@@ -184,12 +189,12 @@ async def test_two_users_never_see_each_others_memory(make_runtime: RuntimeFacto
     runtime = await make_runtime()
     await runtime.handle(said(f"Keep this safe: {secret}", user="alice"))
     await runtime.handle(said("What is the vault code?", user="bob"))
-    recall_result = last_tool_result(llm_server.requests[2])["result"]
-    archival_result = last_tool_result(llm_server.requests[3])["result"]
+    recall_result = last_tool_result(llm_server.requests[3])["result"]
+    archival_result = last_tool_result(llm_server.requests[4])["result"]
     assert "7741" not in recall_result
     assert "7741" not in archival_result
     # Bob's whole last prompt holds nothing of Alice's.
-    assert "7741" not in json.dumps(llm_server.requests[3])
+    assert "7741" not in json.dumps(llm_server.requests[4])
     alice = await runtime.agent("terminal:alice")
     found = await runtime.archival.search(alice.id, "vault code", 5)
     assert found.items and "7741" in found.items[0][0].text

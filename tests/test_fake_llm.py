@@ -154,7 +154,24 @@ async def test_models_endpoint(server: FakeLLMServer, client: openai.AsyncOpenAI
     assert [m.id for m in page.data]
 
 
-async def test_stream_is_rejected(server: FakeLLMServer, client: openai.AsyncOpenAI) -> None:
+async def test_a_streamed_reply_reads_as_the_client_reads_one(
+    server: FakeLLMServer, client: openai.AsyncOpenAI
+) -> None:
+    server.script(reply_tool_calls(tool_call("send_message", {"message": "hi"}), content="thinking"))
+    stream = await client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "thinking"
+    calls = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
+    assert [(call.function.name, call.function.arguments) for call in calls if call.function] == [
+        ("send_message", '{"message": "hi"}')
+    ]
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens > 0
+
+
+async def test_stream_is_rejected_where_asked(server: FakeLLMServer, client: openai.AsyncOpenAI) -> None:
+    server.streaming = False
     server.script(reply_text("unused"))
     with pytest.raises(openai.BadRequestError, match="streaming"):
         await create(client, stream=True)

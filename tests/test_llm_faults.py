@@ -51,11 +51,13 @@ async def test_persistent_500_gives_a_clear_message_and_keeps_the_message(
 
 
 async def test_timeout_gives_a_clear_message(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
-    llm_server.script(fault_delay(3.0))
+    # Too slow for the step, and for the plain-text request the rest of the time allows.
+    llm_server.script(fault_delay(3.0), fault_delay(3.0))
     runtime = await make_runtime(llm_timeout=0.5, llm_max_retries=0)
     result = await runtime.handle_with_details(said("slow?"))
     assert result.trouble is not None and "in time" in result.trouble
     assert [r.text for r in result.replies] == [result.trouble]
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, False]
 
 
 async def test_malformed_body_and_disconnect(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
@@ -82,7 +84,7 @@ async def test_a_server_that_is_down_is_not_called_slow(
     cut = await make_runtime(llm_max_retries=0)
     result = await cut.handle_with_details(said("still there?"))
     assert result.trouble is not None and "can't connect" in result.trouble, result.trouble
-    llm_server.script(fault_delay(3.0))
+    llm_server.script(fault_delay(3.0), fault_delay(3.0))  # the step, then the plain-text request
     slow = await make_runtime(llm_timeout=0.5, llm_max_retries=0)
     result = await slow.handle_with_details(said("slow?"))
     assert result.trouble is not None and "in time" in result.trouble, result.trouble

@@ -400,13 +400,15 @@ async def test_different_users_are_served_concurrently(
 
 
 async def test_a_long_reply_is_split_in_order_and_markdown_becomes_mrkdwn(
-    bot: SlackBot, llm_server: FakeLLMServer
+    start_bot: Start, make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     long = "\n\n".join(f"**Part {i}.** " + " ".join(["lorem ipsum dolor sit amet"] * 20) for i in range(20))
     styled = "# Plan\n**Water** the [garden](https://example.com/g?a=1&b=2) & rest < 5 min"
     llm_server.script(
         reply_tool_calls(tool_call("send_message", {"message": long}), tool_call("send_message", {"message": styled}))
     )
+    # A model allowed answers this long (the bot reads an answer no further than twice its max_tokens).
+    bot = await start_bot(await make_runtime(response_reserve=1600, context_window=16_384))
     await bot.event(dm("tell me everything"))
     await bot.adapter.drain()
     texts = await bot.texts(1)

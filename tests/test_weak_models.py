@@ -11,6 +11,7 @@ from pathlib import Path
 import openai
 
 from bot.agent import NO_ANSWER
+from bot.agent_calls import PLAIN_ANSWER_REQUEST
 from cli import logs
 from tests.conftest import RuntimeFactory, make_settings
 from tests.fake_llm import FakeLLMServer, reply_text, reply_tool_calls, tool_call
@@ -32,15 +33,35 @@ async def test_the_step_cap_sends_the_models_own_text(make_runtime: RuntimeFacto
     assert all("stuck" not in r.text for r in result.replies)
 
 
-async def test_a_chain_ending_without_a_reply_gets_an_honest_note(
+SILENT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
+
+
+async def test_a_chain_ending_without_a_reply_asks_once_for_plain_text(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     # A memory call without a heartbeat ends the chain: the person got nothing at all.
-    llm_server.script(
-        reply_tool_calls(
-            tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
-        )
-    )
+    llm_server.script(reply_tool_calls(SILENT_CALL), reply_text("Noted: you like tea."))
+    runtime = await make_runtime()
+    result = await runtime.handle_with_details(said("I like tea"))
+    assert [r.text for r in result.replies] == ["Noted: you like tea."] and result.trouble is None
+    # The last request offers no functions, and carries none of their calls or results.
+    last = llm_server.requests[-1]
+    assert len(llm_server.requests) == 2 and "tools" not in last and "tool_choice" not in last
+    assert all(m["role"] in ("system", "user", "assistant") and "tool_calls" not in m for m in last["messages"])
+    # The instruction in the system message, the person's message last (a small model answers the newest turn).
+    assert PLAIN_ANSWER_REQUEST in last["messages"][0]["content"] and "I like tea" in last["messages"][-1]["content"]
+    assert "core_memory_append" in json.dumps(last["messages"])  # the call, written out as text
+    # The answer is kept as the model's: the next message's request shows it.
+    llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "Tea it is."})))
+    await runtime.handle(said("and coffee?"))
+    assert any(m.get("content") == "Noted: you like tea." for m in llm_server.requests[-1]["messages"])
+
+
+async def test_a_plain_answer_that_echoes_the_prompt_gets_an_honest_note(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-server copied "(none yet)" (the empty summary) as its answer.
+    llm_server.script(reply_tool_calls(SILENT_CALL), reply_text("(none yet)"))
     runtime = await make_runtime()
     result = await runtime.handle_with_details(said("I like tea"))
     assert [r.text for r in result.replies] == [NO_ANSWER]
@@ -100,3 +121,27 @@ async def test_the_openai_clients_request_log_is_held_to_warnings(tmp_path: Path
             root.removeHandler(handler)
             handler.close()
         logs._handlers.clear()
+
+
+async def test_the_lines_of_an_answer_that_echo_the_prompt_are_cut(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-server: a message's transcript head, the empty summary in
+    # another case, a line of the memory status, and punctuation alone around its words.
+    echoing = "[2026-12-07 17:44 UTC] user: Hello Dana!\n(None yet)\n[memory status] memory 5% full\n```\nNice to meet."
+    llm_server.script(reply_text(echoing))
+    runtime = await make_runtime()
+    replies = await runtime.handle(said("I'm Dana"))
+    assert [r.text for r in replies] == ["Hello Dana!\nNice to meet."]
+
+
+async def test_an_empty_answer_goes_straight_to_the_plain_text_request(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # llama-cpp-python's chatml-function-calling answers "" whenever its model does not call
+    # a function: nudging it again only gets "" again, step after step.
+    llm_server.script(reply_text(""), reply_text("Hello Dana."))
+    runtime = await make_runtime()
+    replies = await runtime.handle(said("I'm Dana"))
+    assert [r.text for r in replies] == ["Hello Dana."]
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, False]

@@ -2,7 +2,8 @@
 gives a `Completion` (the answer in plain strings, with the server's `TokenUsage`)
 or raises an `LLMUnavailableError` whose `user_message` a person can act on.
 
-- types.py: the request, the completion and its usage, the errors; reading an answer;
+- types.py: the request, the completion and its usage, the errors; reading an
+  answer (streamed, as far as the reply budget);
 - client.py: the client (slots, time bounds), one request's run (send, repair,
   retry), and what it learns about its endpoint (refused parameters, repairs,
   the server's token ratio and context limit);
@@ -14,6 +15,17 @@ is the agent's: bot/agent_calls.py.
 """
 
 from bot.llm.client import LLMClient
-from bot.llm.types import Completion, ContextLimitError, LLMUnavailableError, Request, TokenUsage
+from bot.llm.shape import tools_as_text
+from bot.llm.types import LATE, Completion, ContextLimitError, LLMUnavailableError, Request, TokenUsage, trouble
 
-__all__ = ["Completion", "ContextLimitError", "LLMClient", "LLMUnavailableError", "Request", "TokenUsage"]
+__all__ = [
+    "LATE",
+    "Completion",
+    "ContextLimitError",
+    "LLMClient",
+    "LLMUnavailableError",
+    "Request",
+    "TokenUsage",
+    "tools_as_text",
+    "trouble",
+]

@@ -32,27 +32,42 @@ per client, shared by every agent of the process):
   from its context-limit refusals. The queue manager leaves that margin.
 - a cap on requests in flight (MEMGPT_LLM_CONCURRENCY): a single-slot server
   (llama-cpp-python, llama-server without --parallel) answers one at a time,
-  so more only wait at the server, where a timeout cannot see them.
+  so more only wait at the server, where a timeout cannot see them;
+- whether its chat template dropped the functions (`Endpoint.check_tools`).
+
+Answers are streamed where the server takes it, and read no further than the
+reply budget (bot/llm/types.py: read_answer); a refusal of `stream` is a
+refused parameter like the others.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-import json
 import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+import httpx2
 import openai
 from openai._types import RequestOptions
 
 from bot import metrics
 from bot.llm import shape
 from bot.llm.refusals import Refusal, classify, refusal_summary, unavailable, unrepaired
-from bot.llm.types import LATE, Completion, ContextLimitError, LLMUnavailableError, Request, parse_completion, trouble
+from bot.llm.types import (
+    LATE,
+    BrokenAnswer,
+    Completion,
+    ContextLimitError,
+    LLMUnavailableError,
+    Request,
+    read_answer,
+    trouble,
+)
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +85,13 @@ RATIO_DECAY = 0.1
 # before: taken as a ratio (1.24), that shrank the window below the fixed prompt.
 DOUBTFUL_REFUSAL = 1.15
 ANSWERS_BEFORE_DOUBT = 3
+STREAM_OPTIONS = {"include_usage": True}
+# (llama-server's --chat-template chatml renders no tools either: tried with SmolLM2.)
+TOOLS_FIX = "llama-server: --jinja --chat-template-file with one that does, e.g. Qwen2.5's for a ChatML model"
+# Room over `max_tokens` before a streamed answer is cut: the server counts with its
+# own tokenizer, and an answer it would end by itself is not cut short.
+BUDGET_SLACK = 2.0
+BUDGET_EXTRA = 16
 
 
 class LLMClient:
@@ -138,6 +160,10 @@ class LLMClient:
                 raise
             # `from None`: the SDK's own exception in the chain holds the key too.
             raise LLMUnavailableError(reason.replace(self._api_key, "***"), error.user_message) from None
+        if completion.tool_calls:
+            self.endpoint.calls_seen = True
+        elif request.prompt_tokens and completion.usage.prompt and not completion.repaired:
+            self.endpoint.check_tools(completion.usage.prompt, request)
         if request.prompt_tokens and completion.usage.prompt and not completion.repaired:
             self.endpoint.observe(model, completion.usage.prompt, request.prompt_tokens)
         return completion
@@ -195,29 +221,27 @@ class RequestRun:
     _refusal: Refusal | None = field(default=None, init=False)
     _pending: tuple[int, frozenset[str]] = field(default=(0, frozenset()), init=False)
     _dropped: bool = field(default=False, init=False)
+    streamed: bool = field(default=True, init=False)  # False once a stream broke off (asked again without)
 
     async def run(self) -> Completion:
         attempt = self._known_repairs(shape.portable(self.request.messages))
         levels, level, fixes = list(shape.LEVELS), 0, 0
+        # An answer that broke off mid-body is asked for again as the client's own
+        # retries would (they end once the status line is in).
+        rereads = self.client.max_retries
         while True:
             body = self._body(attempt)
             try:
-                # The low-level post keeps the client's retries, auth and error types but
-                # skips its typed-params transform, which walks every message of the
-                # request in Python and cost ~10 ms per call on a full context. Our
-                # messages are already plain API-shaped dicts, sent as JSON we encode
-                # (the function schemas once, not on every call), and the answer is
-                # read raw, not into the client's typed models: together about a
-                # tenth of the CPU of an event with an instant model. A repair is sent once.
-                options: RequestOptions = {"timeout": self.timeout}
-                if level:
-                    options["max_retries"] = 0
-                raw = await self.client.client.post(
-                    "/chat/completions", content=self.client.encode(body), cast_to=bytes, options=options
-                )
-                # Not JSON (a truncated body, a proxy's HTML page sent with status 200): a
-                # ValueError, which `unavailable` below words for the person.
-                response = json.loads(raw)
+                completion = await self._answer(body, retries=not level)
+            except BrokenAnswer as broken:
+                if "stream" in body and self.streamed and not isinstance(broken.error, openai.APITimeoutError):
+                    self.streamed = False  # asked once more, not streamed (llama-cpp-python's function calls)
+                    self.client.endpoint.tell_once("unstreamed", f"a streamed answer broke off ({broken}): asked again")
+                    continue
+                if rereads and not level and not isinstance(broken.error, openai.APITimeoutError):
+                    rereads -= 1
+                    continue
+                raise unavailable(broken.error, self.model) from broken.cause
             except openai.APIStatusError as error:
                 refusal = classify(error, body)
                 if refusal is None:
@@ -245,12 +269,42 @@ class RequestRun:
                 continue
             except (openai.APIError, ValueError) as error:
                 raise unavailable(error, self.model) from error
-            completion = parse_completion(response)
             # Messages left out: our count of the prompt is not the server's to compare.
             completion.repaired = self._dropped
             if level:
                 self._learned(level)
             return completion
+
+    async def _answer(self, body: dict[str, Any], *, retries: bool) -> Completion:
+        """The answer to `body`, read as far as the bot uses it (stream=True at the HTTP level, whether the
+        server streams or not). The low-level post keeps the client's retries, auth and errors, without its
+        typed-params transform (~10 ms a call on a full context); we encode the JSON (the schemas once)."""
+        options: RequestOptions = {"timeout": self.timeout}
+        if not retries:
+            options["max_retries"] = 0
+        raw, unread = self.client.encode(body), openai.AsyncStream[Any]  # the body is ours to read
+        sent = self.client.client.post(
+            "/chat/completions", content=raw, cast_to=httpx2.Response, options=options, stream=True, stream_cls=unread
+        )
+        response = cast(httpx2.Response, await sent)
+        request = self.request
+        try:
+            # Not JSON (a proxy's HTML page sent with status 200): a ValueError,
+            # which `unavailable` words for the person.
+            answer, cut = await read_answer(response, reply_budget(request.max_tokens), request.count_tokens)
+        except httpx2.TransportError as error:
+            # As the client words a failed request: a timeout, or a lost connection.
+            kind = openai.APITimeoutError if isinstance(error, httpx2.TimeoutException) else openai.APIConnectionError
+            worded = kind(request=response.request)
+            worded.__cause__ = error  # `unavailable` reads the cause (a refused connection)
+            raise BrokenAnswer(worded, error) from error
+        finally:
+            with contextlib.suppress(httpx2.TransportError):
+                await response.aclose()  # before the end of the answer: the server stops writing
+        if cut:
+            note = f"the LLM server wrote past max_tokens ({request.max_tokens}): answers are read to a budget"
+            self.client.endpoint.tell_once("cut", note)
+        return answer
 
     # -- what the endpoint learned ---------------------------------------------
     def _known_repairs(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -316,6 +370,10 @@ class RequestRun:
             name = endpoint.renamed_parameters.get("max_tokens", "max_tokens")
             if name not in endpoint.dropped_parameters:
                 body[name] = request.max_tokens
+        if self.streamed and "stream" not in endpoint.dropped_parameters:
+            body["stream"] = True
+            if "stream_options" not in endpoint.dropped_parameters:
+                body["stream_options"] = STREAM_OPTIONS  # the usage comes in the last event
         return body
 
 
@@ -336,6 +394,10 @@ class Endpoint:
     renamed_parameters: dict[str, str] = field(default_factory=dict)
     dropped_messages: set[str] = field(default_factory=set)
     tools_as_text: bool = False
+    # The model called a function; the server's counts showed the schemas left out (check_tools).
+    calls_seen: bool = False
+    tools_dropped: bool = False
+    _short_counts: int = 0  # answers without a call whose count looked so (two make it so)
     models: dict[str, ModelLimits] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None
     _told: set[str] = field(default_factory=set)
@@ -388,6 +450,28 @@ class Endpoint:
             )
         return True
 
+    def check_tools(self, server_tokens: int, request: Request) -> None:
+        """Whether the server rendered the functions offered, from answers without a call: a chat template
+        that ignores tools (SmolLM2's in llama-server --jinja) counts the prompt nearer our count without them."""
+        tools = request.tool_tokens
+        if self.tools_dropped or self.calls_seen or not request.call_functions or tools < MIN_TOKENS_FOR_RATIO:
+            return
+        without = request.prompt_tokens - tools
+        if server_tokens >= without + tools / 2:  # nearer the count with them
+            return
+        self._short_counts += 1
+        self.tools_dropped = self._short_counts >= 2  # then the steps go without them (bot/agent_calls.py)
+        if not self.tools_dropped:
+            return
+        self.tell_once(
+            "tools dropped",
+            f"the LLM server left the functions out of the prompt: it counted {server_tokens} prompt tokens where the "
+            f"bot counts {request.prompt_tokens} with the function schemas, {without} without. Its chat template "
+            "ignores tools: the model cannot save a memory or call a function, and is asked for plain text only. "
+            f"Fix: serve it with a chat template that renders tools ({TOOLS_FIX}), or use a model whose own "
+            "template supports tool calls",
+        )
+
     def learn_context_limit(self, model: str, limit: int | None) -> None:
         if not limit:
             return
@@ -401,6 +485,11 @@ class Endpoint:
         if key not in self._told:
             self._told.add(key)
             log.warning("%s", text)
+
+
+def reply_budget(max_tokens: int) -> int:
+    """Tokens (ours) read before a streamed answer is cut; 0: no cut."""
+    return int(max_tokens * BUDGET_SLACK) + BUDGET_EXTRA if max_tokens > 0 else 0
 
 
 @functools.lru_cache(maxsize=64)

@@ -40,9 +40,22 @@ import openai
 
 from bot.llm.types import LATE, LLMUnavailableError, trouble
 
-# Parameters the bot sends that a request can do without.
-OPTIONAL_PARAMETERS = ("max_tokens", "max_completion_tokens", "tool_choice", "parallel_tool_calls")
+# Parameters the bot sends that a request can do without (`stream_options` before
+# `stream`, whose name it contains).
+OPTIONAL_PARAMETERS = (
+    "max_tokens",
+    "max_completion_tokens",
+    "tool_choice",
+    "parallel_tool_calls",
+    "stream_options",
+    "stream",
+)
 # (`tools` too, by its own words below: "tools" alone is in too many refusals.)
+# Streaming named as refused: quoted, or "stream=true" / "streaming ... not supported"
+# (the bare word may be in a refused message's own text, which pydantic quotes back).
+_STREAM_REFUSED = re.compile(
+    r"['\"]stream['\"]|stream\s*=\s*true|streaming[^.]{0,40}(?:not supported|unsupported|not allowed)", re.IGNORECASE
+)
 
 _CONTEXT_WORDS = re.compile(
     r"maximum context length|context length|context size|context window|context_length_exceeded|"
@@ -112,6 +125,11 @@ def classify(error: openai.APIStatusError, sent: dict[str, Any]) -> Refusal | No
         return refusal
     lowered = text.lower()
     for name in OPTIONAL_PARAMETERS:
+        if name == "stream":
+            if name in sent and _STREAM_REFUSED.search(text):
+                refusal.parameter = name
+                return refusal
+            continue
         if name in sent and (f"'{name}'" in lowered or f'"{name}"' in lowered or f" {name}" in lowered):
             if name == "max_tokens" and "max_completion_tokens" in lowered and "max_completion_tokens" not in sent:
                 refusal.parameter = name  # "use max_completion_tokens instead"

@@ -1,5 +1,16 @@
 """The client's types: the `Request` it is given, the `Completion` it gives
-back with the server's `TokenUsage`, and the errors a person is told about.
+back with the server's `TokenUsage`, and the errors a person is told about;
+and reading an answer.
+
+A request asks for a streamed answer (server-sent events) wherever the server
+takes one, so the bot decides how much it reads (`read_answer`): a server may
+run on past the request's `max_tokens` (llama-cpp-python's
+chatml-function-calling writes a call's arguments to the end of its context).
+Reading stops at the reply budget, counted in the bot's own tokens, and the
+caller closes the connection, which is what makes llama.cpp's servers stop
+generating. The pieces are put back together into the body a non-streamed
+answer has (`choices[0].message`, `usage`, llama-server's `timings`); a server
+that ignores `stream` and sends one JSON body is read as that body.
 
 What the server answered is read defensively (`parse_completion`): whatever it
 sends, the caller gets a `Completion` of plain strings or an
@@ -9,8 +20,11 @@ sends, the caller gets a `Completion` of plain strings or an
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+import httpx2
 
 from bot.sanitize import fix_surrogates
 
@@ -37,6 +51,12 @@ class Request:
     # Our count of the prompt, compared with the server's to learn its ratio
     # (bot/llm/client.py: Endpoint); 0: nothing to learn from this request.
     prompt_tokens: int = 0
+    # Our count of the function schemas' share of `prompt_tokens`: a server whose
+    # count is near the prompt without them left them out (its chat template).
+    tool_tokens: int = 0
+    # A piece of the answer in the bot's tokens, to stop reading at `max_tokens`
+    # (`read_answer`); None: a streamed piece counts one.
+    count_tokens: Callable[[str], int] | None = None
 
 
 @dataclass(slots=True)
@@ -95,6 +115,15 @@ class Completion:
     content_is_text: bool = True
 
 
+class BrokenAnswer(Exception):
+    """The answer's body broke off: `error` is the client's word for it."""
+
+    def __init__(self, error: Exception, cause: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.cause = cause
+
+
 class ContextLimitError(LLMUnavailableError):
     """The server said the prompt is over its context limit (bot/llm/refusals.py)."""
 
@@ -102,6 +131,123 @@ class ContextLimitError(LLMUnavailableError):
         super().__init__(reason, trouble("my memory is too full for my language model", "in a moment"))
         self.limit = limit
         self.server_prompt_tokens = server_prompt_tokens
+
+
+# -- reading an answer ----------------------------------------------------------
+def one_per_piece(piece: str) -> int:
+    """The count when the caller gave none: servers stream about a token a piece."""
+    return 1 if piece else 0
+
+
+async def read_answer(
+    response: httpx2.Response, budget: int, count: Callable[[str], int] | None
+) -> tuple[Completion, bool]:
+    """The answer, and whether it was cut at `budget` tokens (0: read to the end);
+    the caller closes the response. A body that is not JSON raises ValueError; a
+    dropped connection, httpx2's TransportError; no answer, LLMUnavailableError."""
+    if "text/event-stream" not in response.headers.get("content-type", ""):  # the server did not stream
+        return parse_completion(json.loads(await response.aread())), False
+    answer, done = StreamedAnswer(budget, count or one_per_piece), False
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # comments (": ping"), event names, blank separators
+        data = line[5:].strip()
+        if data == "[DONE]":
+            done = True
+            break
+        if not answer.add(json.loads(data)):
+            break
+    if not (done or answer.finish_reason or answer.cut or answer.error is not None):
+        # llama-cpp-python's chatml-function-calling raises inside a streamed function call
+        # ("Automatic streaming tool choice is not supported"): the stream just stops.
+        raise httpx2.RemoteProtocolError("the stream ended before the answer did")
+    return parse_completion(answer.body()), answer.cut
+
+
+@dataclass(slots=True)
+class StreamedAnswer:
+    budget: int
+    count: Callable[[str], int]
+    content: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Any = None
+    timings: Any = None
+    error: Any = None
+    # The answer's length so far: characters until they exceed the budget (a token
+    # is at least one, so a short answer is never tokenized), then tokens.
+    tokens: int = 0
+    counting: bool = False
+    cut: bool = False
+
+    def add(self, chunk: Any) -> bool:
+        """One event's chunk; False once the answer is over the budget (or an error came)."""
+        if not isinstance(chunk, dict):
+            return True
+        if chunk.get("error") is not None:
+            self.error = chunk["error"]
+            return False
+        self.usage = chunk.get("usage") or self.usage
+        self.timings = chunk.get("timings") or self.timings
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+        self.finish_reason = choice.get("finish_reason") or self.finish_reason
+        delta = choice.get("delta")
+        if not isinstance(delta, dict):
+            return True
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            self.content.append(content)
+            self._measure(content)
+        for index, piece in enumerate(delta.get("tool_calls") or []):
+            if isinstance(piece, dict):
+                self._add_call(piece, index)
+        if self.budget and self.tokens > self.budget:
+            self.cut = True
+            return False
+        return True
+
+    def _measure(self, piece: str) -> None:
+        if self.counting:
+            self.tokens += self.count(piece)
+            return
+        self.tokens += len(piece)
+        if self.budget and self.tokens > self.budget:
+            self.counting = True  # from here in tokens: the whole answer once, then each piece
+            calls = [call.get("function", {}) for call in self.calls.values()]
+            pieces = ["".join(self.content), *(f"{f.get('name', '')}{f.get('arguments', '')}" for f in calls)]
+            self.tokens = sum(self.count(text) for text in pieces if text)
+
+    def _add_call(self, piece: dict[str, Any], position: int) -> None:
+        index = piece.get("index")
+        call = self.calls.setdefault(index if isinstance(index, int) else position, {"type": "function"})
+        if piece.get("id"):
+            call["id"] = piece["id"]
+        function = piece.get("function")
+        if not isinstance(function, dict):
+            return
+        target = call.setdefault("function", {"name": "", "arguments": ""})
+        for key in ("name", "arguments"):
+            value = function.get(key)
+            if isinstance(value, dict):  # a server that sends the arguments as an object
+                value = json.dumps(value, ensure_ascii=False)
+            if isinstance(value, str) and value:
+                target[key] += value
+                self._measure(value)
+
+    def body(self) -> dict[str, Any]:
+        if self.error is not None and not (self.content or self.calls):
+            return {"error": self.error}
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) if self.content else None}
+        if self.calls:
+            message["tool_calls"] = [self.calls[index] for index in sorted(self.calls)]
+        finish = "length" if self.cut else self.finish_reason
+        body: dict[str, Any] = {"choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+        if self.usage is not None:
+            body["usage"] = self.usage
+        if self.timings is not None:
+            body["timings"] = self.timings
+        return body
 
 
 def parse_completion(response: Any) -> Completion:
@@ -140,7 +286,7 @@ def parse_completion(response: Any) -> Completion:
     return Completion(
         content=text,
         tool_calls=calls,
-        usage=_usage(_field(response, "usage")),
+        usage=_usage(_field(response, "usage"), _field(response, "timings")),
         finish_reason=finish if isinstance(finish, str) else "",
         # A number or an object where the text belongs is coerced for the queue,
         # but it is no answer to send a person.
@@ -149,10 +295,13 @@ def parse_completion(response: Any) -> Completion:
     )
 
 
-def _usage(usage: Any) -> TokenUsage:
+def _usage(usage: Any, timings: Any = None) -> TokenUsage:
     """The server's counts, each 0 unless it sent a sensible one (the cached count,
-    `prompt_tokens_details.cached_tokens`: OpenAI and vLLM; most others send no details)."""
+    `prompt_tokens_details.cached_tokens`: OpenAI, vLLM, newer llama-server; else
+    llama-server's `timings.cache_n`, the prompt tokens it did not process again)."""
     cached = _field(_field(usage, "prompt_tokens_details"), "cached_tokens")
+    if not _count(cached):
+        cached = _field(timings, "cache_n")
     return TokenUsage(
         _count(_field(usage, "prompt_tokens")), _count(cached), _count(_field(usage, "completion_tokens"))
     )

@@ -1,0 +1,222 @@
+"""Six short messages through a small local server, as a new user tries the bot
+(issue 39): a person's name, a pet, a city, then questions about them, through
+`Runtime.handle` with SmolLM2-135M-Instruct on each real server
+(tests/real_llm_servers.py, a recording proxy between bot and server), and the
+same six sent bare (no memory, a one-line system prompt) to the same server in
+the same run.
+
+Per server it prints: messages answered by the model (not the trouble line),
+requests the server refused, whether the functions were offered (and whether
+the bot warned that the chat template drops them), calls the model made, the
+share of each request the server served from its prompt cache (usage
+`prompt_tokens_details.cached_tokens`; llama-cpp-python's own log "N
+prefix-match hit, remaining M prompt tokens to eval" where its stream carries
+no usage), and seconds per message against bare: the first message (which reads
+the whole fixed prompt) apart; the goal after it is at most 5x.
+
+    python bench/local_server.py                          # both servers
+    python bench/local_server.py --server llama-server --context 4096
+
+The servers must be built first: scripts/install_llama_server.sh,
+scripts/install_llama_cpp_python.sh, scripts/install_smollm2.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from bot.config import Settings
+from bot.events import UserMessage
+from bot.llm import LLMClient, Request
+from bot.runtime import Runtime
+from memory.embeddings import Embedder
+from tests.real_llm_servers import (
+    MODEL_ALIAS,
+    SERVER_KINDS,
+    Exchange,
+    RealServer,
+    RecordingProxy,
+    ServerUnavailable,
+    bot_environment,
+    refused,
+)
+
+MESSAGES = [
+    "Hello!",
+    "My name is Dana.",
+    "I have a cat called Miso.",
+    "I live in Lisbon.",
+    "What is my cat called?",
+    "Where do I live?",
+]
+BARE_SYSTEM = "You are a helpful assistant."
+GOAL = 5.0
+# llama-cpp-python's log of each prompt: how much of it came from its cache.
+PREFIX_HIT = re.compile(r"(\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
+
+
+@dataclass
+class Measured:
+    kind: str
+    answered: int = 0
+    refused: int = 0
+    offered: bool = False
+    warned: bool = False
+    calls: int = 0
+    requests: int = 0
+    # The cached share of each request: the first of each message, and the others.
+    first_cached: list[float] = field(default_factory=list)
+    later_cached: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    bare: list[float] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+
+
+def cached_share(exchange: Exchange) -> float | None:
+    usage = exchange.usage
+    prompt = int(usage.get("prompt_tokens") or 0)
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens") if isinstance(details, dict) else None
+    if cached is None:
+        cached = ((exchange.response or {}).get("timings") or {}).get("cache_n")
+    return None if not prompt or cached is None else int(cached) / prompt
+
+
+def log_shares(server: RealServer) -> list[float]:
+    """llama-cpp-python's prompt cache, request by request, from its log."""
+    hits = PREFIX_HIT.findall(server.log_path.read_text(errors="replace"))
+    return [int(hit) / (int(hit) + int(left)) for hit, left in hits if int(hit) + int(left)]
+
+
+async def through_the_bot(kind: str, server: RealServer, context: int, embedder: Embedder) -> Measured:
+    measured = Measured(kind)
+    proxy = RecordingProxy(server.port)
+    data = Path(tempfile.mkdtemp(prefix="memgpt-local-bench-"))
+    settings = Settings.from_mapping(bot_environment(proxy.base_url, data, context))
+    runtime = await Runtime.create(settings, embedder=embedder)
+    firsts: set[int] = set()  # the index (among the completions) of each message's first request
+    try:
+        for text in MESSAGES:
+            await asyncio.sleep(0.5)  # the proxy records an exchange once it has passed on its last byte
+            firsts.add(len(proxy.completions()))
+            started = time.monotonic()
+            result = await runtime.handle_with_details(UserMessage(platform="terminal", user_id="dana", text=text))
+            measured.seconds.append(time.monotonic() - started)
+            said = " ".join(reply.text for reply in result.replies).strip()
+            measured.replies.append(said)
+            measured.answered += bool(said) and "having trouble" not in said.lower()
+        measured.warned = runtime.llm.endpoint.tools_dropped
+    finally:
+        await runtime.close(close_embedder=False)
+        proxy.close()
+    completions = proxy.completions()
+    measured.requests = len(completions)
+    measured.refused = len(refused(completions))
+    measured.offered = any((e.request or {}).get("tools") for e in completions)
+    for exchange in completions:
+        message = ((exchange.response or {}).get("choices") or [{}])[0].get("message") or {}
+        measured.calls += len(message.get("tool_calls") or [])
+    shares = [(index in firsts, cached_share(e)) for index, e in enumerate(completions)]
+    if all(share is None for _, share in shares):  # no usage in the stream: the server's log says
+        logged = log_shares(server)
+        shares = [(index in firsts, share) for index, share in enumerate(logged[: len(completions)])]
+    for first, share in shares:
+        if share is not None:
+            (measured.first_cached if first else measured.later_cached).append(share)
+    shown = " ".join(f"{'|' if first else ''}{share:.2f}" for first, share in shares if share is not None)
+    print(f"[{kind}] cached share per request ('|': a message's first): {shown}", flush=True)
+    return measured
+
+
+async def bare(server: RealServer, measured: Measured) -> None:
+    client = LLMClient(MODEL_ALIAS, api_key="local", base_url=server.base_url, timeout=600)
+    try:
+        for text in MESSAGES:
+            started = time.monotonic()
+            messages = [{"role": "system", "content": BARE_SYSTEM}, {"role": "user", "content": text}]
+            await client.complete(Request(messages, max_tokens=128))
+            measured.bare.append(time.monotonic() - started)
+    finally:
+        await client.close()
+
+
+def mean(values: list[float]) -> float:
+    return statistics.mean(values) if values else float("nan")  # shown as "nan": none measured
+
+
+def yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def table(results: list[Measured]) -> str:
+    rows: list[tuple[str, Callable[[Measured], str]]] = [
+        ("answered (not trouble) / sent", lambda m: f"{m.answered} / {len(MESSAGES)}"),
+        ("refused requests / requests", lambda m: f"{m.refused} / {m.requests}"),
+        (
+            "functions offered / warned dropped",
+            lambda m: f"{'yes' if m.offered else 'no'} / {'yes' if m.warned else 'no'}",
+        ),
+        ("function calls made", lambda m: str(m.calls)),
+        ("cached share, first request of a message", lambda m: f"{mean(m.first_cached):.2f}"),
+        ("cached share, later requests (goal >= 0.9)", lambda m: f"{mean(m.later_cached):.2f}"),
+        ("first message: bot s / bare s", lambda m: f"{m.seconds[0]:.1f} / {m.bare[0]:.1f}"),
+        ("messages 2-6: bot s / bare s (mean)", lambda m: f"{mean(m.seconds[1:]):.1f} / {mean(m.bare[1:]):.1f}"),
+        (f"messages 2-6: bot / bare (goal <= {GOAL:.0f}x)", lambda m: f"{mean(m.seconds[1:]) / mean(m.bare[1:]):.1f}x"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{'':<{width}}  " + "  ".join(f"{m.kind:>18}" for m in results)]
+    lines += [f"{name:<{width}}  " + "  ".join(f"{show(m):>18}" for m in results) for name, show in rows]
+    return "\n".join(lines)
+
+
+async def run(args: argparse.Namespace) -> list[Measured]:
+    embedder = Embedder()
+    results = []
+    for kind in args.server or SERVER_KINDS:
+        try:
+            server = RealServer(kind, args.context)
+            server.start()
+        except ServerUnavailable as error:
+            print(f"{kind}: skipped ({error})", flush=True)
+            continue
+        try:
+            measured = await through_the_bot(kind, server, args.context, embedder)
+            await bare(server, measured)
+        finally:
+            server.stop()
+        results.append(measured)
+        for text, reply in zip(MESSAGES, measured.replies, strict=True):
+            print(f"[{kind}] {text!r} -> {reply[:160]!r}", flush=True)
+    await embedder.close()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--server", action="append", choices=SERVER_KINDS, help="one server (default: both)")
+    parser.add_argument("--context", type=int, default=8192, help="the server's context and the bot's window")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    results = asyncio.run(run(args))
+    if results:
+        print()
+        print(table(results))
+
+
+if __name__ == "__main__":
+    main()
