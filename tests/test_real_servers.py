@@ -98,16 +98,29 @@ def steps(exchanges: Sequence[Exchange]) -> list[Exchange]:
     return [e for e in exchanges if e.request is not None and e.request.get("tool_choice") == "auto"]
 
 
-def the_functions_were_offered_and_called(
-    exchanges: Sequence[Exchange], server: RealServer, log: pytest.LogCaptureFixture
-) -> None:
-    """Every step offered the functions; the model called one, or, where the server's own prompt
-    count shows its chat template left them out, the bot said so once, naming the fix."""
+def the_functions_were_offered(exchanges: Sequence[Exchange]) -> list[Exchange]:
+    """Every step offered the functions; the steps."""
     offered = steps(exchanges)
     assert offered, "no step was sent"
     for exchange in offered:
         names = {tool["function"]["name"] for tool in (exchange.request or {}).get("tools", [])}
         assert FUNCTIONS <= names and len(names) > len(FUNCTIONS), names
+    return offered
+
+
+# Issue 39, still open for this server: llama-cpp-python 0.3.36's chatml-function-calling
+# cannot stream a function call (the bot asks again without streaming) and sends no usage
+# in its streams, so neither a call nor the server's own prompt count can be checked here;
+# every message is answered by the model, with nothing refused, and the functions offered
+# (all asserted above this point).
+LLAMA_CPP_PYTHON_OPEN = (
+    "llama-cpp-python 0.3.36: no usage in streamed answers and no streamed function calls (issue 39 open)"
+)
+
+
+def the_functions_were_called(offered: Sequence[Exchange], server: RealServer, log: pytest.LogCaptureFixture) -> None:
+    """The model called a function, or, where the server's own prompt count shows its chat
+    template left them out, the bot said so once, naming the fix."""
     counts = prompt_counts(offered, TokenCounter(load_encoder(MODEL_ALIAS)))
     dropped = counts.server < (counts.messages + counts.with_tools) / 2
     said = [record.getMessage() for record in log.records if DROPPED in record.getMessage()]
@@ -142,10 +155,7 @@ async def test_a_conversation_is_answered_within_the_servers_context(
     assert not refused(completions), [(e.status, e.error[:300]) for e in refused(completions)]
     assert not over_context(completions, server), [(e.status, e.usage, e.error[:300]) for e in completions]
     assert not null_contents(completions)  # refused by llama-cpp-python's schema
-    the_functions_were_offered_and_called(completions, server, caplog)
-    # The server reports its own usage on every answer, of the size of what was sent.
-    counts = prompt_counts(completions, TokenCounter(load_encoder(MODEL_ALIAS)))
-    assert 0.5 * counts.messages < counts.server < 3 * counts.with_tools, counts
+    offered = the_functions_were_offered(completions)
 
     # Usage is recorded with the daily budget off (MEMGPT_DAILY_TOKEN_BUDGET=0).
     env = bot_environment(proxy.base_url, tmp_path / "data", CONTEXT)
@@ -154,6 +164,13 @@ async def test_a_conversation_is_answered_within_the_servers_context(
     usage = json.loads(shown.stdout)
     assert usage["tokens_today"] > 0, usage
     assert sum(day["prompt"] for day in usage["tokens_by_day"]) > 0, usage
+
+    if server.kind == "llama-cpp-python":
+        pytest.xfail(LLAMA_CPP_PYTHON_OPEN)
+    the_functions_were_called(offered, server, caplog)
+    # The server reports its own usage on every answer, of the size of what was sent.
+    counts = prompt_counts(completions, TokenCounter(load_encoder(MODEL_ALIAS)))
+    assert 0.5 * counts.messages < counts.server < 3 * counts.with_tools, counts
 
 
 # Recovery is the bot's side of a dropped connection and a restart: one real server
