@@ -102,9 +102,9 @@ class AgentCalls:
         agent = self.agent
         for attempt in range(CONTEXT_RETRIES):
             self.fit_server()
-            await self.make_room()
+            status = await self.make_room()
             try:
-                return await self._step_call()
+                return await self._step_call(status)
             except ContextLimitError as error:
                 if attempt == CONTEXT_RETRIES - 1:
                     raise
@@ -138,11 +138,10 @@ class AgentCalls:
         """Whether steps ask for plain text: the server drops the functions (bot/llm/client.py)."""
         return self.agent.services.llm.endpoint.tools_dropped
 
-    async def _step_call(self) -> Completion:
+    async def _step_call(self, status: str) -> Completion:
         if self.plain_steps:
             return await self._plain_call()
         agent = self.agent
-        status = agent.status_line()
         # The queue manager's cached total (an upper bound of a full recount,
         # function schemas included) spares re-tokenizing the whole prompt.
         return await self.complete(
@@ -233,7 +232,9 @@ class AgentCalls:
         return tokens
 
     # -- queue management --------------------------------------------------
-    async def make_room(self) -> None:
+    async def make_room(self) -> str:
+        """Warn of memory pressure and flush as needed before a step; the status line the
+        step's request carries, worked out again only when an alert or a flush changed it."""
         agent = self.agent
         queue = agent.queue
         status = agent.status_line()
@@ -253,11 +254,14 @@ class AgentCalls:
                 ]
             )
             queue.warned = True
+            status = agent.status_line()
         for _ in range(MAX_FLUSHES_PER_STEP):
-            if not queue.needs_flush(agent.status_line()):
-                return
+            if not queue.needs_flush(status):
+                return status
             await self._evict()
-        queue.fits_or_raise(agent.status_line())
+            status = agent.status_line()
+        queue.fits_or_raise(status)
+        return status
 
     async def _evict(self) -> None:
         agent = self.agent
