@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bot.agent_calls import AgentCalls
 from bot.channel_context import render_channel_context
-from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation, seen_from
+from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
@@ -76,7 +76,7 @@ class Agent:
         self.services = services
         self.working_context = working_context
         # One conversation per place, opened on its first event; the DM's at load.
-        self.conversations: dict[str, Conversation] = {dm.key: dm}
+        self.conversations: dict[str, Conversation] = {dm.place.key: dm}
         # The conversation of the event being handled (the DM's between events).
         self.conversation = dm
         # Tokens of every LLM call this agent made, counted locally (bot/agent_calls.py):
@@ -144,9 +144,10 @@ class Agent:
 
     def counted(self, key: str, *, messages: int = 0, passages: int = 0) -> None:
         """Items stored in conversation `key`: each open place that may read them counts them."""
-        for conversation in seen_from(list(self.conversations.values()), key):
-            conversation.recall_count += messages
-            conversation.archival_count += passages
+        for conversation in self.conversations.values():
+            if conversation.visible.sees(key):
+                conversation.recall_count += messages
+                conversation.archival_count += passages
 
     @classmethod
     async def load(cls, key: str, default_blocks: Sequence[Block], services: AgentServices) -> Agent:
@@ -416,7 +417,7 @@ class Agent:
         whether they were recorded."""
         conversation = conversation or self.conversation
         for message in messages:
-            message.place = conversation.key
+            message.place = conversation.place.key
         # The replies sent since the last write go with it: one store call, not two (SQLite: one transaction).
         replies, self._unsaved = self._unsaved, []
         stored = await self.store.append_messages(
@@ -427,7 +428,7 @@ class Agent:
         self._newest_seq = stored[-1].seq if stored else self._newest_seq
         for message in messages:
             conversation.queue.append(message)
-        self.counted(conversation.key, messages=len(messages))
+        self.counted(conversation.place.key, messages=len(messages))
         return True
 
     async def save_passages(self, passages: list[Passage]) -> None:
