@@ -73,6 +73,7 @@ class Agent:
         self, record: AgentRecord, working_context: WorkingContext, services: AgentServices, dm: Conversation
     ) -> None:
         self.record = record
+        self.id = record.id
         self.services = services
         self.working_context = working_context
         # One conversation per place, opened on its first event; the DM's at load.
@@ -101,10 +102,6 @@ class Agent:
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""
-
-    @property
-    def id(self) -> str:
-        return self.record.id
 
     @property
     def store(self) -> Store:
@@ -426,8 +423,7 @@ class Agent:
         if len(stored) < len(messages):
             return False  # the event's message was stored before
         self._newest_seq = stored[-1].seq if stored else self._newest_seq
-        for message in messages:
-            conversation.queue.append(message)
+        conversation.queue.append(*messages)
         self.counted(conversation.place.key, messages=len(messages))
         return True
 
@@ -455,7 +451,7 @@ class Agent:
             raise RuntimeError("send() outside an event")
         reply = event.reply(text)
         if event.replies_in_outbox:
-            entry = outbox_entry(event, text, len(self._outbox))
+            entry = outbox_entry(reply, len(self._outbox))
             reply.outbox_id = entry.id
             self._unsaved.append(entry)
         self._outbox.append(reply)

@@ -63,11 +63,9 @@ class CallingAgent(Protocol):
     conversation of the current place (its queue), and its token counts, which they add to."""
 
     services: AgentServices
+    id: str
     usage: TokenUsage
     tokens_used: int
-
-    @property
-    def id(self) -> str: ...
 
     @property
     def conversation(self) -> Conversation: ...
