@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from bot.agent_calls import AgentCalls
 from bot.channel_context import render_channel_context
-from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation, seen_from
+from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
@@ -73,10 +73,11 @@ class Agent:
         self, record: AgentRecord, working_context: WorkingContext, services: AgentServices, dm: Conversation
     ) -> None:
         self.record = record
+        self.id = record.id
         self.services = services
         self.working_context = working_context
         # One conversation per place, opened on its first event; the DM's at load.
-        self.conversations: dict[str, Conversation] = {dm.key: dm}
+        self.conversations: dict[str, Conversation] = {dm.place.key: dm}
         # The conversation of the event being handled (the DM's between events).
         self.conversation = dm
         # Tokens of every LLM call this agent made, counted locally (bot/agent_calls.py):
@@ -101,10 +102,6 @@ class Agent:
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""
-
-    @property
-    def id(self) -> str:
-        return self.record.id
 
     @property
     def store(self) -> Store:
@@ -144,9 +141,10 @@ class Agent:
 
     def counted(self, key: str, *, messages: int = 0, passages: int = 0) -> None:
         """Items stored in conversation `key`: each open place that may read them counts them."""
-        for conversation in seen_from(list(self.conversations.values()), key):
-            conversation.recall_count += messages
-            conversation.archival_count += passages
+        for conversation in self.conversations.values():
+            if conversation.visible.sees(key):
+                conversation.recall_count += messages
+                conversation.archival_count += passages
 
     @classmethod
     async def load(cls, key: str, default_blocks: Sequence[Block], services: AgentServices) -> Agent:
@@ -416,7 +414,7 @@ class Agent:
         whether they were recorded."""
         conversation = conversation or self.conversation
         for message in messages:
-            message.place = conversation.key
+            message.place = conversation.place.key
         # The replies sent since the last write go with it: one store call, not two (SQLite: one transaction).
         replies, self._unsaved = self._unsaved, []
         stored = await self.store.append_messages(
@@ -425,9 +423,8 @@ class Agent:
         if len(stored) < len(messages):
             return False  # the event's message was stored before
         self._newest_seq = stored[-1].seq if stored else self._newest_seq
-        for message in messages:
-            conversation.queue.append(message)
-        self.counted(conversation.key, messages=len(messages))
+        conversation.queue.append(*messages)
+        self.counted(conversation.place.key, messages=len(messages))
         return True
 
     async def save_passages(self, passages: list[Passage]) -> None:
@@ -454,7 +451,7 @@ class Agent:
             raise RuntimeError("send() outside an event")
         reply = event.reply(text)
         if event.replies_in_outbox:
-            entry = outbox_entry(event, text, len(self._outbox))
+            entry = outbox_entry(reply, len(self._outbox))
             reply.outbox_id = entry.id
             self._unsaved.append(entry)
         self._outbox.append(reply)

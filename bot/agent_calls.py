@@ -29,7 +29,7 @@ from bot.conversation import Conversation
 from bot.llm import LATE, Completion, ContextLimitError, Request, TokenUsage, tools_as_text, trouble
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from bot.services import AgentServices
-from memory.queue_manager import PRESSURE_MARKER, STATUS_MARKER, ContextOverflowError, QueueManager, render_transcript
+from memory.queue_manager import PRESSURE_MARKER, STATUS_MARKER, ContextOverflowError, render_transcript
 from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import Message
 
@@ -59,18 +59,13 @@ PLAIN_ANSWER_REQUEST = (
 
 
 class CallingAgent(Protocol):
-    """What the calls need of their agent (bot/agent.py): its services, the queue
-    and conversation of the current place, and its token counts, which they add to."""
+    """What the calls need of their agent (bot/agent.py): its services, the
+    conversation of the current place (its queue), and its token counts, which they add to."""
 
     services: AgentServices
+    id: str
     usage: TokenUsage
     tokens_used: int
-
-    @property
-    def id(self) -> str: ...
-
-    @property
-    def queue(self) -> QueueManager: ...
 
     @property
     def conversation(self) -> Conversation: ...
@@ -100,6 +95,7 @@ class AgentCalls:
     # -- the step -------------------------------------------------------------
     async def step(self) -> Completion:
         agent = self.agent
+        queue = agent.conversation.queue
         for attempt in range(CONTEXT_RETRIES):
             self.fit_server()
             status = await self.make_room()
@@ -111,7 +107,7 @@ class AgentCalls:
                 limits = agent.services.llm.limits()
                 if not error.server_prompt_tokens:
                     limits.ratio = min(MAX_RATIO, limits.ratio * UNCOUNTED_MARGIN)
-                before = agent.queue.flush_limit
+                before = queue.flush_limit
                 self.fit_server()
                 log.warning(
                     "agent %s: the LLM server refused the prompt as over its context (%s); limit %d -> %d tokens, "
@@ -119,9 +115,9 @@ class AgentCalls:
                     agent.id,
                     error,
                     before,
-                    agent.queue.flush_limit,
+                    queue.flush_limit,
                 )
-                if agent.queue.flush_limit == before and not agent.queue.needs_flush(agent.status_line()):
+                if queue.flush_limit == before and not queue.needs_flush(agent.status_line()):
                     # Nothing learned (no count, no limit in the refusal): one more eviction.
                     try:
                         await self._evict()
@@ -131,7 +127,7 @@ class AgentCalls:
 
     def fit_server(self) -> None:
         limits = self.agent.services.llm.limits()
-        self.agent.queue.fit_server(limits.context_limit, limits.ratio)
+        self.agent.conversation.queue.fit_server(limits.context_limit, limits.ratio)
 
     @property
     def plain_steps(self) -> bool:
@@ -141,14 +137,11 @@ class AgentCalls:
     async def _step_call(self, status: str) -> Completion:
         if self.plain_steps:
             return await self._plain_call()
-        agent = self.agent
+        queue = self.agent.conversation.queue
         # The queue manager's cached total (an upper bound of a full recount,
         # function schemas included) spares re-tokenizing the whole prompt.
         return await self.complete(
-            agent.queue.compile(status),
-            agent.queue.offered_tools,
-            agent.queue.total_tokens(status),
-            max_tokens=agent.queue.response_reserve,
+            queue.compile(status), queue.offered_tools, queue.total_tokens(status), max_tokens=queue.response_reserve
         )
 
     def may_still_answer(self, note: str | None) -> bool:
@@ -186,7 +179,7 @@ class AgentCalls:
     async def _plain_call(self) -> Completion:
         """The request of `plain_answer`, also every step's on a server that drops the
         functions (they would only lengthen the prompt)."""
-        queue = self.agent.queue
+        queue = self.agent.conversation.queue
         system = {"role": "system", "content": f"{queue.system_text()}\n\n{PLAIN_ANSWER_REQUEST}"}
         event = queue.protected_seq  # the person's message (the event's first)
         kept, theirs = [], []
@@ -209,11 +202,11 @@ class AgentCalls:
         "(none yet)" of an empty summary, a message's "[time] name: " head): the lines
         that carry a marker, repeat a line of it or a part of its instructions (in any
         case), or hold no word; "" when nothing is left."""
-        agent = self.agent
-        written = f"{agent.queue.system_text()}\n{PLAIN_ANSWER_REQUEST}\n{agent.status_line()}".lower()
+        agent, queue = self.agent, self.agent.conversation.queue
+        written = f"{queue.system_text()}\n{PLAIN_ANSWER_REQUEST}\n{agent.status_line()}".lower()
         lines = {" ".join(line.split()) for line in written.splitlines()}
         # Parts only of the system's own words: the memory (working context, summary) may be quoted.
-        flat_written = " ".join(f"{agent.queue.instructions}\n{PLAIN_ANSWER_REQUEST}".lower().split())
+        flat_written = " ".join(f"{queue.instructions}\n{PLAIN_ANSWER_REQUEST}".lower().split())
         kept = []
         for line in (text or "").strip().splitlines():
             line = TRANSCRIPT_HEAD.sub("", line)  # "[2026-12-07 17:44 UTC] user: ": a message's rendering
@@ -236,7 +229,7 @@ class AgentCalls:
         """Warn of memory pressure and flush as needed before a step; the status line the
         step's request carries, worked out again only when an alert or a flush changed it."""
         agent = self.agent
-        queue = agent.queue
+        queue = agent.conversation.queue
         status = agent.status_line()
         if queue.needs_warning(status):
             used = round(100 * queue.pressure())
@@ -265,7 +258,7 @@ class AgentCalls:
 
     async def _evict(self) -> None:
         agent = self.agent
-        eviction = await agent.queue.evict(agent.status_line(), self.summarize)
+        eviction = await agent.conversation.queue.evict(agent.status_line(), self.summarize)
         await agent.conversation.flushed(agent.services.store, eviction)
         log.info(
             "agent %s: evicted %d messages (summary by %s)",
@@ -276,7 +269,7 @@ class AgentCalls:
 
     async def summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
         agent = self.agent
-        counter, queue = agent.services.counter, agent.queue
+        counter, queue = agent.services.counter, agent.conversation.queue
         max_words = max(40, int(budget * 0.6))
         # The answer's cap: the budget, and a little over (the queue cuts a longer
         # summary to the budget); a model that runs on stops there, not at the window.

@@ -44,23 +44,18 @@ class Conversation:
     (of what that place may read)."""
 
     place: Place
+    visible: Visibility  # of the place: what reads made there may return
     record: ConversationRecord
     queue: QueueManager
     recall_count: int
     archival_count: int
 
-    @property
-    def key(self) -> str:
-        return self.place.key
-
-    @property
-    def visible(self) -> Visibility:
-        return Visibility.of(self.place)
-
     async def flushed(self, store: Store, eviction: Eviction) -> None:
         """Keep an eviction (its new summary, where the queue now starts), then apply it."""
         now = utc_now()
-        await store.update_queue(self.record.agent_id, eviction.summary, eviction.new_start_seq, now, place=self.key)
+        await store.update_queue(
+            self.record.agent_id, eviction.summary, eviction.new_start_seq, now, place=self.place.key
+        )
         self.queue.apply(eviction)
         self.record.summary, self.record.queue_start_seq = eviction.summary, eviction.new_start_seq
         self.record.summary_updated_at = now
@@ -87,6 +82,7 @@ async def open_conversation(
     visible = Visibility.of(place)
     conversation = Conversation(
         place,
+        visible,
         record,
         new_queue(services, place_instructions(services.instructions, place)),
         recall_count=await store.count_messages(agent_id, visible=visible),
@@ -111,11 +107,6 @@ def new_queue(services: AgentServices, instructions: str) -> QueueManager:
         max_item_tokens=services.max_message_tokens,
         queue_tokens=services.queue_tokens,
     )
-
-
-def seen_from(conversations: Sequence[Conversation], key: str) -> list[Conversation]:
-    """The open conversations that may read an item recorded in conversation `key`."""
-    return [conversation for conversation in conversations if conversation.visible.sees(key)]
 
 
 def interrupted_calls(messages: Sequence[Message]) -> list[dict[str, Any]]:

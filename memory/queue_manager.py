@@ -180,8 +180,7 @@ class QueueManager:
         self.set_summary(summary)
         self.set_working_context(working_context)
         self.entries, self.queue_tokens, self._asked_for_more = [], 0, 0
-        for message in messages:
-            self.append(message)
+        self.append(*messages)
         self.warned = any(PRESSURE_MARKER in (entry.message.content or "") for entry in self.entries)
 
     def set_summary(self, summary: str) -> None:
@@ -204,14 +203,15 @@ class QueueManager:
         self.staged_working_context = rendered
         self.working_context_tokens = max(self.counter.count(self.working_context), self.counter.count(rendered))
 
-    def append(self, message: Message) -> None:
-        payload = message.to_openai()
-        tokens = self.counter.count_message(payload)
-        if tokens > self.max_item_tokens:
-            payload, tokens = self._shortened(payload, tokens)
-        self.entries.append(QueueEntry(message, payload, tokens))
-        self.queue_tokens += tokens
-        self._asked_for_more += self._asks_for_more(message)
+    def append(self, *messages: Message) -> None:
+        for message in messages:
+            payload = payload_of(message)
+            tokens = self.counter.count_message(payload)
+            if tokens > self.max_item_tokens:
+                payload, tokens = self._shortened(payload, tokens)
+            self.entries.append(QueueEntry(message, payload, tokens))
+            self.queue_tokens += tokens
+            self._asked_for_more += self._asks_for_more(message)
 
     def _asks_for_more(self, message: Message) -> bool:
         return message.role == "tool" and message.name in self.more_tools_after
@@ -385,6 +385,18 @@ class QueueManager:
                 f"(window {self.window}); shrink working context limits or raise MEMGPT_CONTEXT_WINDOW"
             )
         return total
+
+
+def payload_of(message: Message) -> dict[str, Any]:
+    """A message as the requests carry it, rendered once, when it joins the queue. Content
+    is always a string, "" beside tool calls: the shape every server accepts
+    (bot/llm/shape.py), so a request needs no copy of it. `name` stays out (see Message)."""
+    payload: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+    if message.tool_calls:
+        payload["tool_calls"] = message.tool_calls
+    if message.tool_call_id is not None:
+        payload["tool_call_id"] = message.tool_call_id
+    return payload
 
 
 def with_status(payload: dict[str, Any], status_line: str) -> dict[str, Any]:

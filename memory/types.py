@@ -42,16 +42,6 @@ class Message:
     # "public:<id>"); reads filter on it (Visibility).
     place: str = "dm"
 
-    def to_openai(self) -> dict[str, Any]:
-        # Content is always a string, "" beside tool calls: the shape every server
-        # accepts (bot/llm/shape.py), so a request needs no copy of the message.
-        payload: dict[str, Any] = {"role": self.role, "content": self.content or ""}
-        if self.tool_calls:
-            payload["tool_calls"] = self.tool_calls
-        if self.tool_call_id is not None:
-            payload["tool_call_id"] = self.tool_call_id
-        return payload
-
     def calls(self, name: str) -> bool:
         """Whether this (assistant) step called the function `name`."""
         return any((call.get("function") or {}).get("name") == name for call in self.tool_calls or ())

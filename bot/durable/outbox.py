@@ -45,13 +45,8 @@ def unconfirmed(entries: Iterable[OutboxEntry]) -> list[Reply]:
     return [reply_of(entry) for entry in entries if entry.state == "pending"]
 
 
-def outbox_entry(event: Event, text: str, position: int, *, filed_under: str | None = None) -> OutboxEntry:
-    """The outbox record of reply number `position` to `event`, filed under
-    the event's id (or `filed_under`, for a notice kept apart from its answers)."""
-    return _entry(event.reply(text, event_id=filed_under), position)
-
-
-def _entry(reply: Reply, position: int) -> OutboxEntry:
+def outbox_entry(reply: Reply, position: int) -> OutboxEntry:
+    """The outbox record of `reply`, number `position` of those filed under its event id."""
     return OutboxEntry(
         f"{reply.event_id}:{position}",
         reply.event_id,
@@ -85,7 +80,7 @@ class Outbox:
         an earlier run filed and never confirmed (marked `resend`: the adapter
         checks before sending it again); none once it was sent."""
         reply.event_id += NOTICE_SUFFIX
-        entry = _entry(reply, 0)
+        entry = outbox_entry(reply, 0)
         if await self.store.outbox_add(entry):
             reply.outbox_id = entry.id
             return [reply]

@@ -63,7 +63,7 @@ async def reload(agent: Agent) -> None:
     """Read the agent's working context, queues and counts again from the store."""
     services = agent.services
     agent.working_context = WorkingContext(await services.store.load_blocks(agent.id))
-    current = agent.conversation.key
+    current = agent.conversation.place.key
     for key, conversation in list(agent.conversations.items()):
         fresh, _ = await open_conversation(services, agent.id, conversation.place, agent.working_context)
         agent.conversations[key] = fresh
