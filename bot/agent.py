@@ -312,10 +312,10 @@ class Agent:
         messages += [
             Message(role="user", content=f.render(), name=f.kind, event_id=f.event_id) for f in event.members()[1:]
         ]
-        # The check for an earlier run's message is part of the write (one store call).
-        return await self.record_messages(
-            messages, await self.conversation_for(event.place), unless_event=event.event_id
-        )
+        # The check for an earlier run's message is part of the write (one store call); on a first run
+        # there cannot be one.
+        unless = None if event.first_run else event.event_id
+        return await self.record_messages(messages, await self.conversation_for(event.place), unless_event=unless)
 
     async def _execute(self, completion: Completion, *, first_step: bool = False) -> bool:
         """Run one step's function calls in order; returns whether to go on."""

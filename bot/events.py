@@ -64,6 +64,8 @@ class Event:
     # Where it happened: its conversation, and what the agent may read there
     # (memory/places.py). Adapters set it; a check-in tick happens in the DM.
     place: Place = DM
+    # Its inbox entry never started before (Inbox.started): no earlier run recorded its message.
+    first_run: bool = field(default=False, repr=False, compare=False)
     # Its agent's key (agent_key()), worked out once: it is read at every gate of the event's way.
     agent_key: str = field(init=False, repr=False, compare=False, default="")
     kind = "event"

@@ -30,8 +30,9 @@ than two days are swept now and then.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from bot.agent import Agent, EventResult
@@ -40,7 +41,7 @@ from bot.events import Event, FileUploaded, ScheduledTick, UserMessage
 from bot.llm import TokenUsage
 from memory.roles import UsageStore
 from memory.store import StoreError
-from memory.types import utc_now
+from memory.types import UsageTally, utc_now
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,24 @@ class Usage:
         return self.exempt_by_admin or self.exempt_by_env
 
 
+@dataclass(slots=True)
+class _Seen:
+    """A key's windows as last read, plus what this process counted since: upper bounds while
+    `agent` is the loaded copy (the door reloads it when another process may have worked on
+    the agent, bot/door.py; deletions, such as a `limits reset` elsewhere, only lower the truth)."""
+
+    agent: weakref.ref[Agent]
+    day: datetime  # the UTC day whose tokens were read
+    tokens: int
+    messages: int  # message hits read in the rate window...
+    newest: datetime | None  # ...and the newest of them
+    admitted: list[datetime] = field(default_factory=list)  # messages counted here since
+
+    def messages_since(self, since: datetime) -> int:
+        self.admitted = [at for at in self.admitted if at >= since]
+        return len(self.admitted) + (self.messages if self.newest and self.newest >= since else 0)
+
+
 def start_of_day(moment: datetime) -> datetime:
     return moment.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
@@ -114,7 +133,14 @@ def humanize_wait(delta: timedelta) -> str:
 
 
 class UsageLimits:
-    def __init__(self, store: UsageStore, settings: Settings, clock: Callable[[], datetime] = utc_now) -> None:
+    def __init__(
+        self,
+        store: UsageStore,
+        settings: Settings,
+        clock: Callable[[], datetime] = utc_now,
+        *,
+        remember: bool = False,
+    ) -> None:
         self.store = store
         self.rate_limit = max(0, settings.rate_limit_per_minute)
         self.daily_budget = max(0, settings.daily_token_budget)
@@ -125,6 +151,11 @@ class UsageLimits:
         # when it ends: one write per event instead of two. Events of one user
         # run one at a time (lease and lane), so the next admission sees it.
         self._admitted: dict[str, datetime] = {}
+        # `remember`: leases tell when another process served an agent (its copy is reloaded
+        # then), so the windows read at one admission serve the next ones while they say
+        # "under". Without leases one process is assumed, but other runtimes on the same
+        # SQLite file must still be seen: every admission reads.
+        self._seen: dict[str, _Seen] | None = {} if remember else None
 
     @property
     def enabled(self) -> bool:
@@ -172,6 +203,10 @@ class UsageLimits:
                 hits.update((kind, amount) for kind, amount in counts.items() if amount > 0)
         if not hits:
             return
+        seen = self._seen.get(key) if self._seen is not None else None
+        if seen is not None:  # counted whether or not the write lands: an upper bound either way
+            seen.tokens += hits.get(TOKENS, 0)
+            seen.admitted += [admitted] if admitted is not None else []
         try:
             # One write for the event, at its admission (the message's time in the rate window).
             await self.store.record_usage(key, hits, admitted or self.clock())
@@ -183,7 +218,7 @@ class UsageLimits:
         """Delete the user's counters and any exemption stored for them: a
         forgotten user leaves no row behind (MEMGPT_UNLIMITED_USERS, being
         configuration, is untouched)."""
-        await self.store.delete_usage(key)
+        await self.reset(key)
         await self.set_exempt(key, False)
 
     # -- admin ------------------------------------------------------------
@@ -223,6 +258,8 @@ class UsageLimits:
 
     async def reset(self, key: str) -> int:
         """Clear the user's counters: they may write and spend from zero again."""
+        if self._seen is not None:
+            self._seen.pop(key, None)
         return await self.store.delete_usage(key)
 
     # -- inside -------------------------------------------------------------
@@ -233,8 +270,10 @@ class UsageLimits:
         midnight = start_of_day(now)
         # What the checks read, in one round trip: today's tokens, the last minute's messages.
         windows = [(TOKENS, midnight)] if self.daily_budget else []
-        windows += [(MESSAGE, window_start(now))] if rated else []
-        tallies = await store.usage_windows(key, windows) if windows and key not in self.unlimited else []
+        windows += [(MESSAGE, window_start(now))] if self.rate_limit else []
+        if key in self.unlimited or self._under(agent, key, midnight, window_start(now)):
+            windows = []
+        tallies = await self._read(agent, key, windows, midnight) if windows else []
         over_budget = bool(self.daily_budget and tallies and tallies[0].amount >= self.daily_budget)
         recent = tallies[-1] if rated and tallies else None
         over_rate = bool(recent and recent.count >= self.rate_limit and recent.oldest and recent.newest)
@@ -252,6 +291,25 @@ class UsageLimits:
             return await self._hold(agent, event, "rate", recent.oldest + RATE_WINDOW, now, told)
         self._admitted[key] = now  # counted by charge(), with the event's tokens
         return None
+
+    def _under(self, agent: Agent, key: str, midnight: datetime, since: datetime) -> bool:
+        """Under both limits by what this process saw since it last read them (see _Seen)."""
+        seen = self._seen.get(key) if self._seen is not None else None
+        if seen is None or seen.agent() is not agent or seen.day != midnight:
+            return False
+        return (not self.daily_budget or seen.tokens < self.daily_budget) and (
+            not self.rate_limit or seen.messages_since(since) < self.rate_limit
+        )
+
+    async def _read(
+        self, agent: Agent, key: str, windows: list[tuple[str, datetime]], midnight: datetime
+    ) -> list[UsageTally]:
+        tallies = await self.store.usage_windows(key, windows)
+        if self._seen is not None:
+            tokens = tallies[0].amount if self.daily_budget else 0
+            recent = tallies[-1] if self.rate_limit else UsageTally(0, 0, None, None)
+            self._seen[key] = _Seen(weakref.ref(agent), midnight, tokens, recent.count, recent.newest)
+        return tallies
 
     async def _hold(
         self, agent: Agent, event: Event, reason: str, until: datetime, now: datetime, told: bool

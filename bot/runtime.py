@@ -19,7 +19,7 @@ from bot.checkins.functions import register_checkin_functions
 from bot.config import Settings
 from bot.door import Doors, StoreWait
 from bot.durable.inbox import Inbox
-from bot.durable.leases import Leases, leases_for
+from bot.durable.leases import Leases, NoLeases, leases_for
 from bot.durable.outbox import Outbox
 from bot.durable.redelivery import Sender
 from bot.events import Event
@@ -113,7 +113,7 @@ class Runtime(LedgerCommands):
         self.inbox = Inbox(store, leases=self.leases)
         self.outbox = Outbox(store, leases=self.leases)
         # Per-user message rate and daily token budget, counted in the store (bot/limits.py).
-        self.limits = UsageLimits(store, settings)
+        self.limits = UsageLimits(store, settings, remember=not isinstance(self.leases, NoLeases))
         # Store faults (SQLite busy or full, MongoDB down): events wait, then are left
         # waiting in the inbox (bot/door.py: StoreWait).
         self.store_wait = StoreWait(self.inbox, settings.store_wait)

@@ -362,6 +362,11 @@ class InboxStore(Protocol):
         try and/or `alone` mark; with `only_from`, only if its state is one of
         those. Whether an entry was changed (or, with nothing to change, matched)."""
 
+    async def inbox_start(self, event_id: str, *, alone: bool) -> bool:
+        """A pending entry becomes running, with its `alone` mark (a waiting one stays waiting).
+        True only if it surely never started before: no run of it can have recorded anything
+        (False when the store keeps no such mark)."""
+
     async def inbox_entry(self, event_id: str) -> InboxEntry | None:
         """One entry by its id, whatever its state; None once swept (or never seen)."""
 

@@ -16,6 +16,7 @@ from bot.errors import ConfigError
 from bot.events import FileUploaded, ScheduledTick, UserMessage
 from bot.limits import MESSAGE, TOKENS
 from bot.runtime import Runtime
+from bot.settings import LeaseSettings
 from memory.types import Message
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, reply_text, reply_tool_calls, tool_call
@@ -252,6 +253,39 @@ async def test_two_runtimes_on_one_file_share_the_counters(
         runtime.limits.rate_limit = 0
     assert (await second.limits.usage(KEY)).tokens_today > 0
     assert (await second.handle_with_details(message("five"))).held == "budget"
+
+
+async def test_with_leases_one_read_serves_the_next_admissions_until_another_process_served_the_person(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm_server.set_handler(answer)
+    clock = Clock()
+    limits = {"rate_limit_per_minute": 3, "daily_token_budget": 10**9, "leases": LeaseSettings(mode="on")}
+    first = await limited(make_runtime, clock, tmp_path / "shared", **limits)
+    second = await limited(make_runtime, clock, tmp_path / "shared", **limits)
+    reads: list[str] = []
+    original = first.store.usage_windows
+
+    async def usage_windows(key: str, windows: Any) -> Any:
+        if TOKENS in dict(windows):  # admission's read (usage_since reads through here too)
+            reads.append(key)
+        return await original(key, windows)
+
+    monkeypatch.setattr(first.store, "usage_windows", usage_windows)
+    assert (await first.handle_with_details(message("one"))).held == ""
+    assert (await first.handle_with_details(message("two"))).held == ""
+    assert len(reads) == 1  # its own turns in a row: what it counted is all there is
+    assert (await second.handle_with_details(message("three"))).held == ""
+    # Another process served the person in between: read again, and the third message counts.
+    assert (await first.handle_with_details(message("four"))).held == "rate"
+    assert len(reads) == 2
+    # Counters reset elsewhere (`limits reset`): what this process remembers is over, so it reads.
+    await second.limits.reset(KEY)
+    assert (await first.handle_with_details(message("five"))).held == ""
+    assert len(reads) == 3
+    clock.advance(days=1)  # a new day's budget is read, not carried over
+    assert (await first.handle_with_details(message("six"))).held == ""
+    assert len(reads) == 4
 
 
 async def test_forget_deletes_the_counters(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:

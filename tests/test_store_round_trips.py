@@ -62,8 +62,11 @@ ROOT = Path(__file__).resolve().parent.parent
 # holder record to read), and an append after the agent's own needs no find (Agent passes the seq it
 # got: append_messages' `after`). What is left is one command per collection written (inbox 3,
 # lease tickets 2, messages 2, outbox 2, usage 1), the usage read, and the find before the event's
-# message (did an earlier run record it?).
-MAX_ROUND_TRIPS = {"sqlite": 10, "mongodb": 13}
+# message (did an earlier run record it?). Now 12: with leases, the usage windows read at one
+# admission serve the next while this process keeps the agent (bot/limits.py: _Seen). Now 11: the
+# inbox's start says whether the event ever started (MongoInbox.inbox_start); on a first run no
+# earlier run can have recorded its message, so the append does not look (Event.first_run).
+MAX_ROUND_TRIPS = {"sqlite": 10, "mongodb": 11}
 DEFAULTS = Settings()
 
 

@@ -196,7 +196,7 @@ class Inbox:
         if event.in_inbox:
             # A suspect keeps its mark while it runs alone: a death now is evidence against it.
             alone = self.quarantine.is_suspect(event.inbox_id)
-            await self.store.inbox_update(event.inbox_id, state="running", alone=alone, only_from=("pending",))
+            event.first_run = await self.store.inbox_start(event.inbox_id, alone=alone)
             followers = [member.inbox_id for member in event.members()[1:]]
             if followers:
                 await self.store.inbox_absorb(event.inbox_id, followers)

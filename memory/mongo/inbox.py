@@ -146,6 +146,16 @@ class MongoInbox(MongoBase):
         return (await self._c("event_journal").update_one(where, {"$set": fields})).matched_count > 0
 
     @guarded
+    async def inbox_start(self, event_id: str, *, alone: bool) -> bool:
+        # `ran` marks a start for good; one debounced into another's batch may have had its
+        # message recorded by that batch, so it does not count as never started either.
+        before = await self._c("event_journal").find_one_and_update(
+            {"_id": event_id, "state": "pending"},
+            {"$set": {"state": "running", "alone": alone, "ran": True}},
+        )  # the whole row: FerretDB 1.24 takes no projection here
+        return before is not None and not before.get("ran") and not before.get("absorbed_into")
+
+    @guarded
     async def inbox_entry(self, event_id: str) -> InboxEntry | None:
         doc = await self._c("event_journal").find_one({"_id": event_id})
         return None if doc is None else _inbox_entry(doc)

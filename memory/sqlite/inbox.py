@@ -156,6 +156,12 @@ class SQLiteInbox(SQLiteBase):
 
         return await self.run_in_db(job, write=True)
 
+    async def inbox_start(self, event_id: str, *, alone: bool) -> bool:
+        # No mark of a start kept: an append checks for the event's message in its own
+        # transaction (SQLiteStore.append_messages), so knowing would save no round trip.
+        await self.inbox_update(event_id, state="running", alone=alone, only_from=("pending",))
+        return False
+
     async def inbox_pending(self, platform: str, due_by: float | None = None) -> list[InboxEntry]:
         # Without due_by: every unfinished entry; with it: the waiting ones due by then.
         where = "state <> 'done'" if due_by is None else "state = 'waiting' AND next_try_at <= ?"

@@ -43,6 +43,26 @@ async def test_an_event_is_recorded_once_and_pending_until_done(store: Store) ->
     assert not await store.inbox_receive(entry("Ev1"))  # still recognised once done
 
 
+async def test_a_start_says_never_started_only_the_first_time(store: Store) -> None:
+    # A store that keeps the mark (MongoDB: it saves the append its read) says so once; SQLite
+    # checks in the append's transaction and keeps none. Neither may say it of a later start.
+    marks = store.serves_many_processes
+    for event_id in ("EvStart", "EvFollower"):
+        assert await store.inbox_receive(entry(event_id))
+    await store.inbox_absorb("EvStart", ["EvFollower"])
+    assert await store.inbox_start("EvStart", alone=True) is marks
+    stored = await store.inbox_entry("EvStart")
+    assert stored is not None and (stored.state, stored.alone) == ("running", True)
+    assert not await store.inbox_start("EvStart", alone=False)  # running: a redo of the same run
+    await store.inbox_update("EvStart", state="pending")  # taken over after a crash
+    assert not await store.inbox_start("EvStart", alone=False)
+    assert not await store.inbox_start("EvFollower", alone=False)  # its batch may have recorded it
+    await store.inbox_update("EvStart", state="waiting")
+    assert not await store.inbox_start("EvStart", alone=False)  # a waiting one stays waiting
+    waiting = await store.inbox_entry("EvStart")
+    assert waiting is not None and waiting.state == "waiting"
+
+
 async def test_pending_events_come_back_in_arrival_order_per_origin(store: Store) -> None:
     ids = [f"Ev{n:03d}" for n in range(30)]
     for n, event_id in enumerate(ids):
