@@ -47,8 +47,8 @@ from tests.real_llm_servers import (
     RecordingProxy,
     bot_environment,
     over_context,
+    prompt_counts,
     refused,
-    token_ratio,
 )
 
 # Plain chat, facts to keep, runs of digits (tokenized very differently by
@@ -144,6 +144,7 @@ async def converse(kind: str, count: int, context: int, max_steps: int, embedder
         completions = proxy.completions()
         counter = TokenCounter(load_encoder(MODEL_ALIAS))
         context_size = server.context_size() if server.process is not None else context
+        counts = prompt_counts(completions, counter)
         return Measured(
             server=kind,
             context=context_size,
@@ -155,12 +156,12 @@ async def converse(kind: str, count: int, context: int, max_steps: int, embedder
             requests=len(completions),
             summaries=sum(1 for e in completions if e.request is not None and is_summary_request(e.request)),
             refused=len(refused(completions)),
-            over_context=len(over_context(completions, context_size)),
+            over_context=len(over_context(completions, server)),
             agent_left_broken=broken,
             seconds_per_message=statistics.fmean(seconds),
             median_seconds=statistics.median(seconds),
             max_prompt_tokens=max((int(e.usage.get("prompt_tokens") or 0) for e in completions), default=0),
-            token_ratio=token_ratio(completions, counter),
+            token_ratio=counts.server / counts.with_tools if counts.with_tools else None,
             refusal_texts=sorted({f"{e.status}: {e.error[:160]}" for e in refused(completions)}),
         )
     finally:

@@ -22,7 +22,7 @@ from bot.agent_calls import AgentCalls
 from bot.channel_context import render_channel_context
 from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
-from bot.events import Event, Reply, UserMessage
+from bot.events import Event, Reply, UserMessage, stamp
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
@@ -400,8 +400,12 @@ class Agent:
         so does a channel's recent lines, shown for the current event only."""
         status = (
             f"memory {round(100 * self.queue.pressure())}% full; recall {self.recall_count} messages, "
-            f"archival {self.archival_count} passages; now {utc_now():%Y-%m-%d %H:%M} UTC"
+            f"archival {self.archival_count} passages"
         )
+        # Every event's line opens with its time: the clock is news only once it has moved on.
+        now = stamp(utc_now())
+        if self.current_event is None or stamp(self.current_event.created_at) != now:
+            status += f"; now {now}"
         return f"{status}\n{self._channel_context}" if self._channel_context else status
 
     # -- memory operations used by the functions ------------------------------

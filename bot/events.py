@@ -36,7 +36,8 @@ def parse_user(spec: str) -> tuple[str, str]:
     return platform, user_id
 
 
-def _stamp(moment: datetime) -> str:
+def stamp(moment: datetime) -> str:
+    """A time as an event's line opens with it."""
     return moment.strftime("%Y-%m-%d %H:%M %Z").strip()
 
 
@@ -128,7 +129,7 @@ class UserMessage(Event):
         # nothing in a DM.
         channel = self.channel or ("" if self.place.is_dm else self.place.name or self.place.id)
         where = f" in {channel}" if channel else ""
-        return f"[{_stamp(self.created_at)}] {who}{where}: {self.text}"
+        return f"[{stamp(self.created_at)}] {who}{where}: {self.text}"
 
 
 @dataclass(kw_only=True)
@@ -141,7 +142,7 @@ class UserJoined(Event):
 
     def render(self) -> str:
         who = self.display_name or "The person"
-        return f"[{_stamp(self.created_at)}] [event] {who} joined {self.joined or 'a space where you live'}."
+        return f"[{stamp(self.created_at)}] [event] {who} joined {self.joined or 'a space where you live'}."
 
 
 @dataclass(kw_only=True)
@@ -163,11 +164,11 @@ class FileUploaded(Event):
         who = self.display_name or "The person"
         if self.load_error:
             return (
-                f"[{_stamp(self.created_at)}] [event] {who} uploaded the file {self.filename!r}, "
+                f"[{stamp(self.created_at)}] [event] {who} uploaded the file {self.filename!r}, "
                 f"but it could not be read: {self.load_error}"
             )
         return (
-            f"[{_stamp(self.created_at)}] [event] {who} uploaded the file {self.filename!r}; "
+            f"[{stamp(self.created_at)}] [event] {who} uploaded the file {self.filename!r}; "
             f"its text was saved to archival storage as {self.passages_saved} passages "
             "(search it with archival_memory_search)."
         )
@@ -181,7 +182,7 @@ class ScheduledTick(Event):
     kind = "scheduled_tick"
 
     def render(self) -> str:
-        parts = [f"[{_stamp(self.created_at)}] [scheduled tick] {self.reason}."]
+        parts = [f"[{stamp(self.created_at)}] [scheduled tick] {self.reason}."]
         if self.local_time:
             parts.append(f"Their local time: {self.local_time}.")
         if self.since_last_conversation:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from typing import Any
 
 import pytest
@@ -198,3 +199,20 @@ async def test_two_users_never_see_each_others_memory(make_runtime: RuntimeFacto
     alice = await runtime.agent("terminal:alice")
     found = await runtime.archival.search(alice.id, "vault code", 5)
     assert found.items and "7741" in found.items[0][0].text
+
+
+async def test_a_search_shows_a_message_line_with_its_time_once(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    llm_server.script(
+        reply_tool_calls(tool_call("send_message", {"message": "Lovely!"})),
+        reply_tool_calls(tool_call("conversation_search", {"query": "tomatoes", "request_heartbeat": True})),
+        reply_tool_calls(tool_call("send_message", {"message": "They were ripe."})),
+    )
+    runtime = await make_runtime()
+    await runtime.handle(said("My tomatoes are ripe.", user="alice"))
+    await runtime.handle(said("What did I say about tomatoes?", user="alice"))
+    lines = last_tool_result(llm_server.requests[2])["result"].splitlines()
+    found = [line for line in lines if line.endswith("My tomatoes are ripe.")]
+    stamped_once = r"- \[\d{4}-\d\d-\d\d \d\d:\d\d UTC\] alice: My tomatoes are ripe\."
+    assert len(found) == 1 and re.fullmatch(stamped_once, found[0]), found

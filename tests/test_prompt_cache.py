@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pytest
 
 from bot.events import UserMessage
 from bot.limits import CACHED_TOKENS, PROMPT_TOKENS
@@ -31,12 +34,22 @@ def without_status(message: dict[str, Any]) -> dict[str, Any]:
     return {**message, "content": STATUS_FIELD.sub("}", content)}
 
 
-def carries_status(message: dict[str, Any]) -> bool:
+STATUS = re.compile(r"memory \d+% full; recall \d+ messages, archival \d+ passages(?:; now (?P<now>[\d :-]+ UTC))?$")
+EVENT_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d UTC)\] ")
+
+
+def carries_status(request: dict[str, Any]) -> bool:
+    """The newest message carries the counts, and the time only once the clock
+    has moved past the current event's (whose line opens with its own)."""
+    message = request["messages"][-1]
     content = str(message.get("content") or "")
-    status = content.partition(f"\n{STATUS_MARKER}")[2]
+    status = content.partition(f"\n{STATUS_MARKER} ")[2]
     if message["role"] == "tool":
         status = json.loads(content).get("memory_status", "")
-    return bool(re.search(r"\d+% full; recall \d+ messages, .* now \d{4}-\d\d-\d\d \d\d:\d\d UTC", status))
+    found = STATUS.match(status)
+    stamps = [EVENT_STAMP.match(str(m.get("content") or "")) for m in request["messages"] if m["role"] == "user"]
+    event = [s.group(1) for s in stamps if s][-1]
+    return bool(found) and found.group("now") != event
 
 
 def chatty_model(request: dict[str, Any]) -> Reply:
@@ -74,7 +87,7 @@ async def test_requests_between_flushes_extend_the_previous_prompt(
     assert max(sizes) <= WINDOW, f"largest request {max(sizes)} tokens"
 
     steps = [r for r in requests if not is_summary_request(r)]
-    assert all(carries_status(r["messages"][-1]) for r in steps), "every step sees the memory status"
+    assert all(carries_status(r) for r in steps), "every step sees the memory status"
     assert all(STATUS_MARKER not in str(m.get("content")) for r in steps for m in r["messages"][1:-1])
 
     def appended(request: dict[str, Any]) -> set[str]:
@@ -197,3 +210,18 @@ async def test_summary_model_is_used_for_summaries_only(
     models = {(is_summary_request(r), r["model"]) for r in llm_server.requests}
     assert (True, "cheap-model") in models
     assert models <= {(True, "cheap-model"), (False, "test-model")}
+
+
+async def test_the_status_gives_the_time_once_the_clock_has_moved_past_the_event(
+    make_runtime: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runtime = await make_runtime()
+    agent = await runtime.agent("terminal:alice")
+    now = datetime(2026, 12, 7, 19, 24, 30, tzinfo=UTC)
+    monkeypatch.setattr("bot.agent.utc_now", lambda: now)
+    assert agent.status_line().endswith("; now 2026-12-07 19:24 UTC"), "no event: the status alone tells the time"
+    agent.current_event = UserMessage(platform="terminal", user_id="alice", text="hi", created_at=now)
+    assert agent.current_event.render().startswith("[2026-12-07 19:24 UTC] ")
+    assert agent.status_line().endswith(" passages"), "the event's line already says 19:24"
+    agent.current_event.created_at = now - timedelta(minutes=1)
+    assert agent.status_line().endswith("; now 2026-12-07 19:24 UTC")

@@ -247,6 +247,8 @@ def _message_line(message: Message) -> str:
             if function.get("name") == "send_message":
                 body = f"said: {function.get('arguments', '')}"
         return f"[{stamp}] agent {body}"
+    if message.role == "user" and (message.content or "").startswith(f"[{stamp}"):
+        return message.content or ""  # an event's line opens with its time and who spoke
     return f"[{stamp}] {message.role}: {message.content}"
 
 
