@@ -7,16 +7,13 @@ Reads the store directly: no LLM key and no embedding model needed.
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from bot.checkins.rules import describe, format_local
 from bot.config import Settings
+from cli.common import EXIT_OK, dumps, iso, write
 from memory.schedules import Schedule
-
-EXIT_OK = 0
 
 
 def add_checkin_commands(
@@ -45,19 +42,11 @@ async def cmd_checkins_list(args: argparse.Namespace, settings: Settings) -> int
         schedules = await store.schedules.list_all()
     finally:
         await store.close()
-    out = sys.stdout
-    if args.json:
-        out.write(json.dumps([_json(s) for s in schedules], ensure_ascii=False, indent=2) + "\n")
-    else:
-        out.write(render_schedules(schedules) + "\n")
-    out.flush()
+    write(dumps([_json(s) for s in schedules], indent=2) if args.json else render_schedules(schedules))
     return EXIT_OK
 
 
 def _json(schedule: Schedule) -> dict[str, Any]:
-    def iso(moment: Any) -> str | None:
-        return moment.isoformat() if moment else None
-
     return {
         "id": schedule.id,
         "user": schedule.agent_key,

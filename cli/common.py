@@ -14,7 +14,8 @@ import json
 import logging
 import sys
 import time
-from contextlib import aclosing
+from collections.abc import AsyncIterator
+from contextlib import aclosing, asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -81,26 +82,29 @@ async def read_line(stream: TextIO) -> str | None:
     return None
 
 
-async def open_runtime(settings: Settings, *, talks_to_llm: bool = False, warm_up: bool = False) -> Runtime:
-    """The runtime for a command. `talks_to_llm` (chat, run): the API key must
-    be set and the context window must hold the fixed prompt, checked before
-    anything is sent. `warm_up`: the embedding model starts loading in the
-    background (seconds of CPU), so that the first search rarely waits for it."""
+@asynccontextmanager
+async def open_runtime(
+    settings: Settings, *, talks_to_llm: bool = False, warm_up: bool = False
+) -> AsyncIterator[Runtime]:
+    """The runtime for a command, closed when the `async with` block ends.
+    `talks_to_llm` (chat, run): the API key must be set and the context window
+    must hold the fixed prompt, checked before anything is sent. `warm_up`: the
+    embedding model starts loading in the background (seconds of CPU), so that
+    the first search rarely waits for it."""
     from bot.runtime import Runtime  # imported here so `--help` stays fast
 
     if talks_to_llm and not settings.openai_api_key:
         raise CLIError(NO_API_KEY)
     runtime = await Runtime.create(settings)
-    if talks_to_llm:
-        try:
+    try:
+        if talks_to_llm:
             settings.check_window(fixed_prompt_tokens(runtime))
-        except BaseException:
-            await runtime.close()
-            raise
-    freeze_start_up_heap()
-    if warm_up:
-        warm_up_in_background(runtime)
-    return runtime
+        freeze_start_up_heap()
+        if warm_up:
+            warm_up_in_background(runtime)
+        yield runtime
+    finally:
+        await runtime.close()
 
 
 def freeze_start_up_heap() -> None:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from bot.config import Settings
 from bot.reports import plural
 from cli.args import user_argument
-from cli.common import EXIT_OK, PROG, CLIError, fail, write
+from cli.common import EXIT_OK, PROG, CLIError, fail, open_runtime, write
 from memory.store import SOURCE_KEY_PREFIX, SourceRecord
 
 if TYPE_CHECKING:
@@ -133,12 +133,6 @@ def add_document_commands(
 
 
 # -- helpers --------------------------------------------------------------------------
-async def _open(settings: Settings) -> Runtime:
-    from bot.runtime import Runtime  # imported here so `--help` stays fast
-
-    return await Runtime.create(settings)
-
-
 async def _source(runtime: Runtime, name: str) -> SourceRecord:
     source = await runtime.store.find_source(name)
     if source is None:
@@ -216,20 +210,14 @@ def _report_json(report: LoadReport, where: str) -> dict[str, Any]:
 # -- commands ---------------------------------------------------------------------------
 async def cmd_load(args: argparse.Namespace, settings: Settings) -> int:
     key: str = args.user
-    runtime = await _open(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         agent = await runtime.agent(key)
         return await _load(runtime, agent.id, args, f"{key}'s archival storage")
-    finally:
-        await runtime.close()
 
 
 async def cmd_sources_create(args: argparse.Namespace, settings: Settings) -> int:
-    runtime = await _open(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         _, created = await runtime.store.create_source(args.name)
-    finally:
-        await runtime.close()
     if not created:
         raise CLIError(f"a collection named {args.name!r} already exists")
     write(f"Created collection {args.name}. Load files with: {PROG} sources load {args.name} PATH...")
@@ -237,17 +225,13 @@ async def cmd_sources_create(args: argparse.Namespace, settings: Settings) -> in
 
 
 async def cmd_sources_load(args: argparse.Namespace, settings: Settings) -> int:
-    runtime = await _open(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         source = await _source(runtime, args.name)
         return await _load(runtime, source.id, args, f"collection {args.name}")
-    finally:
-        await runtime.close()
 
 
 async def cmd_sources_attach(args: argparse.Namespace, settings: Settings) -> int:
-    runtime = await _open(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         source = await _source(runtime, args.name)
         if args.all:
             await runtime.store.attach_source(source.id, None)
@@ -257,15 +241,12 @@ async def cmd_sources_attach(args: argparse.Namespace, settings: Settings) -> in
             agent = await runtime.agent(args.user)
             await runtime.store.attach_source(source.id, agent.id)
             said = f"Attached {args.name} to {args.user}."
-    finally:
-        await runtime.close()
     write(said)
     return EXIT_OK
 
 
 async def cmd_sources_detach(args: argparse.Namespace, settings: Settings) -> int:
-    runtime = await _open(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         source = await _source(runtime, args.name)
         if args.all:
             await runtime.store.detach_source(source.id, None)
@@ -276,15 +257,12 @@ async def cmd_sources_detach(args: argparse.Namespace, settings: Settings) -> in
                 raise CLIError(f"no memory held for user {args.user}")
             await runtime.store.detach_source(source.id, record.id)
             said = f"Detached {args.name} from {args.user}."
-    finally:
-        await runtime.close()
     write(said)
     return EXIT_OK
 
 
 async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
-    runtime = await _open(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         store = runtime.store
         keys = {agent.id: agent.key for agent in await store.list_agents()}
         people = {agent_id: key for agent_id, key in keys.items() if not key.startswith(SOURCE_KEY_PREFIX)}
@@ -308,8 +286,6 @@ async def cmd_sources_list(args: argparse.Namespace, settings: Settings) -> int:
                     "created_at": source.created_at.isoformat(),
                 }
             )
-    finally:
-        await runtime.close()
     if args.json:
         write(json.dumps(rows, ensure_ascii=False, indent=2))
     elif not rows:
@@ -334,12 +310,9 @@ def _render_source(row: dict[str, Any]) -> str:
 async def cmd_sources_delete(args: argparse.Namespace, settings: Settings) -> int:
     if not args.yes:
         raise CLIError(f"deleting collection {args.name!r} cannot be undone: add --yes to confirm")
-    runtime = await _open(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         source = await _source(runtime, args.name)
         passages = await runtime.store.count_passages(source.id)
         await runtime.store.delete_agent(source.id)
-    finally:
-        await runtime.close()
     write(f"Deleted collection {args.name} ({plural(passages, 'passage')}).")
     return EXIT_OK

@@ -184,8 +184,7 @@ def message_key(message: Message) -> tuple[str, str, str, int]:
 async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     user: User = args.user
     history = parse_history(args.file)  # everything is validated before anything is stored
-    runtime = await open_runtime(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         record = await runtime.store.find_agent(user.key)
         held = {message_key(m) for m in await runtime.store.messages_since(record.id, 0)} if record else set()
         fresh: list[Message] = []
@@ -200,8 +199,6 @@ async def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         if count and agent is not None:
             # Searchable by meaning when this returns, not only after the agent's next searches.
             await embed_recall(runtime, agent.id, sum(1 for message in fresh if embeddable(message)))
-    finally:
-        await runtime.close()
     skipped = len(history.messages) - len(fresh)
     log.info("imported %d messages (%d already held) for %s from %s", count, skipped, user.key, args.file)
     note = f" ({plural(skipped, 'message')} already held, skipped)" if skipped else ""

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from bot.config import Settings
 from bot.limits import Usage, UsageLimits, humanize_wait
 from cli.args import User, user_argument
+from cli.common import EXIT_OK, write
 from memory.store import Store
 from memory.types import utc_now
-
-EXIT_OK = 0
 
 
 def add_limits_commands(
@@ -63,11 +61,6 @@ async def _with_limits(settings: Settings, work: Callable[[UsageLimits], Awaitab
         await store.close()
 
 
-def _say(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
 async def cmd_limits_show(args: argparse.Namespace, settings: Settings) -> int:
     user: User | None = args.user
 
@@ -75,12 +68,12 @@ async def cmd_limits_show(args: argparse.Namespace, settings: Settings) -> int:
         if user is None:
             by_admin = await limits.store.list_usage_exempt()
             if args.json:
-                _say(json.dumps({"exempt_by_admin": by_admin, "exempt_by_env": sorted(limits.unlimited)}, indent=2))
+                write(json.dumps({"exempt_by_admin": by_admin, "exempt_by_env": sorted(limits.unlimited)}, indent=2))
             else:
-                _say(render_exemptions(by_admin, sorted(limits.unlimited)))
+                write(render_exemptions(by_admin, sorted(limits.unlimited)))
             return EXIT_OK
         usage = await limits.usage(user.key)
-        _say(json.dumps(usage_json(usage), indent=2) if args.json else render_usage(usage))
+        write(json.dumps(usage_json(usage), indent=2) if args.json else render_usage(usage))
         return EXIT_OK
 
     return await _with_limits(settings, work)
@@ -103,7 +96,7 @@ async def _set_exempt(user: User, settings: Settings, exempt: bool) -> int:
             text = f"{user.key} is no longer exempt." if changed else f"{user.key} was not exempted by `limits exempt`."
             if user.key in limits.unlimited:
                 text += " It stays exempt through MEMGPT_UNLIMITED_USERS."
-        _say(text)
+        write(text)
         return EXIT_OK
 
     return await _with_limits(settings, work)
@@ -114,7 +107,7 @@ async def cmd_limits_reset(args: argparse.Namespace, settings: Settings) -> int:
 
     async def work(limits: UsageLimits) -> int:
         removed = await limits.reset(user.key)
-        _say(f"Reset the counters of {user.key} ({removed} cleared): they may write and spend from zero again.")
+        write(f"Reset the counters of {user.key} ({removed} cleared): they may write and spend from zero again.")
         return EXIT_OK
 
     return await _with_limits(settings, work)

@@ -186,12 +186,9 @@ async def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
 
     user: User = args.user
     # At a terminal a person may ask for a search soon: load the model meanwhile.
-    runtime = await open_runtime(settings, talks_to_llm=True, warm_up=settings.warm_up and isatty(sys.stdin))
-    try:
+    async with open_runtime(settings, talks_to_llm=True, warm_up=settings.warm_up and isatty(sys.stdin)) as runtime:
         sent = await TerminalChat(runtime, user.user_id, platform=user.platform).run()
         log.info("chat with %s ended: %d messages", user.key, sent)
-    finally:
-        await runtime.close()
     return EXIT_OK
 
 

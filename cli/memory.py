@@ -125,11 +125,8 @@ def add_memory_commands(
 # -- show ----------------------------------------------------------------------
 async def held_on(settings: Settings, user: User, read: Callable[[Runtime], Awaitable[T | None]]) -> T:
     """What `read` finds on a user, or the one-line "no memory held" error."""
-    runtime = await open_runtime(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         found = await read(runtime)
-    finally:
-        await runtime.close()
     if found is None:
         raise unknown(user)
     return found
@@ -198,8 +195,7 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
     query: str = args.archival if archival else args.recall
     # As the admin by default; with --place, what the agent may read there.
     visible = Visibility.of(args.place) if args.place else None
-    runtime = await open_runtime(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         record = await runtime.store.find_agent(user.key)
         if record is None:
             raise unknown(user)
@@ -233,8 +229,6 @@ async def cmd_search(args: argparse.Namespace, settings: Settings) -> int:
                     write(dumps(await answer(line)))
             return EXIT_OK
         found = await answer(query)
-    finally:
-        await runtime.close()
     write(dumps(found, indent=2) if args.json else render_search(found))
     return EXIT_OK
 
@@ -285,8 +279,7 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
         raise CLIError(f"refusing to delete {user.spec}'s memory without a terminal to confirm at: add --yes")
     if args.about is not None or args.item is not None:
         return await forget_some(args, user, settings)
-    runtime = await open_runtime(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         record = await runtime.store.find_agent(user.key)
         if record is None:
             raise unknown(user)
@@ -297,8 +290,6 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
             write("Nothing deleted.")
             return EXIT_ERROR
         deleted = await runtime.forget(user.key)
-    finally:
-        await runtime.close()
     if not deleted:  # deleted by someone else in between
         raise unknown(user)
     log.info("forgot %s (%s)", user.key, held)
@@ -308,8 +299,7 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
 
 async def forget_some(args: argparse.Namespace, user: User, settings: Settings) -> int:
     """`forget --about WORDS` (shown first, then confirmed) or `forget --item ID`."""
-    runtime = await open_runtime(settings)
-    try:
+    async with open_runtime(settings) as runtime:
         if await runtime.store.find_agent(user.key) is None:
             raise unknown(user)
         if args.item is not None:
@@ -332,8 +322,6 @@ async def forget_some(args: argparse.Namespace, user: User, settings: Settings) 
                 write("Nothing deleted.")
                 return EXIT_ERROR
             receipt = await runtime.forget_topic(user.key, about)
-    finally:
-        await runtime.close()
     log.info("selective forget for %s: %s", user.key, receipt)
     write(receipt.text())
     return EXIT_OK

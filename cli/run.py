@@ -29,9 +29,6 @@ async def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     def announce(line: str) -> None:
         print(f"memgpt-bot: {line}", file=sys.stderr, flush=True)
 
-    runtime = await open_runtime(settings, talks_to_llm=True, warm_up=settings.warm_up)
-    try:
+    async with open_runtime(settings, talks_to_llm=True, warm_up=settings.warm_up) as runtime:
         await serve(runtime, announce)
-    finally:
-        await runtime.close()
     return 0

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 PlaceKind = Literal["dm", "private", "public"]
-PLACE_KINDS: tuple[PlaceKind, ...] = ("dm", "private", "public")
 DM_KEY = "dm"
 PUBLIC_PREFIX = "public:"
 # Every public key sorts in [PUBLIC_PREFIX, PUBLIC_END): a range a store's

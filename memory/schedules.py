@@ -1,7 +1,8 @@
 """Where proactive check-ins and reminders are kept: the source of truth for the
 scheduler, shared by every bot process that uses the same database.
 
-This module holds the records and the ScheduleStore role only; each backend
+This module holds the records, the form a backend stores one in (stored_fields,
+stored_schedule) and the ScheduleStore role; each backend
 keeps its implementation beside its store (memory/sqlite/schedules.py,
 memory/mongo/schedules.py). The records are plain data: platform and reply_to are opaque strings and dicts
 here (memory knows nothing of platforms). All times are UTC; fire times are
@@ -11,8 +12,10 @@ every backend (SQLite integers, MongoDB millisecond dates).
 
 from __future__ import annotations
 
+import json
 import secrets
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal, Protocol, runtime_checkable
 
@@ -56,6 +59,44 @@ class CheckinPrefs:
     timezone: str | None = None
     quiet_start: str | None = None
     quiet_end: str | None = None
+
+
+# How backends store a schedule: every field but the id, by name.
+STORED_FIELDS = tuple(field.name for field in fields(Schedule) if field.name != "id")
+_IDENTITY = ("agent_key", "platform", "user_id", "kind", "created_at")
+_FIRING_STATE = ("unanswered", "last_fired_at", "claimed_by")  # only `claim` and `mark_user_activity` change it
+# What `ScheduleStore.update` writes: the user-editable fields.
+EDITABLE_FIELDS = tuple(name for name in STORED_FIELDS if name not in _IDENTITY + _FIRING_STATE)
+_TIMES = ("run_at", "next_fire_at", "last_fired_at", "created_at")
+
+
+def stored_fields(schedule: Schedule, names: Sequence[str], store_time: Callable[[datetime], Any]) -> dict[str, Any]:
+    """The named fields of `schedule` as a backend stores them: times through
+    `store_time` (None stays None), reply_to as JSON text."""
+    values = {name: getattr(schedule, name) for name in names}
+    for name in _TIMES:
+        if values.get(name) is not None:
+            values[name] = store_time(values[name])
+    if "reply_to" in values:
+        values["reply_to"] = json.dumps(values["reply_to"])
+    return values
+
+
+def stored_schedule(
+    schedule_id: str, stored: Mapping[str, Any], load_time: Callable[[Any], datetime | None]
+) -> Schedule:
+    """The schedule back from what `stored_fields` stored (times through `load_time`)."""
+    values: dict[str, Any] = {name: stored.get(name) for name in STORED_FIELDS}
+    for name in _TIMES:
+        values[name] = load_time(values[name])
+    values.update(
+        note=values["note"] or "",
+        reply_to=json.loads(values["reply_to"] or "{}"),
+        paused=bool(values["paused"]),
+        unanswered=int(values["unanswered"] or 0),
+        created_at=values["created_at"] or utc_now(),
+    )
+    return Schedule(id=schedule_id, **values)
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

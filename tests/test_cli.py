@@ -475,9 +475,8 @@ async def test_a_command_s_runtime_freezes_the_start_up_heap_out_of_full_collect
 
     gc.unfreeze()
     assert gc.get_freeze_count() == 0
-    runtime = await open_runtime(Settings(openai_api_key="test", data_dir=tmp_path))
-    try:
-        assert gc.get_freeze_count() > 10_000
-    finally:
-        gc.unfreeze()
-        await runtime.close()
+    async with open_runtime(Settings(openai_api_key="test", data_dir=tmp_path)):
+        try:
+            assert gc.get_freeze_count() > 10_000
+        finally:
+            gc.unfreeze()

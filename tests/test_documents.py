@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from memory.ingest.chunking import chunk_document, chunk_sections, chunk_text
+from memory.ingest.chunking import chunk_sections, chunk_text
 from memory.ingest.documents import (
     Document,
     DocumentError,
@@ -195,7 +195,7 @@ def test_a_new_heading_starts_a_new_passage() -> None:
 
 def test_pages_are_never_merged_and_keep_their_positions() -> None:
     document = Document("book.pdf", [Section(prose(40, 1), "page 1"), Section("Short page.", "page 2")])
-    chunks = chunk_document(document, COUNTER, max_tokens=60, overlap_tokens=10)
+    chunks = chunk_sections(document.sections, COUNTER, max_tokens=60, overlap_tokens=10)
     assert chunks[-1] == chunks[-1].__class__("Short page.", "page 2", COUNTER.count("Short page."))
     assert all(chunk.position == "page 1" for chunk in chunks[:-1]) and len(chunks) > 3
 

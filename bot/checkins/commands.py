@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from datetime import datetime, time
+from functools import partial
 
 from bot.checkins.rules import (
     Schedule,
@@ -99,8 +100,8 @@ class _Command:
             "timezone": self.timezone,
             "quiet": self.quiet,
             "list": self.list_schedules,
-            "pause": self.pause,
-            "resume": self.resume,
+            "pause": partial(self._set_paused, paused=True),
+            "resume": partial(self._set_paused, paused=False),
             "remove": self.remove,
             "delete": self.remove,
         }
@@ -263,12 +264,6 @@ class _Command:
             note = f" ({schedule.note})" if schedule.note and schedule.kind != "once" else ""
             lines.append(f"• `{schedule.id}` {describe(schedule)}{note}: {when}")
         return "\n".join(lines)
-
-    async def pause(self, args: list[str]) -> str:
-        return await self._set_paused(args, paused=True)
-
-    async def resume(self, args: list[str]) -> str:
-        return await self._set_paused(args, paused=False)
 
     async def _set_paused(self, args: list[str], *, paused: bool) -> str:
         verb = "pause" if paused else "resume"

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from memory.ingest.documents import Document, Section, markdown_sections
+from memory.ingest.documents import Section, markdown_sections
 from memory.tokens import CHARS_PER_TOKEN_ESTIMATE, TokenCounter
 
 # all-MiniLM-L6-v2 reads at most 256 word pieces (and is trained on 128); 200
@@ -46,15 +46,6 @@ def chunk_text(
 ) -> list[Chunk]:
     """Markdown (or plain) text: every `#` heading starts a new passage."""
     return chunk_sections(markdown_sections(text), counter, max_tokens, overlap_tokens)
-
-
-def chunk_document(
-    document: Document,
-    counter: TokenCounter,
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    overlap_tokens: int = DEFAULT_OVERLAP_TOKENS,
-) -> list[Chunk]:
-    return chunk_sections(document.sections, counter, max_tokens, overlap_tokens)
 
 
 def chunk_sections(

@@ -34,7 +34,6 @@ MARKDOWN_SUFFIXES = {".md", ".markdown", ".mdown", ".mkd"}
 TEXT_SUFFIXES = {".txt", ".text", ".rst", ".csv", ".tsv", ".log", ".json", ".yaml", ".yml"}
 HTML_SUFFIXES = {".html", ".htm", ".xhtml"}
 PDF_SUFFIXES = {".pdf"}
-SUPPORTED_SUFFIXES = MARKDOWN_SUFFIXES | TEXT_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES
 PATH_SEPARATOR = " > "
 # Bytes per read of a streamed file, and characters of a section handed on at
 # once: small next to any model batch, large enough that reads cost nothing.

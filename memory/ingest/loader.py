@@ -155,9 +155,6 @@ class _Loader:
         # Batches read ahead of the model: the bound on what a load holds.
         self._queue: asyncio.Queue[Batch | _ProducerFailed | None] = asyncio.Queue(maxsize=WINDOWS_AHEAD)
         self._writing: asyncio.Task[None] | None = None
-        # For tests: the most passages held at once between reading and the store.
-        self.held = 0
-        self.most_held = 0
 
     async def run(self, inputs: list[Input]) -> list[FileResult]:
         loaded = {record.sha256: record for record in await self.store.list_documents(self.agent_id)}
@@ -232,17 +229,12 @@ class _Loader:
                 file.existing += len(pieces) - len(fresh)
                 self._bar.total = (self._bar.total or 0) + len(fresh)
                 self._bar.refresh()
-                self._hold(len(fresh))
                 await self._queue.put(Batch(fresh, [file] if ended else []))
         finally:
             # Closes the file; a read still running in its thread (the load was
             # cancelled) finishes on its own and the file closes when collected.
             with contextlib.suppress(ValueError):
                 chunks.close()
-
-    def _hold(self, count: int) -> None:
-        self.held += count
-        self.most_held = max(self.most_held, self.held)
 
     # -- embedding and writing -----------------------------------------------------
     async def _windows(self) -> AsyncIterator[_Window]:
@@ -335,7 +327,6 @@ class _Loader:
                     piece.file.added += 1
                 else:  # stored meanwhile by another load, or repeated inside this file
                     piece.file.existing += 1
-            self.held -= len(pieces)
             self._bar.update(len(pieces))
         for file in finished:
             # Only now is every passage of the file committed.

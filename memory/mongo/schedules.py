@@ -24,7 +24,6 @@ once: a missing check-in is better than a double one).
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
@@ -36,7 +35,17 @@ from pymongo.errors import DuplicateKeyError, PyMongoError
 
 from memory.mongo.base import Doc, MongoBase
 from memory.mongo.capabilities import guarded
-from memory.schedules import CheckinPrefs, Schedule, ScheduleStore, new_schedule_id, whole_seconds
+from memory.schedules import (
+    EDITABLE_FIELDS,
+    STORED_FIELDS,
+    CheckinPrefs,
+    Schedule,
+    ScheduleStore,
+    new_schedule_id,
+    stored_fields,
+    stored_schedule,
+    whole_seconds,
+)
 from memory.store import StoreError
 from memory.types import utc_now
 
@@ -51,11 +60,6 @@ SCHEDULE_INDEXES: dict[str, list[IndexModel]] = {
     ],
 }
 CLAIM_GRACE = timedelta(seconds=60)  # a claim this old whose schedule did not move: its claimer died
-_USER_FIELDS = ("timezone", "time_of_day", "weekday", "every_hours", "quiet_start", "quiet_end", "note")
-
-
-def _date(moment: datetime | None) -> datetime | None:
-    return None if moment is None else whole_seconds(moment)
 
 
 def _utc(value: Any) -> datetime | None:
@@ -67,28 +71,7 @@ def _utc(value: Any) -> datetime | None:
 
 
 def _schedule(doc: Doc) -> Schedule:
-    return Schedule(
-        id=doc["_id"],
-        agent_key=doc["agent_key"],
-        platform=doc["platform"],
-        user_id=doc["user_id"],
-        kind=doc["kind"],
-        timezone=doc["timezone"],
-        time_of_day=doc.get("time_of_day"),
-        weekday=doc.get("weekday"),
-        every_hours=doc.get("every_hours"),
-        run_at=_utc(doc.get("run_at")),
-        quiet_start=doc.get("quiet_start"),
-        quiet_end=doc.get("quiet_end"),
-        note=doc.get("note", ""),
-        reply_to=json.loads(doc.get("reply_to") or "{}"),
-        paused=bool(doc.get("paused")),
-        next_fire_at=_utc(doc.get("next_fire_at")),
-        unanswered=int(doc.get("unanswered") or 0),
-        last_fired_at=_utc(doc.get("last_fired_at")),
-        created_at=_utc(doc.get("created_at")) or utc_now(),
-        claimed_by=doc.get("claimed_by"),
-    )
+    return stored_schedule(doc["_id"], doc, _utc)
 
 
 class MongoScheduleStore(ScheduleStore):
@@ -112,22 +95,7 @@ class MongoScheduleStore(ScheduleStore):
 
     @guarded
     async def add(self, schedule: Schedule) -> Schedule:
-        doc: Doc = {
-            "agent_key": schedule.agent_key,
-            "platform": schedule.platform,
-            "user_id": schedule.user_id,
-            "kind": schedule.kind,
-            **{name: getattr(schedule, name) for name in _USER_FIELDS},
-            "run_at": _date(schedule.run_at),
-            "reply_to": json.dumps(schedule.reply_to),
-            "paused": schedule.paused,
-            "next_fire_at": _date(schedule.next_fire_at),
-            "unanswered": schedule.unanswered,
-            "last_fired_at": _date(schedule.last_fired_at),
-            "created_at": _date(schedule.created_at),
-            "claimed_by": schedule.claimed_by,
-            "order": self._next_order(),
-        }
+        doc: Doc = {**stored_fields(schedule, STORED_FIELDS, whole_seconds), "order": self._next_order()}
         for _ in range(8):
             candidate = schedule.id or new_schedule_id()
             try:
@@ -142,13 +110,7 @@ class MongoScheduleStore(ScheduleStore):
 
     @guarded
     async def update(self, schedule: Schedule) -> bool:
-        fields: Doc = {name: getattr(schedule, name) for name in _USER_FIELDS}
-        fields.update(
-            run_at=_date(schedule.run_at),
-            reply_to=json.dumps(schedule.reply_to),
-            paused=schedule.paused,
-            next_fire_at=_date(schedule.next_fire_at),
-        )
+        fields = stored_fields(schedule, EDITABLE_FIELDS, whole_seconds)
         result = await self._c("schedules").update_one({"_id": schedule.id}, {"$set": fields})
         return bool(result.matched_count)
 
@@ -167,7 +129,7 @@ class MongoScheduleStore(ScheduleStore):
 
     @guarded
     async def list_due(self, now: datetime) -> list[Schedule]:
-        where = {"paused": False, "next_fire_at": {"$lte": _date(now)}}
+        where = {"paused": False, "next_fire_at": {"$lte": whole_seconds(now)}}
         return await self._find(where, (("next_fire_at", ASCENDING), ("order", ASCENDING)))
 
     @guarded
@@ -215,9 +177,9 @@ class MongoScheduleStore(ScheduleStore):
             won = (await schedules.delete_one(where)).deleted_count
             await claims.delete_many({"schedule_id": schedule_id})
             return bool(won)
-        change: Doc = {"$set": {"next_fire_at": _date(next_fire_at), "claimed_by": owner}}
+        change: Doc = {"$set": {"next_fire_at": whole_seconds(next_fire_at), "claimed_by": owner}}
         if fired_at is not None:
-            change["$set"]["last_fired_at"] = _date(fired_at)
+            change["$set"]["last_fired_at"] = whole_seconds(fired_at)
             change["$inc"] = {"unanswered": 1}
         won = (await schedules.update_one(where, change)).matched_count
         # Earlier ticks of this schedule are behind it for good: their claims
@@ -236,14 +198,14 @@ class MongoScheduleStore(ScheduleStore):
         if next_fire_at is None:
             await self._c("schedules").delete_one(where)
         else:
-            await self._c("schedules").update_one(where, {"$set": {"next_fire_at": _date(next_fire_at)}})
+            await self._c("schedules").update_one(where, {"$set": {"next_fire_at": whole_seconds(next_fire_at)}})
 
     @guarded
     async def mark_user_activity(self, agent_key: str, at: datetime) -> list[Schedule]:
         where = {
             "agent_key": agent_key,
             "unanswered": {"$gt": 0},
-            "$or": [{"last_fired_at": None}, {"last_fired_at": {"$lte": _date(at)}}],
+            "$or": [{"last_fired_at": None}, {"last_fired_at": {"$lte": whole_seconds(at)}}],
         }
         found = await self._find(where)
         if found:

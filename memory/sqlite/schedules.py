@@ -9,24 +9,33 @@ Times are INTEGER unix seconds (whole seconds, see memory/schedules.py), so
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from memory.schedules import CheckinPrefs, Schedule, ScheduleStore, new_schedule_id, whole_seconds
+from memory.schedules import (
+    EDITABLE_FIELDS,
+    STORED_FIELDS,
+    CheckinPrefs,
+    Schedule,
+    ScheduleStore,
+    new_schedule_id,
+    stored_fields,
+    stored_schedule,
+    whole_seconds,
+)
 from memory.sqlite.base import SQLiteBase
 from memory.types import utc_now
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-_COLS = (
-    "id, agent_key, platform, user_id, kind, timezone, time_of_day, weekday, every_hours, run_at,"
-    " quiet_start, quiet_end, note, reply_to, paused, next_fire_at, unanswered, last_fired_at,"
-    " created_at, claimed_by"
+_COLS = ", ".join(("id", *STORED_FIELDS))
+_INSERT = (
+    f"INSERT INTO schedules ({_COLS}) VALUES ({', '.join('?' * (1 + len(STORED_FIELDS)))}) ON CONFLICT (id) DO NOTHING"
 )
 _SELECT = f"SELECT {_COLS} FROM schedules"
+_EDITABLE_SET = ", ".join(f"{name} = ?" for name in EDITABLE_FIELDS)
 _ORDER = " ORDER BY created_at, rowid"
 
 
@@ -39,28 +48,7 @@ def _at(seconds: int | None) -> datetime | None:
 
 
 def _row(row: Sequence[Any]) -> Schedule:
-    return Schedule(
-        id=row[0],
-        agent_key=row[1],
-        platform=row[2],
-        user_id=row[3],
-        kind=row[4],
-        timezone=row[5],
-        time_of_day=row[6],
-        weekday=row[7],
-        every_hours=row[8],
-        run_at=_at(row[9]),
-        quiet_start=row[10],
-        quiet_end=row[11],
-        note=row[12],
-        reply_to=json.loads(row[13]),
-        paused=bool(row[14]),
-        next_fire_at=_at(row[15]),
-        unanswered=row[16],
-        last_fired_at=_at(row[17]),
-        created_at=_at(row[18]) or utc_now(),
-        claimed_by=row[19],
-    )
+    return stored_schedule(row[0], dict(zip(STORED_FIELDS, row[1:], strict=True)), _at)
 
 
 class SQLiteScheduleStore(ScheduleStore):
@@ -81,31 +69,8 @@ class SQLiteScheduleStore(ScheduleStore):
         def job(conn: sqlite3.Connection) -> str:
             for _ in range(8):
                 candidate = schedule.id or new_schedule_id()
-                inserted = conn.execute(
-                    f"INSERT INTO schedules ({_COLS}) VALUES ({', '.join('?' * 20)}) ON CONFLICT (id) DO NOTHING",
-                    (
-                        candidate,
-                        schedule.agent_key,
-                        schedule.platform,
-                        schedule.user_id,
-                        schedule.kind,
-                        schedule.timezone,
-                        schedule.time_of_day,
-                        schedule.weekday,
-                        schedule.every_hours,
-                        _sec(schedule.run_at),
-                        schedule.quiet_start,
-                        schedule.quiet_end,
-                        schedule.note,
-                        json.dumps(schedule.reply_to),
-                        int(schedule.paused),
-                        _sec(schedule.next_fire_at),
-                        schedule.unanswered,
-                        _sec(schedule.last_fired_at),
-                        _sec(schedule.created_at),
-                        schedule.claimed_by,
-                    ),
-                ).rowcount
+                values = (candidate, *stored_fields(schedule, STORED_FIELDS, _sec).values())
+                inserted = conn.execute(_INSERT, values).rowcount
                 if inserted:
                     return candidate
                 if schedule.id:
@@ -118,23 +83,8 @@ class SQLiteScheduleStore(ScheduleStore):
     async def update(self, schedule: Schedule) -> bool:
         def job(conn: sqlite3.Connection) -> int:
             return conn.execute(
-                "UPDATE schedules SET timezone = ?, time_of_day = ?, weekday = ?, every_hours = ?, run_at = ?,"
-                " quiet_start = ?, quiet_end = ?, note = ?, reply_to = ?, paused = ?, next_fire_at = ?"
-                " WHERE id = ?",
-                (
-                    schedule.timezone,
-                    schedule.time_of_day,
-                    schedule.weekday,
-                    schedule.every_hours,
-                    _sec(schedule.run_at),
-                    schedule.quiet_start,
-                    schedule.quiet_end,
-                    schedule.note,
-                    json.dumps(schedule.reply_to),
-                    int(schedule.paused),
-                    _sec(schedule.next_fire_at),
-                    schedule.id,
-                ),
+                f"UPDATE schedules SET {_EDITABLE_SET} WHERE id = ?",
+                (*stored_fields(schedule, EDITABLE_FIELDS, _sec).values(), schedule.id),
             ).rowcount
 
         return bool(await self._store.run_in_db(job, write=True))
