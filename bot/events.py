@@ -206,6 +206,11 @@ class Reply:
     # came between): the adapter checks before sending it again.
     resend: bool = False
     attempts: int = 0  # failed sends so far (bot/durable/outbox.py)
+    # Its agent's key, worked out once: the delivery lanes and the outbox read it.
+    agent_key: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.agent_key = agent_key(self.platform, self.user_id)
 
 
 class Delivery(Enum):

@@ -1,4 +1,4 @@
-"""Context overflow: hundreds of turns in a 2,304-token window."""
+"""Context overflow: hundreds of turns in a 2,048-token window."""
 
 from __future__ import annotations
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import pytest
 
-from bot.agent import NO_ANSWER
 from bot.llm.shape import LEVEL_NAMES, TOOLS_AS_TEXT
 from tests.conftest import TEST_MODEL, RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, is_summary_request, reply_text, reply_tool_calls, tool_call
@@ -341,7 +340,7 @@ async def test_thirty_messages_to_a_small_strict_server(
     runtime = await make_runtime(context_window=8_192, response_reserve=1_024)
     runtime.llm.endpoint.concurrency = 1
     started = time.monotonic()
-    answered = honest_notes = 0
+    answered = 0
     day = "Today I walked to the market, bought 12 apples, 3 pears and talked to my neighbour for 45 minutes. "
     for n in range(30):
         sent_before = len(llm_server.requests)
@@ -351,16 +350,16 @@ async def test_thirty_messages_to_a_small_strict_server(
         assert all(f"alice: {n}:" in json.dumps(step["messages"]) for step in steps), n
         texts = [r.text for r in result.replies]
         assert len(texts) >= 1 and all("stuck" not in text for text in texts)
-        # A reply from the model, or the note for a chain that ended without one; never an LLM failure.
-        assert result.trouble in (None, NO_ANSWER), result.trouble
+        # A reply from the model every time: a chain its habits broke ends in the last
+        # plain-text request (issue 39), never in the note for no answer, nor an LLM failure.
+        assert result.trouble is None, (n, result.trouble)
         answered += result.trouble is None
-        honest_notes += result.trouble == NO_ANSWER
     seconds = (time.monotonic() - started) / 30
     over = [prompt + answer for prompt, answer in strict.worked if prompt + answer > 2_560]
     print(
-        f"\nreplies from the model {answered}/30 (honest notes {honest_notes}), refused {len(strict.refusals)}, "
+        f"\nreplies from the model {answered}/30, refused {len(strict.refusals)}, "
         f"over the context {len(over)}, {seconds:.2f} s/message"
     )
-    assert answered + honest_notes == 30 and answered >= 15 and not over
+    assert answered == 30 and not over
     assert len(strict.refusals) <= 2  # the context limit, learned once
     assert runtime.llm.limits().context_limit == 2_560

@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
-from bot.events import Delivery, Reply, agent_key
+from bot.events import Delivery, Reply
 
 # Sends one reply: how it went and why (for the log and the outbox).
 Send = Callable[[Reply], Awaitable[tuple[Delivery, str]]]
@@ -94,7 +94,7 @@ class Lanes:
         """Send `replies` in order, each person's behind their replies that wait
         for a retry, and `report` each one with an outbox entry."""
         for reply in replies:
-            key = agent_key(reply.platform, reply.user_id)
+            key = reply.agent_key
             lane = self._lane(key)
             ahead = self._ahead(lane)
             if reply.outbox_id and ahead is not None and ahead != reply.outbox_id:

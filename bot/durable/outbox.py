@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable
 
 from bot.durable.leases import Leases, NoLeases
-from bot.events import Delivery, Event, Reply, agent_key
+from bot.events import Delivery, Event, Reply
 from memory.store import OutboxEntry, Store, StoreError
 from memory.types import utc_now
 
@@ -51,7 +51,7 @@ def outbox_entry(reply: Reply, position: int) -> OutboxEntry:
         f"{reply.event_id}:{position}",
         reply.event_id,
         position,
-        agent_key(reply.platform, reply.user_id),
+        reply.agent_key,
         reply.platform,
         reply.user_id,
         dict(reply.reply_to),
