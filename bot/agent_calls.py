@@ -30,7 +30,6 @@ from bot.llm import LATE, Completion, ContextLimitError, Request, TokenUsage, to
 from bot.prompts import SUMMARIZER_INSTRUCTIONS, SUMMARY_REQUEST
 from bot.services import AgentServices
 from memory.queue_manager import PRESSURE_MARKER, STATUS_MARKER, ContextOverflowError, render_transcript
-from memory.tokens import TOKENS_PER_MESSAGE
 from memory.types import Message
 
 log = logging.getLogger(__name__)
@@ -350,9 +349,7 @@ class AgentCalls:
                 count_tokens=counter.count,
             )
         )
-        answer = counter.count(completion.content or "")
-        for call in completion.tool_calls:
-            answer += TOKENS_PER_MESSAGE + counter.count(call.name) + counter.count(call.arguments)
+        answer = counter.count_answer(completion.content or "", [(c.name, c.arguments) for c in completion.tool_calls])
         cached = min(prompt, completion.usage.cached)
         agent.usage.add(TokenUsage(prompt, cached, answer))
         agent.tokens_used += prompt - cached + round(cached * agent.services.cached_token_weight) + answer

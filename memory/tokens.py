@@ -188,6 +188,10 @@ class TokenCounter:
             total += self.count(json.dumps(message["tool_calls"], ensure_ascii=False))
         return total
 
+    def count_answer(self, text: str, calls: Iterable[tuple[str, str]]) -> int:
+        """A model's answer: its text, and each function call's name and arguments."""
+        return self.count(text) + sum(TOKENS_PER_MESSAGE + self.count(name) + self.count(args) for name, args in calls)
+
     def count_tools(self, tools: Iterable[Mapping[str, Any]]) -> int:
         # Counting the JSON text overestimates slightly against the model's own
         # rendering of the schemas, which errs on the safe side.
