@@ -9,9 +9,10 @@ Per server it prints: messages answered by the model (not the trouble line),
 requests the server refused, whether the functions were offered (and whether
 the bot warned that the chat template drops them), calls the model made, the
 share of each request the server served from its prompt cache (usage
-`prompt_tokens_details.cached_tokens`; llama-cpp-python's own log "N
-prefix-match hit, remaining M prompt tokens to eval" where its stream carries
-no usage), and seconds per message against bare: the first message (which reads
+`prompt_tokens_details.cached_tokens` or llama-server's `timings.cache_n`;
+llama-cpp-python's own log of the request's first generation, "N prefix-match
+hit, remaining M prompt tokens to eval", where its stream carries no usage:
+tests/real_llm_servers.py, Exchange.cached_share), and seconds per message against bare: the first message (which reads
 the whole fixed prompt) apart; the goal after it is at most 5x.
 
     python bench/local_server.py                          # both servers
@@ -27,7 +28,6 @@ import argparse
 import asyncio
 import logging
 import os
-import re
 import statistics
 import sys
 import tempfile
@@ -48,7 +48,6 @@ from memory.embeddings import Embedder
 from tests.real_llm_servers import (
     MODEL_ALIAS,
     SERVER_KINDS,
-    Exchange,
     RealServer,
     RecordingProxy,
     ServerUnavailable,
@@ -66,8 +65,6 @@ MESSAGES = [
 ]
 BARE_SYSTEM = "You are a helpful assistant."
 GOAL = 5.0
-# llama-cpp-python's log of each prompt: how much of it came from its cache.
-PREFIX_HIT = re.compile(r"(\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
 
 
 @dataclass
@@ -87,25 +84,9 @@ class Measured:
     replies: list[str] = field(default_factory=list)
 
 
-def cached_share(exchange: Exchange) -> float | None:
-    usage = exchange.usage
-    prompt = int(usage.get("prompt_tokens") or 0)
-    details = usage.get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens") if isinstance(details, dict) else None
-    if cached is None:
-        cached = ((exchange.response or {}).get("timings") or {}).get("cache_n")
-    return None if not prompt or cached is None else int(cached) / prompt
-
-
-def log_shares(server: RealServer) -> list[float]:
-    """llama-cpp-python's prompt cache, request by request, from its log."""
-    hits = PREFIX_HIT.findall(server.log_path.read_text(errors="replace"))
-    return [int(hit) / (int(hit) + int(left)) for hit, left in hits if int(hit) + int(left)]
-
-
 async def through_the_bot(kind: str, server: RealServer, context: int, embedder: Embedder) -> Measured:
     measured = Measured(kind)
-    proxy = RecordingProxy(server.port)
+    proxy = RecordingProxy(server.port, server.log_path)
     data = Path(tempfile.mkdtemp(prefix="memgpt-local-bench-"))
     settings = Settings.from_mapping(bot_environment(proxy.base_url, data, context))
     runtime = await Runtime.create(settings, embedder=embedder)
@@ -131,10 +112,7 @@ async def through_the_bot(kind: str, server: RealServer, context: int, embedder:
     for exchange in completions:
         message = ((exchange.response or {}).get("choices") or [{}])[0].get("message") or {}
         measured.calls += len(message.get("tool_calls") or [])
-    shares = [(index in firsts, cached_share(e)) for index, e in enumerate(completions)]
-    if all(share is None for _, share in shares):  # no usage in the stream: the server's log says
-        logged = log_shares(server)
-        shares = [(index in firsts, share) for index, share in enumerate(logged[: len(completions)])]
+    shares = [(index in firsts, e.cached_share) for index, e in enumerate(completions)]
     for first, share in shares:
         if share is not None:
             (measured.first_cached if first else measured.later_cached).append(share)

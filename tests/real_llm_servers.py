@@ -29,6 +29,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -221,6 +222,9 @@ class Exchange:
     seconds: float
     streamed: bool = False  # the answer came as server-sent events (`response` is put back together)
     left: bool = False  # the bot closed the connection before the end of the answer (its reply budget)
+    # What the server logged of its prompt cache while it worked on this request (llama-cpp-python's
+    # "Llama.generate: ..." and "prompt eval time" lines, one pair per generation it ran for it).
+    cache_log: str = ""
 
     @property
     def is_completion(self) -> bool:
@@ -230,6 +234,45 @@ class Exchange:
     def usage(self) -> Mapping[str, Any]:
         return (self.response or {}).get("usage") or {}
 
+    @property
+    def server_prompt_tokens(self) -> int:
+        """The server's count of the prompt: its usage, else (a stream without usage) its log."""
+        if self.usage.get("prompt_tokens"):
+            return int(self.usage["prompt_tokens"])
+        logged = self._logged_prompt()
+        return sum(logged) if logged else 0
+
+    @property
+    def cached_share(self) -> float | None:
+        """The share of the prompt the server served from its cache: usage `cached_tokens`
+        (or llama-server's `timings.cache_n`), else its log; None when neither says."""
+        prompt = int(self.usage.get("prompt_tokens") or 0)
+        details = self.usage.get("prompt_tokens_details") or {}
+        cached = details.get("cached_tokens") if isinstance(details, dict) else None
+        if cached is None:
+            cached = ((self.response or {}).get("timings") or {}).get("cache_n")
+        if prompt and cached is not None:
+            return int(cached) / prompt
+        if FULLY_CACHED in self.cache_log.partition("\n")[0]:
+            return 1.0
+        logged = self._logged_prompt()
+        return logged[0] / sum(logged) if logged and sum(logged) else None
+
+    def _logged_prompt(self) -> tuple[int, int] | None:
+        """(cached, evaluated) tokens of the first generation the server ran for this request,
+        from llama-cpp-python's log: a prefix-match hit, or a prompt evaluated from its start."""
+        first = FIRST_GENERATION.search(self.cache_log)
+        if first is None:
+            return None
+        return (int(first[1]), int(first[2])) if first[1] else (0, int(first[3]))
+
+
+# llama-cpp-python's log of each generation's prompt (verbose, its default).
+PREFIX_HIT = re.compile(r"Llama\.generate: (\d+) prefix-match hit, remaining (\d+) prompt tokens to eval")
+FULLY_CACHED = "full prompt already cached"
+PROMPT_EVAL = re.compile(r"prompt eval time = +[\d.]+ ms / +(\d+) tokens")
+FIRST_GENERATION = re.compile(f"{PREFIX_HIT.pattern}|{PROMPT_EVAL.pattern}")
+
 
 class _QuietServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -238,10 +281,12 @@ class _QuietServer(ThreadingHTTPServer):
 
 class RecordingProxy:
     """An HTTP proxy on a free loopback port that forwards everything to
-    `upstream` (host:port) and records each exchange."""
+    `upstream` (host:port) and records each exchange, with what the server wrote
+    to `server_log` meanwhile about its prompt cache."""
 
-    def __init__(self, upstream_port: int) -> None:
+    def __init__(self, upstream_port: int, server_log: Path | None = None) -> None:
         self.upstream_port = upstream_port
+        self.server_log = server_log
         self.exchanges: list[Exchange] = []
         self.request_seen = threading.Event()  # set on each request received (a test clears it)
         self._lock = threading.Lock()
@@ -257,7 +302,7 @@ class RecordingProxy:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 proxy.request_seen.set()
-                started = time.monotonic()
+                started, logged = time.monotonic(), proxy._log_size()
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")}
                 status, reply, error, left = 0, b"", "", False
                 upstream = http.client.HTTPConnection("127.0.0.1", proxy.upstream_port, timeout=3600)
@@ -296,7 +341,8 @@ class RecordingProxy:
                     error = f"{type(exc).__name__}: {exc}"
                 finally:
                     upstream.close()
-                proxy._record(self.path, body, status, reply, error, time.monotonic() - started, left)
+                cache_log = proxy._cache_log(logged)
+                proxy._record(self.path, body, status, reply, error, time.monotonic() - started, left, cache_log)
                 if status == 0 or left or error:  # as the server being down looks to the client: the connection drops
                     self.close_connection = True
 
@@ -311,8 +357,28 @@ class RecordingProxy:
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self._server.server_address[1]}/v1"
 
+    def _log_size(self) -> int:
+        return self.server_log.stat().st_size if self.server_log is not None else 0
+
+    def _cache_log(self, since: int) -> str:
+        """The server's prompt-cache lines written since byte `since` (one request at a time: a single slot)."""
+        if self.server_log is None:
+            return ""
+        with self.server_log.open("rb") as log:
+            log.seek(since)
+            written = log.read().decode("utf-8", "replace").splitlines()
+        return "\n".join(line for line in written if line.startswith(("Llama.generate", "llama_perf_context_print")))
+
     def _record(
-        self, path: str, body: bytes, status: int, reply: bytes, error: str, seconds: float, left: bool = False
+        self,
+        path: str,
+        body: bytes,
+        status: int,
+        reply: bytes,
+        error: str,
+        seconds: float,
+        left: bool = False,
+        cache_log: str = "",
     ) -> None:
         request = _json_or_none(body)
         streamed = reply.startswith((b"data:", b":")) and status == 200
@@ -320,7 +386,7 @@ class RecordingProxy:
         if status and status != 200 and not error:
             error = reply.decode("utf-8", "replace")[:2000]
         with self._lock:
-            self.exchanges.append(Exchange(path, request, status, response, error, seconds, streamed, left))
+            self.exchanges.append(Exchange(path, request, status, response, error, seconds, streamed, left, cache_log))
 
     def completions(self, since: int = 0) -> list[Exchange]:
         with self._lock:
@@ -378,7 +444,7 @@ def over_context(exchanges: Sequence[Exchange], server: RealServer) -> list[Exch
 
 @dataclass(frozen=True, slots=True)
 class PromptCounts:
-    """Prompt tokens summed over every answered request that reported its usage:
+    """Prompt tokens summed over every answered request the server counted (its usage, or its log):
     the server's own count, and the bot's (tiktoken) of the messages alone and
     of messages and tool schemas. A chat template may leave the tools out of
     the prompt (SmolLM2's does, in llama-server: 38 tokens with or without a
@@ -392,7 +458,7 @@ class PromptCounts:
 def prompt_counts(exchanges: Sequence[Exchange], counter: TokenCounter) -> PromptCounts:
     server = messages = with_tools = 0
     for exchange in exchanges:
-        prompt = exchange.usage.get("prompt_tokens")
+        prompt = exchange.server_prompt_tokens
         if exchange.status == 200 and exchange.request is not None and prompt:
             server += int(prompt)
             messages += counter.count_request(exchange.request.get("messages", []), [])

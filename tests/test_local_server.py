@@ -9,7 +9,9 @@
 - the usage comes from the stream's last event, the cached share from
   `prompt_tokens_details` or llama-server's `timings`;
 - a server whose chat template drops the functions is named once, with the fix,
-  in the log and in `memgpt-bot chat`.
+  in the log and in `memgpt-bot chat`;
+- a step's call a stream could not carry, or an answer a tool grammar left without
+  words (llama-cpp-python's chatml-function-calling), is asked for by name, streamed.
 """
 
 from __future__ import annotations
@@ -201,3 +203,92 @@ async def test_a_step_out_of_time_still_leaves_a_plain_text_answer(
     result = await runtime.handle_with_details(said("hello"))
     assert [reply.text for reply in result.replies] == ["Here now."] and result.trouble is None
     assert "tools" not in llm_server.requests[-1]
+
+
+# llama-cpp-python 0.3.36's chatml-function-calling (bot/llm/named_calls.py).
+SEND = {"type": "function", "function": {"name": "send_message", "parameters": {"type": "object"}}}
+SAVE = {"type": "function", "function": {"name": "core_memory_append", "parameters": {"type": "object"}}}
+NAMED_SEND = {"type": "function", "function": {"name": "send_message"}}
+
+
+@dataclass(frozen=True)
+class NoWordsNoUsage(Reply):
+    """Its answer when the model chose "message:": the message grammar allows only the end, and
+    its stream carries no usage (it ignores stream_options)."""
+
+    def respond(self, h: Any, request: dict[str, Any]) -> None:
+        h.send_events(
+            [
+                {"choices": [{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+            ]
+        )
+
+
+@dataclass(frozen=True)
+class NamedCallStream(Reply):
+    """A named tool_choice, streamed: the whole name again in every chunk, and no usage."""
+
+    pieces: tuple[str, ...] = ('{"message": ', '"Hi Dana"}')
+
+    def respond(self, h: Any, request: dict[str, Any]) -> None:
+        name = request["tool_choice"]["function"]["name"]
+        calls = [
+            {"index": 0, "id": "c1", "type": "function", "function": {"name": name, "arguments": p}}
+            for p in self.pieces
+        ]
+        events = [{"choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": None}]} for call in calls]
+        h.send_events([*events, {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]}])
+
+
+def step(*tools: dict[str, Any]) -> Request:
+    return Request(HI, list(tools), max_tokens=64, count_tokens=COUNTER.count)
+
+
+async def test_an_answer_without_words_is_asked_again_with_the_answer_function_named(
+    llm_server: FakeLLMServer,
+) -> None:
+    llm_server.script(NoWordsNoUsage(), NamedCallStream())
+    client = client_for(llm_server)
+    try:
+        completion = await client.complete(step(SAVE, SEND))
+    finally:
+        await client.close()
+    assert [(call.name, call.arguments) for call in completion.tool_calls] == [
+        ("send_message", '{"message": "Hi Dana"}')
+    ]
+    first, named = llm_server.requests
+    assert first["tool_choice"] == "auto" and named["tool_choice"] == NAMED_SEND
+    assert named["stream"] and named["max_tokens"] == 64 and named["messages"] == first["messages"]
+
+
+async def test_a_call_its_stream_could_not_carry_is_named_in_a_few_tokens_then_streamed(
+    llm_server: FakeLLMServer,
+) -> None:
+    # The model chose core_memory_append: the stream stops; not streamed, stop strings cut the
+    # arguments at their start and the choice after them, so only the name comes back.
+    llm_server.script(
+        StreamThatStops(), reply_tool_calls(tool_call("core_memory_append", "")), NamedCallStream(('{"a": 1}',))
+    )
+    client = client_for(llm_server)
+    try:
+        completion = await client.complete(step(SEND, SAVE))
+    finally:
+        await client.close()
+    assert [(call.name, call.arguments) for call in completion.tool_calls] == [("core_memory_append", '{"a": 1}')]
+    streamed, name_only, named = llm_server.requests
+    assert streamed["stream"] and "stream" not in name_only and name_only["stop"] == ["{", "functions"]
+    assert name_only["tool_choice"] == "auto" and named["stream"]
+    assert named["tool_choice"] == {"type": "function", "function": {"name": "core_memory_append"}}
+
+
+async def test_an_empty_answer_with_usage_is_no_grammar_s_doing(llm_server: FakeLLMServer) -> None:
+    # A server that streams its usage answered "" on purpose: nothing is asked by name.
+    llm_server.script(reply_text(""))
+    client = client_for(llm_server)
+    try:
+        completion = await client.complete(step(SEND))
+    finally:
+        await client.close()
+    assert not completion.content and not completion.tool_calls and len(llm_server.requests) == 1

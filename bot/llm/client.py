@@ -35,9 +35,9 @@ per client, shared by every agent of the process):
   so more only wait at the server, where a timeout cannot see them;
 - whether its chat template dropped the functions (`Endpoint.check_tools`).
 
-Answers are streamed where the server takes it, and read no further than the
-reply budget (bot/llm/types.py: read_answer); a refusal of `stream` is a
-refused parameter like the others.
+Answers are streamed where the server takes it (a refusal of `stream` is a refused
+parameter), read no further than the reply budget (bot/llm/types.py: read_answer);
+a step's call the stream cannot carry is asked for by name (bot/llm/named_calls.py).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ import openai
 from openai._types import RequestOptions
 
 from bot import metrics
-from bot.llm import shape
+from bot.llm import named_calls, shape
 from bot.llm.refusals import Refusal, classify, refusal_summary, unavailable, unrepaired
 from bot.llm.types import (
     LATE,
@@ -66,6 +66,7 @@ from bot.llm.types import (
     LLMUnavailableError,
     Request,
     read_answer,
+    reply_budget,
     trouble,
 )
 
@@ -78,20 +79,15 @@ MAX_RATIO = 4.0
 # An observation above the estimate is taken at once (the next prompt must fit);
 # below it, the estimate comes down slowly.
 RATIO_DECAY = 0.1
-# A refusal whose count is this far above every answered prompt's (once a few were
-# answered) is doubted once: llama-cpp-python's function calling generates a call's
-# arguments without the request's max_tokens and refuses its own follow-up prompt,
-# naming its window + 1 tokens for a prompt it counted at 1.05 of ours on the answer
-# before: taken as a ratio (1.24), that shrank the window below the fixed prompt.
+# A refusal whose count is this far above every answered prompt's (once a few were answered)
+# is doubted once: llama-cpp-python's function calling writes a call's arguments without
+# max_tokens and refuses its own follow-up prompt, naming its window + 1 tokens for a prompt
+# it counted at 1.05 of ours: taken as a ratio (1.24), it shrank the window below the fixed prompt.
 DOUBTFUL_REFUSAL = 1.15
 ANSWERS_BEFORE_DOUBT = 3
 STREAM_OPTIONS = {"include_usage": True}
 # (llama-server's --chat-template chatml renders no tools either: tried with SmolLM2.)
 TOOLS_FIX = "llama-server: --jinja --chat-template-file with one that does, e.g. Qwen2.5's for a ChatML model"
-# Room over `max_tokens` before a streamed answer is cut: the server counts with its
-# own tokenizer, and an answer it would end by itself is not cut short.
-BUDGET_SLACK = 2.0
-BUDGET_EXTRA = 16
 
 
 class LLMClient:
@@ -222,6 +218,7 @@ class RequestRun:
     _pending: tuple[int, frozenset[str]] = field(default=(0, frozenset()), init=False)
     _dropped: bool = field(default=False, init=False)
     streamed: bool = field(default=True, init=False)  # False once a stream broke off (asked again without)
+    by_name: bool = field(default=False, init=False)  # a step's stream broke off: its call asked by name
 
     async def run(self) -> Completion:
         attempt = self._known_repairs(shape.portable(self.request.messages))
@@ -232,10 +229,15 @@ class RequestRun:
         while True:
             body = self._body(attempt)
             try:
-                completion = await self._answer(body, retries=not level)
+                completion = None if self.by_name else await self._answer(body, retries=not level)
+                if completion is None or named_calls.left_no_words(body, completion):
+                    completion = await self._by_name(body, completion)
             except BrokenAnswer as broken:
                 if "stream" in body and self.streamed and not isinstance(broken.error, openai.APITimeoutError):
-                    self.streamed = False  # asked once more, not streamed (llama-cpp-python's function calls)
+                    if named_calls.asks_a_choice(body) and not self.by_name:
+                        self.by_name = True  # a step's call its stream could not carry (llama-cpp-python's)
+                    else:
+                        self.streamed = False  # asked once more, not streamed
                     self.client.endpoint.tell_once("unstreamed", f"a streamed answer broke off ({broken}): asked again")
                     continue
                 if rereads and not level and not isinstance(broken.error, openai.APITimeoutError):
@@ -305,6 +307,10 @@ class RequestRun:
             note = f"the LLM server wrote past max_tokens ({request.max_tokens}): answers are read to a budget"
             self.client.endpoint.tell_once("cut", note)
         return answer
+
+    async def _by_name(self, body: dict[str, Any], completion: Completion | None) -> Completion:
+        answer = functools.partial(self._answer, retries=False)
+        return await named_calls.by_name(answer, body, completion, self.request, self.client.endpoint.tell_once)
 
     # -- what the endpoint learned ---------------------------------------------
     def _known_repairs(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -485,11 +491,6 @@ class Endpoint:
         if key not in self._told:
             self._told.add(key)
             log.warning("%s", text)
-
-
-def reply_budget(max_tokens: int) -> int:
-    """Tokens (ours) read before a streamed answer is cut; 0: no cut."""
-    return int(max_tokens * BUDGET_SLACK) + BUDGET_EXTRA if max_tokens > 0 else 0
 
 
 @functools.lru_cache(maxsize=64)

@@ -57,6 +57,9 @@ class Request:
     # A piece of the answer in the bot's tokens, to stop reading at `max_tokens`
     # (`read_answer`); None: a streamed piece counts one.
     count_tokens: Callable[[str], int] | None = None
+    # The function whose call is the answer (the agent's), asked for by name where the
+    # server's tool grammar left the model no words (bot/llm/named_calls.py).
+    answer_function: str = "send_message"
 
 
 @dataclass(slots=True)
@@ -134,6 +137,17 @@ class ContextLimitError(LLMUnavailableError):
 
 
 # -- reading an answer ----------------------------------------------------------
+# Room over `max_tokens` before a streamed answer is cut: the server counts with its
+# own tokenizer, and an answer it would end by itself is not cut short.
+BUDGET_SLACK = 2.0
+BUDGET_EXTRA = 16
+
+
+def reply_budget(max_tokens: int) -> int:
+    """Tokens (ours) read before a streamed answer is cut; 0: no cut."""
+    return int(max_tokens * BUDGET_SLACK) + BUDGET_EXTRA if max_tokens > 0 else 0
+
+
 def one_per_piece(piece: str) -> int:
     """The count when the caller gave none: servers stream about a token a piece."""
     return 1 if piece else 0
@@ -231,6 +245,8 @@ class StreamedAnswer:
             value = function.get(key)
             if isinstance(value, dict):  # a server that sends the arguments as an object
                 value = json.dumps(value, ensure_ascii=False)
+            if key == "name" and value == target["name"]:
+                continue  # the whole name again (llama-cpp-python's named calls repeat it in every chunk)
             if isinstance(value, str) and value:
                 target[key] += value
                 self._measure(value)
