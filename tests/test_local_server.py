@@ -26,8 +26,7 @@ from typing import Any
 import pytest
 
 from bot.llm import LLMClient, Request
-from bot.llm.client import reply_budget
-from bot.llm.types import StreamedAnswer, one_per_piece, parse_completion
+from bot.llm.types import StreamedAnswer, one_per_piece, parse_completion, reply_budget
 from memory.tokens import TokenCounter, load_encoder
 from tests.conftest import RuntimeFactory
 from tests.fake_llm import FakeLLMServer, Reply, RunawayReply, fault_delay, reply_text, reply_tool_calls, say, tool_call

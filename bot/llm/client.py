@@ -66,7 +66,6 @@ from bot.llm.types import (
     LLMUnavailableError,
     Request,
     read_answer,
-    reply_budget,
     trouble,
 )
 
@@ -230,7 +229,7 @@ class RequestRun:
             body = self._body(attempt)
             try:
                 completion = None if self.by_name else await self._answer(body, retries=not level)
-                if completion is None or named_calls.left_no_words(body, completion):
+                if completion is None or (not completion.tool_calls and named_calls.left_no_words(body, completion)):
                     completion = await self._by_name(body, completion)
             except BrokenAnswer as broken:
                 if "stream" in body and self.streamed and not isinstance(broken.error, openai.APITimeoutError):
@@ -293,7 +292,7 @@ class RequestRun:
         try:
             # Not JSON (a proxy's HTML page sent with status 200): a ValueError,
             # which `unavailable` words for the person.
-            answer, cut = await read_answer(response, reply_budget(request.max_tokens), request.count_tokens)
+            answer, cut = await read_answer(response, request.max_tokens, request.count_tokens)
         except httpx2.TransportError as error:
             # As the client words a failed request: a timeout, or a lost connection.
             kind = openai.APITimeoutError if isinstance(error, httpx2.TimeoutException) else openai.APIConnectionError

@@ -154,14 +154,14 @@ def one_per_piece(piece: str) -> int:
 
 
 async def read_answer(
-    response: httpx2.Response, budget: int, count: Callable[[str], int] | None
+    response: httpx2.Response, max_tokens: int, count: Callable[[str], int] | None
 ) -> tuple[Completion, bool]:
-    """The answer, and whether it was cut at `budget` tokens (0: read to the end);
-    the caller closes the response. A body that is not JSON raises ValueError; a
+    """The answer, and whether it was cut at the reply budget for `max_tokens` (0: read
+    to the end); the caller closes the response. A body that is not JSON raises ValueError; a
     dropped connection, httpx2's TransportError; no answer, LLMUnavailableError."""
     if "text/event-stream" not in response.headers.get("content-type", ""):  # the server did not stream
         return parse_completion(json.loads(await response.aread())), False
-    answer, done = StreamedAnswer(budget, count or one_per_piece), False
+    answer, done = StreamedAnswer(reply_budget(max_tokens), count or one_per_piece), False
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue  # comments (": ping"), event names, blank separators
