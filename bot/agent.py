@@ -24,6 +24,7 @@ from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage, stamp
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
+from bot.llm.types import ToolCall
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
 from memory.queue_manager import ContextOverflowError, QueueManager
@@ -320,6 +321,7 @@ class Agent:
     async def _execute(self, completion: Completion, *, first_step: bool = False) -> bool:
         """Run one step's function calls in order; returns whether to go on."""
         calls = completion.tool_calls
+        self._name_calls(calls)
         text = self.calls.usable_text(completion.content) if completion.content_is_text and not calls else ""
         if not calls and text and self._awaits_answer() and not self._outbox:
             if (first_step or self.calls.plain_steps) and self.services.plain_text_replies:
@@ -360,14 +362,10 @@ class Agent:
                 log.exception("agent %s: function %s raised", self.id, call.name)
                 ok, result, asks_heartbeat = False, f"{call.name} failed: {type(error).__name__}: {error}"[:500], True
             heartbeat = heartbeat or asks_heartbeat
-            status = "OK" if ok else "Failed"
+            # A function with nothing to tell (send_message) gives its status alone.
+            body = {"status": "OK" if ok else "Failed"} | ({"result": result} if result else {})
             produced.append(
-                Message(
-                    role="tool",
-                    tool_call_id=call.id,
-                    name=call.name,
-                    content=json.dumps({"status": status, "result": result}, ensure_ascii=False),
-                )
+                Message(role="tool", tool_call_id=call.id, name=call.name, content=json.dumps(body, ensure_ascii=False))
             )
         if not calls and not self._outbox and self._awaits_answer() and (completion.content or "").strip():
             # Plain text reaches nobody; tell the model once per step and let it retry.
@@ -378,6 +376,18 @@ class Agent:
             heartbeat = True
         await self._record_step(produced, last=not heartbeat)
         return heartbeat
+
+    def _name_calls(self, calls: Sequence[ToolCall]) -> None:
+        """Each call gets the bot's own id: 9 digits (3 tokens, where a server's
+        is about 15, in every later request), valid on every server (Mistral
+        takes exactly 9 alphanumerics). Unique in the agent's history: from
+        the seq the step's record will follow, which grows with every step."""
+        newest = self._newest_seq
+        if newest is None:  # nothing appended by this copy yet (a redone event): its queue's newest
+            newest = max((entry.message.seq for entry in self.queue.entries), default=0)
+        base = (newest + 1) % 10**7
+        for index, call in enumerate(calls):
+            call.id = f"{base:07d}{index:02d}"
 
     async def _record_step(self, messages: list[Message], *, last: bool) -> None:
         """A step's record; the event's last one shares its round trip with the caller's `ending`."""
@@ -394,10 +404,13 @@ class Agent:
     async def _summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
         return await self.calls.summarize(previous, evicted, budget)
 
-    def status_line(self) -> str:
+    def status_line(self, *, memory: bool = True) -> str:
         """What changes on every call: it rides in the request's last message
         (memory/queue_manager.py), after everything a prompt cache can serve;
-        so does a channel's recent lines, shown for the current event only."""
+        so does a channel's recent lines, shown for the current event only.
+        `memory=False` (a step that has nothing new to tell): "" unless a channel's lines must ride."""
+        if not memory and not self._channel_context:
+            return ""
         status = (
             f"memory {round(100 * self.queue.pressure())}% full; recall {self.recall_count} messages, "
             f"archival {self.archival_count} passages"

@@ -69,7 +69,7 @@ class CallingAgent(Protocol):
     @property
     def conversation(self) -> Conversation: ...
 
-    def status_line(self) -> str: ...
+    def status_line(self, *, memory: bool = True) -> str: ...
 
     async def record_messages(self, messages: list[Message]) -> bool: ...
 
@@ -81,6 +81,7 @@ class AgentCalls:
         # last plain-text request (None: no budget).
         self.deadline: float | None = None
         self.last_deadline: float | None = None
+        self.status_told = False  # whether one of the event's steps carried the memory status
         # The function schemas' tokens, for the server's count to be checked against
         # (bot/llm/client.py: Endpoint.check_tools): (the list, its length, tokens).
         self._tool_tokens: tuple[object, int, int] = (None, 0, 0)
@@ -89,6 +90,7 @@ class AgentCalls:
         budget = self.agent.services.message_time_budget
         now = time.monotonic()
         self.deadline = now + budget * STEPS_SHARE if budget > 0 else None
+        self.status_told = False  # make_room
         self.last_deadline = now + budget if budget > 0 else None
 
     # -- the step -------------------------------------------------------------
@@ -99,7 +101,9 @@ class AgentCalls:
             self.fit_server()
             status = await self.make_room()
             try:
-                return await self._step_call(status)
+                completion = await self._step_call(status)
+                self.status_told = True
+                return completion
             except ContextLimitError as error:
                 if attempt == CONTEXT_RETRIES - 1:
                     raise
@@ -226,11 +230,15 @@ class AgentCalls:
     # -- queue management --------------------------------------------------
     async def make_room(self) -> str:
         """Warn of memory pressure and flush as needed before a step; the status line the
-        step's request carries, worked out again only when an alert or a flush changed it."""
+        step's request carries, worked out again only when an alert or a flush changed it.
+        An event's later steps carry it only then: the first step's told the rest (a heartbeat
+        step's status would be new tokens for a prompt cache, twice)."""
         agent = self.agent
         queue = agent.conversation.queue
         status = agent.status_line()
+        told = self.status_told
         if queue.needs_warning(status):
+            told = False
             used = round(100 * queue.pressure())
             await agent.record_messages(
                 [
@@ -249,9 +257,10 @@ class AgentCalls:
             status = agent.status_line()
         for _ in range(MAX_FLUSHES_PER_STEP):
             if not queue.needs_flush(status):
-                return status
+                return agent.status_line(memory=False) if told else status
             await self._evict()
             status = agent.status_line()
+            told = False
         queue.fits_or_raise(status)
         return status
 

@@ -80,7 +80,7 @@ class Settings:
     # Encoding for models tiktoken does not know (local models); see memory/tokens.py.
     fallback_encoding: str = "cl100k_base"
     warning_threshold: float = 0.70
-    flush_threshold: float = 1.00
+    flush_threshold: float = 0.96
     evict_fraction: float = 0.9
     # Tokens kept free for the model's answer; counted against the window.
     response_reserve: int = DEFAULT_RESPONSE_RESERVE

@@ -28,7 +28,7 @@ queue is next cut.
 - Archival storage, unlimited passages (facts, notes, files): archival_memory_insert, \
 archival_memory_search.
 - Searches show only what may be read here, in pages (page 1, 2, ... with a heartbeat).
-- The newest message carries a memory status from the system, not the person.
+- A new event's message carries a memory status from the system, not the person.
 - On a memory pressure alert, save what matters before old messages leave the queue.
 - To forget something they ask: forget_memories; delete only after their yes.
 

@@ -242,9 +242,9 @@ class QueueManager:
         flushes, the previous call's messages (its newest without the status)
         are the start of this call's."""
         payloads = [entry.payload for entry in self.entries]
-        if payloads:
+        if payloads and status_line:
             payloads[-1] = with_status(payloads[-1], status_line)
-        else:
+        elif not payloads:
             payloads.append({"role": "user", "content": f"{STATUS_MARKER} {status_line}"})
         return [{"role": "system", "content": self.system_text()}, *payloads]
 

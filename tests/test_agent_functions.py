@@ -52,6 +52,31 @@ async def test_heartbeat_chain_insert_search_reply(make_runtime: RuntimeFactory,
     assert "Page 0" in search_result["result"]
 
 
+async def test_calls_carry_the_bots_own_short_ids(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
+    """The server's call ids never reach a later request: each call gets 9 digits (3 tokens
+    where a server's take about 15; Mistral takes exactly 9 alphanumerics), unique in the
+    agent's history, and its result the same; a function with nothing to tell gives its status alone."""
+    first = [
+        tool_call("archival_memory_insert", {"content": f"Fact {n}.", "request_heartbeat": n == 2}) for n in (1, 2)
+    ]
+    first.append(tool_call("send_message", {"message": "Noted."}))
+    server_ids = {call.id for call in first}
+    llm_server.script(
+        reply_tool_calls(*first),
+        reply_tool_calls(tool_call("send_message", {"message": "Done."})),
+        reply_tool_calls(tool_call("send_message", {"message": "Hello again."})),
+    )
+    runtime = await make_runtime()
+    await runtime.handle(said("Remember two facts."))
+    await runtime.handle(said("Hi."))
+    last = llm_server.requests[-1]["messages"]
+    ids = [call["id"] for m in last if m["role"] == "assistant" for call in m.get("tool_calls") or []]
+    assert len(ids) == 4 and len(set(ids)) == 4 and all(re.fullmatch(r"\d{9}", i) for i in ids), ids
+    assert [m["tool_call_id"] for m in last if m["role"] == "tool"] == ids
+    assert not server_ids & {str(m.get("tool_call_id")) for m in last} and all(i not in str(last) for i in server_ids)
+    assert [json.loads(m["content"]) for m in last if m["role"] == "tool"] == [{"status": "OK"}] * 4
+
+
 async def test_step_cap_stops_an_endless_chain(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,11 +2,13 @@
 server received, each step's request starts with the previous one's messages
 until a flush rewrites the prefix (a working-context edit is in the queue at
 once, and the system message takes it at the next flush); flushes come only
-under pressure; the memory status reaches the model on every call; no request
+under pressure; the memory status reaches the model on each event's first call
+(a heartbeat step's only after an alert or a flush changed it); no request
 exceeds the window. And what a server says it cached is recorded and shown."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from datetime import UTC, datetime, timedelta
@@ -87,7 +89,16 @@ async def test_requests_between_flushes_extend_the_previous_prompt(
     assert max(sizes) <= WINDOW, f"largest request {max(sizes)} tokens"
 
     steps = [r for r in requests if not is_summary_request(r)]
-    assert all(carries_status(r) for r in steps), "every step sees the memory status"
+    # An event's first step (its newest message the person's, or an alert) sees the status; a
+    # heartbeat step (its newest a function result) not again, unless a flush just changed it.
+    firsts = [r for r in steps if r["messages"][-1]["role"] == "user"]
+    heartbeats = [
+        r
+        for before, r in itertools.pairwise(requests)
+        if r["messages"][-1]["role"] == "tool" and not is_summary_request(r) and not is_summary_request(before)
+    ]
+    assert firsts and all(carries_status(r) for r in firsts), "every event's first step sees the memory status"
+    assert heartbeats and not any("memory_status" in r["messages"][-1]["content"] for r in heartbeats)
     assert all(STATUS_MARKER not in str(m.get("content")) for r in steps for m in r["messages"][1:-1])
 
     def appended(request: dict[str, Any]) -> set[str]:

@@ -191,7 +191,8 @@ async def test_the_servers_token_count_sets_the_margin(make_runtime: RuntimeFact
     assert 1.2 <= ratio <= 1.3  # our count is an upper bound: the ratio seen is a little under
     agent = await runtime.agent("terminal:alice")
     agent.calls.fit_server()  # as before every step
-    assert agent.queue.flush_limit == int((8_192 - 256) / ratio)
+    # The prompt may fill the window up to the flush threshold (MEMGPT_FLUSH_THRESHOLD, 0.96), less the reserve.
+    assert agent.queue.flush_limit == int((int(8_192 * 0.96) - 256) / ratio)
 
 
 async def test_a_refusal_that_counts_the_servers_own_generation_teaches_no_ratio(

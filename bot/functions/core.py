@@ -40,7 +40,7 @@ async def send_message(agent: Agent, args: dict[str, Any]) -> str:
     if not text:
         raise FunctionError("message is empty; write something for the person to read.")
     await agent.send(text)
-    return "Sent."
+    return ""  # {"status": "OK"} says it was sent
 
 
 # Lines written in a DM (or a private channel) are shown only where they may be read;
@@ -121,7 +121,7 @@ async def archival_memory_insert(agent: Agent, args: dict[str, Any]) -> str:
             "(split it into several self-contained passages)."
         )
     await agent.save_passages([Passage(text=content, source="agent")])
-    return f"Saved to archival storage ({agent.archival_count} passages)."
+    return ""  # {"status": "OK"}: saved (the memory status counts the passages)
 
 
 ARCHIVAL_MEMORY_SEARCH = function_schema(
