@@ -401,9 +401,6 @@ class Agent:
     def _awaits_answer(self) -> bool:
         return self.current_event is None or self.current_event.kind in ANSWERED_KINDS
 
-    async def _summarize(self, previous: str, evicted: Sequence[Message], budget: int) -> str:
-        return await self.calls.summarize(previous, evicted, budget)
-
     def status_line(self, *, memory: bool = True) -> str:
         """What changes on every call: it rides in the request's last message
         (memory/queue_manager.py), after everything a prompt cache can serve;

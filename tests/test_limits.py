@@ -193,7 +193,7 @@ async def test_the_summarizer_call_is_counted_too(make_runtime: RuntimeFactory, 
     runtime = await make_runtime()
     agent = await runtime.agent(KEY)
     before = agent.tokens_used
-    summary = await agent._summarize("", [Message(role="user", content="hello there")], 100)
+    summary = await agent.calls.summarize("", [Message(role="user", content="hello there")], 100)
     counter = runtime.services.counter
     request = llm_server.requests[-1]
     assert "tools" not in request

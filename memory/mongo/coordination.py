@@ -51,11 +51,6 @@ def _seconds(moment: datetime) -> float:
     return moment.timestamp()
 
 
-def _date(seconds: float) -> datetime:
-    # A BSON date, so that a TTL index can expire it.
-    return datetime.fromtimestamp(seconds, UTC)
-
-
 class MongoCoordination(MongoBase):
     # Per-process state, set on first use (MongoBase.__init__ knows nothing of it).
     # The server's clock minus time.monotonic() here: monotonic, because the
