@@ -125,7 +125,7 @@ async def main() -> None:
     print(f"encoding: {counter.encoding_name}; window {args.window}; {args.steps} one-step events")
     print(
         f"fixed prompt: {fixed} tokens (instructions {instructions}, function schemas {schemas}); "
-        f"target <= 1500, Letta 0.11.7 ~3300 -> ratio {fixed / 3300:.2f}"
+        f"target <= 1200 (issue 39), Letta 0.11.7 ~3300 -> ratio {fixed / 3300:.2f}"
     )
     print(f"bare openai round trip (floor): median {statistics.median(floor):.2f} ms, p95 {pct(floor, 0.95):.2f} ms")
     print(f"agent step (event -> reply):   median {statistics.median(steps):.2f} ms, p95 {pct(steps, 0.95):.2f} ms")
