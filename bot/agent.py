@@ -60,6 +60,7 @@ class EventResult:
     replies: list[Reply] = field(default_factory=list)
     steps: int = 0
     hit_step_cap: bool = False
+    looped: bool = False  # a step repeated a call of the chain (name and arguments): not run, the chain ended
     trouble: str | None = None
     tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
     held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
@@ -224,6 +225,7 @@ class Agent:
         # A flush keeps this event's message if it can (memory/queue_manager.py).
         ours = [e.message.seq for e in self.queue.entries if e.message.event_id == event.event_id]
         self.queue.protected_seq = ours[0] if ours else None
+        made: set[tuple[str, str]] = set()  # the chain's calls (name, arguments)
         while True:
             result.steps += 1
             try:
@@ -239,6 +241,13 @@ class Agent:
                     "Your message is saved; please try again later."
                 )
                 break
+            calls = {(call.name, call.arguments) for call in completion.tool_calls}
+            if calls & made:
+                # A function loop: the same call again gets the same result; the last request answers.
+                log.warning("agent %s: a step repeated a call of its chain (%s); ending it", self.id, min(calls & made))
+                result.looped = True
+                break
+            made |= calls
             heartbeat = await self._execute(completion, first_step=result.steps == 1)
             if not heartbeat:
                 break
