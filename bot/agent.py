@@ -23,6 +23,7 @@ from bot.channel_context import render_channel_context
 from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage, stamp
+from bot.function_loops import FunctionLoops
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
 from bot.services import AgentServices
 from memory.places import DM, Place, Visibility
@@ -60,7 +61,7 @@ class EventResult:
     replies: list[Reply] = field(default_factory=list)
     steps: int = 0
     hit_step_cap: bool = False
-    looped: bool = False  # a step repeated a call of the chain (name and arguments): not run, the chain ended
+    looped: bool = False  # a function loop ended the chain (bot/function_loops.py)
     trouble: str | None = None
     tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
     held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
@@ -103,6 +104,7 @@ class Agent:
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""
+        self._failed: set[str] = set()  # the functions that failed on the last step (_execute)
 
     @property
     def store(self) -> Store:
@@ -225,7 +227,7 @@ class Agent:
         # A flush keeps this event's message if it can (memory/queue_manager.py).
         ours = [e.message.seq for e in self.queue.entries if e.message.event_id == event.event_id]
         self.queue.protected_seq = ours[0] if ours else None
-        made: set[tuple[str, str]] = set()  # the chain's calls (name, arguments)
+        loops: FunctionLoops | None = None  # once the chain goes past its first step
         while True:
             result.steps += 1
             try:
@@ -241,15 +243,15 @@ class Agent:
                     "Your message is saved; please try again later."
                 )
                 break
-            calls = {(call.name, call.arguments) for call in completion.tool_calls}
-            if calls & made:
-                # A function loop: the same call again gets the same result; the last request answers.
-                log.warning("agent %s: a step repeated a call of its chain (%s); ending it", self.id, min(calls & made))
+            loop = loops.repeated(completion) if loops else ""
+            if not loop:
+                if not await self._execute(completion, first_step=result.steps == 1):
+                    break
+                loops = loops or FunctionLoops()
+                loop = loops.ran(completion, self._failed)
+            if loop:
+                log.warning("agent %s: a function loop (%s): the chain ends", self.id, loop)
                 result.looped = True
-                break
-            made |= calls
-            heartbeat = await self._execute(completion, first_step=result.steps == 1)
-            if not heartbeat:
                 break
             if result.steps >= self.services.max_steps:
                 result.hit_step_cap = True
@@ -352,7 +354,7 @@ class Agent:
             # running it blind a second time (a fact saved twice, two reminders).
             await self.record_messages(produced)
             produced = []
-        heartbeat = False
+        heartbeat, self._failed = False, set()
         for call in calls:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
@@ -369,6 +371,8 @@ class Agent:
                 log.exception("agent %s: function %s raised", self.id, call.name)
                 ok, result, asks_heartbeat = False, f"{call.name} failed: {type(error).__name__}: {error}"[:500], True
             heartbeat = heartbeat or asks_heartbeat
+            if not ok:
+                self._failed.add(call.name)
             status = "OK" if ok else "Failed"
             produced.append(
                 Message(

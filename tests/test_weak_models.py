@@ -56,6 +56,26 @@ async def test_a_function_loop_ends_the_chain_at_once(make_runtime: RuntimeFacto
     assert agent.working_context.get("human").value.count("Likes tea.") == 1  # run once
 
 
+async def test_a_function_that_fails_again_ends_the_chain(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-cpp-python: core_memory_append on a block named after a word of
+    # the message, failing, then again on another, eight steps of three requests a message.
+    def blocks_that_are_not_there(request: dict[str, Any]) -> CompletionReply:
+        if not request.get("tools"):
+            return reply_text("Hello Dana.")
+        block = f"dana{len(request['messages'])}"
+        arguments = {"name": block, "content": "Dana.", "request_heartbeat": True}
+        return reply_tool_calls(tool_call("core_memory_append", arguments))
+
+    llm_server.set_handler(blocks_that_are_not_there)
+    runtime = await make_runtime(max_steps_per_event=8)
+    result = await runtime.handle_with_details(said("I'm Dana"))
+    assert [r.text for r in result.replies] == ["Hello Dana."] and result.trouble is None
+    assert result.looped and result.steps == 2
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, True, False]
+
+
 SILENT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
 
 
