@@ -11,7 +11,9 @@
 - a server whose chat template drops the functions is named once, with the fix,
   in the log and in `memgpt-bot chat`;
 - a step's call a stream could not carry, or an answer a tool grammar left without
-  words (llama-cpp-python's chatml-function-calling), is asked for by name, streamed.
+  words (llama-cpp-python's chatml-function-calling), is asked for by name, streamed;
+  there, a failed chain's last request is the step's own with send_message named (its
+  prompt cache serves it), the plain one after it only if the name was not kept to.
 """
 
 from __future__ import annotations
