@@ -15,8 +15,12 @@ hit, remaining M prompt tokens to eval", where its stream carries no usage:
 tests/real_llm_servers.py, Exchange.cached_share), and seconds per message against bare: the first message (which reads
 the whole fixed prompt) apart; the goal after it is at most 5x.
 
-    python bench/local_server.py                          # both servers
+    python bench/local_server.py                          # both servers, a table after each
     python bench/local_server.py --server llama-server --context 4096
+    python bench/local_server.py --server llama-cpp-python --dump /tmp/exchanges.json
+
+Each server's table is printed as soon as that server is done, so a failure on
+one (it is reported, and the next server runs) still shows the other's figures.
 
 The servers must be built first: scripts/install_llama_server.sh,
 scripts/install_llama_cpp_python.sh, scripts/install_smollm2.sh.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import statistics
@@ -48,6 +53,7 @@ from memory.embeddings import Embedder
 from tests.real_llm_servers import (
     MODEL_ALIAS,
     SERVER_KINDS,
+    Exchange,
     RealServer,
     RecordingProxy,
     ServerUnavailable,
@@ -84,7 +90,9 @@ class Measured:
     replies: list[str] = field(default_factory=list)
 
 
-async def through_the_bot(kind: str, server: RealServer, context: int, embedder: Embedder) -> Measured:
+async def through_the_bot(
+    kind: str, server: RealServer, context: int, embedder: Embedder, dump: Path | None
+) -> Measured:
     measured = Measured(kind)
     proxy = RecordingProxy(server.port, server.log_path)
     data = Path(tempfile.mkdtemp(prefix="memgpt-local-bench-"))
@@ -106,6 +114,8 @@ async def through_the_bot(kind: str, server: RealServer, context: int, embedder:
         await runtime.close(close_embedder=False)
         proxy.close()
     completions = proxy.completions()
+    if dump is not None:
+        write_exchanges(dump.with_name(f"{dump.stem}-{kind}{dump.suffix}"), completions, firsts)
     measured.requests = len(completions)
     measured.refused = len(refused(completions))
     measured.offered = any((e.request or {}).get("tools") for e in completions)
@@ -119,6 +129,35 @@ async def through_the_bot(kind: str, server: RealServer, context: int, embedder:
     shown = " ".join(f"{'|' if first else ''}{share:.2f}" for first, share in shares if share is not None)
     print(f"[{kind}] cached share per request ('|': a message's first): {shown}", flush=True)
     return measured
+
+
+def write_exchanges(path: Path, completions: list[Exchange], firsts: set[int]) -> None:
+    """What the bot asked and the server answered, request by request, for reading a run."""
+    rows = []
+    for index, exchange in enumerate(completions):
+        request = exchange.request or {}
+        messages = request.get("messages") or []
+        rows.append(
+            {
+                "first of a message": index in firsts,
+                "status": exchange.status,
+                "seconds": round(exchange.seconds, 1),
+                "tool_choice": request.get("tool_choice"),
+                "stream": request.get("stream"),
+                "stop": request.get("stop"),
+                "tools": len(request.get("tools") or []),
+                "max_tokens": request.get("max_tokens"),
+                "messages": len(messages),
+                "last messages": messages[-3:],
+                "answer": ((exchange.response or {}).get("choices") or [{}])[0].get("message"),
+                "left": exchange.left,
+                "error": exchange.error[:300],
+                "cached share": exchange.cached_share,
+                "server prompt tokens": exchange.server_prompt_tokens,
+            }
+        )
+    path.write_text(json.dumps(rows, indent=1, ensure_ascii=False))
+    print(f"exchanges written to {path}", flush=True)
 
 
 async def bare(server: RealServer, measured: Measured) -> None:
@@ -162,38 +201,43 @@ def table(results: list[Measured]) -> str:
     return "\n".join(lines)
 
 
-async def run(args: argparse.Namespace) -> list[Measured]:
+async def run(args: argparse.Namespace) -> None:
+    """Each server in turn, its table printed as soon as it is done (one server's failure
+    is reported and the next one runs)."""
     embedder = Embedder()
-    results = []
-    for kind in args.server or SERVER_KINDS:
-        try:
-            server = RealServer(kind, args.context)
-            server.start()
-        except ServerUnavailable as error:
-            print(f"{kind}: skipped ({error})", flush=True)
-            continue
-        try:
-            measured = await through_the_bot(kind, server, args.context, embedder)
-            await bare(server, measured)
-        finally:
-            server.stop()
-        results.append(measured)
-        for text, reply in zip(MESSAGES, measured.replies, strict=True):
-            print(f"[{kind}] {text!r} -> {reply[:160]!r}", flush=True)
-    await embedder.close()
-    return results
+    try:
+        for kind in args.server or SERVER_KINDS:
+            try:
+                server = RealServer(kind, args.context)
+                server.start()
+            except ServerUnavailable as error:
+                print(f"{kind}: skipped ({error})", flush=True)
+                continue
+            try:
+                measured = await through_the_bot(kind, server, args.context, embedder, args.dump)
+                await bare(server, measured)
+            except Exception:
+                logging.exception("%s: the run failed; server log:\n%s", kind, server.log_tail())
+                continue
+            finally:
+                server.stop()
+            for text, reply in zip(MESSAGES, measured.replies, strict=True):
+                print(f"[{kind}] {text!r} -> {reply[:160]!r}", flush=True)
+            print(f"\n{table([measured])}\n", flush=True)
+    finally:
+        await embedder.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--server", action="append", choices=SERVER_KINDS, help="one server (default: both)")
     parser.add_argument("--context", type=int, default=8192, help="the server's context and the bot's window")
+    parser.add_argument(
+        "--dump", type=Path, help="write each server's exchanges (request and answer) as JSON: PATH-<server>.json"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    results = asyncio.run(run(args))
-    if results:
-        print()
-        print(table(results))
+    asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from bot.channel_context import render_channel_context
 from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage, stamp
+from bot.function_loops import FunctionLoops
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
 from bot.llm.types import ToolCall
 from bot.services import AgentServices
@@ -49,9 +50,6 @@ NO_CALL_NUDGE = (
 # outbox entry is keyed by event and position, so a redo cannot send twice).
 # Their steps skip the extra write that records the calls before they run.
 SAFE_TO_REDO = frozenset({"send_message", "conversation_search", "conversation_search_date", "archival_memory_search"})
-# Room for the assistant message that asked for a page and the result's JSON wrapper.
-PAGE_CALL_ALLOWANCE = 160
-MIN_PAGE_TOKENS = 96
 # Events a person is waiting on: a step that reaches nobody gets a nudge.
 ANSWERED_KINDS = frozenset({"user_message", "file_uploaded"})
 
@@ -61,6 +59,7 @@ class EventResult:
     replies: list[Reply] = field(default_factory=list)
     steps: int = 0
     hit_step_cap: bool = False
+    looped: bool = False  # a function loop ended the chain (bot/function_loops.py)
     trouble: str | None = None
     tokens_used: int = 0  # by this event's LLM calls, counted locally (bot/limits.py)
     held: str = ""  # "rate" or "budget": over that limit, no LLM call was made
@@ -103,6 +102,7 @@ class Agent:
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""
+        self._failed: set[str] = set()  # the functions that failed on the last step (_execute)
 
     @property
     def store(self) -> Store:
@@ -225,6 +225,7 @@ class Agent:
         # A flush keeps this event's message if it can (memory/queue_manager.py).
         ours = [e.message.seq for e in self.queue.entries if e.message.event_id == event.event_id]
         self.queue.protected_seq = ours[0] if ours else None
+        loops: FunctionLoops | None = None  # once the chain goes past its first step
         while True:
             result.steps += 1
             try:
@@ -240,8 +241,15 @@ class Agent:
                     "Your message is saved; please try again later."
                 )
                 break
-            heartbeat = await self._execute(completion, first_step=result.steps == 1)
-            if not heartbeat:
+            loop = loops.repeated(completion) if loops else ""
+            if not loop:
+                if not await self._execute(completion, first_step=result.steps == 1):
+                    break
+                loops = loops or FunctionLoops()
+                loop = loops.ran(completion, self._failed)
+            if loop:
+                log.warning("agent %s: a function loop (%s): the chain ends", self.id, loop)
+                result.looped = True
                 break
             if result.steps >= self.services.max_steps:
                 result.hit_step_cap = True
@@ -345,7 +353,7 @@ class Agent:
             # running it blind a second time (a fact saved twice, two reminders).
             await self.record_messages(produced)
             produced = []
-        heartbeat = False
+        heartbeat, self._failed = False, set()
         for call in calls:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
@@ -362,6 +370,8 @@ class Agent:
                 log.exception("agent %s: function %s raised", self.id, call.name)
                 ok, result, asks_heartbeat = False, f"{call.name} failed: {type(error).__name__}: {error}"[:500], True
             heartbeat = heartbeat or asks_heartbeat
+            if not ok:
+                self._failed.add(call.name)
             # A function with nothing to tell (send_message) gives its status alone.
             body = {"status": "OK" if ok else "Failed"} | ({"result": result} if result else {})
             produced.append(
@@ -475,21 +485,3 @@ class Agent:
         replies, self._unsaved = self._unsaved, []
         for entry in replies:
             await self.store.outbox_add(entry)
-
-    def page_token_budget(self) -> int:
-        """Tokens a page of search results may take. Eviction runs before every
-        call and can cut the queue back to this step's call and its result, so
-        the page must fit next to the parts that cannot be evicted: the fixed
-        prompt, working context, status line, the summary at its full budget,
-        and the call that asked for the page with the result's wrapper."""
-        queue = self.queue
-        pinned = (
-            queue.fixed_tokens
-            + queue.header_tokens
-            + queue.working_context_tokens
-            + queue.status_tokens(self.status_line())
-            + queue.summary_budget()
-            + PAGE_CALL_ALLOWANCE
-        )
-        cap = queue.flush_limit // 5
-        return max(MIN_PAGE_TOKENS, min(cap, queue.flush_limit - pinned))

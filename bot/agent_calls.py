@@ -50,6 +50,7 @@ SYSTEM_MARKERS = ("[system alert]", PRESSURE_MARKER, STATUS_MARKER)
 # A line of a plain-text answer this long found in the system's instructions is an echo of them.
 ECHO_LENGTH = 12
 TRANSCRIPT_HEAD = re.compile(r"^\s*\[\d{4}-\d{2}-\d{2} \d{2}:\d{2}(?: UTC)?\] [^:\n]{1,60}: ")
+ANSWER_FUNCTION = "send_message"  # its call is the answer to a person
 # The last request of a failed chain (plain_answer): the model's words are sent as they are.
 PLAIN_ANSWER_REQUEST = (
     "## Now\nAnswer the person's last message in plain text, in your own words: what you write is sent to them "
@@ -94,14 +95,15 @@ class AgentCalls:
         self.last_deadline = now + budget if budget > 0 else None
 
     # -- the step -------------------------------------------------------------
-    async def step(self) -> Completion:
+    async def step(self, named: str = "") -> Completion:
+        """The step's call; `named`: the one function it must call (plain_answer's)."""
         agent = self.agent
         queue = agent.conversation.queue
         for attempt in range(CONTEXT_RETRIES):
             self.fit_server()
             status = await self.make_room()
             try:
-                completion = await self._step_call(status)
+                completion = await self._step_call(status, named)
                 self.status_told = True
                 return completion
             except ContextLimitError as error:
@@ -137,14 +139,18 @@ class AgentCalls:
         """Whether steps ask for plain text: the server drops the functions (bot/llm/client.py)."""
         return self.agent.services.llm.endpoint.tools_dropped
 
-    async def _step_call(self, status: str) -> Completion:
+    async def _step_call(self, status: str, named: str = "") -> Completion:
         if self.plain_steps:
             return await self._plain_call()
         queue = self.agent.conversation.queue
         # The queue manager's cached total (an upper bound of a full recount,
         # function schemas included) spares re-tokenizing the whole prompt.
         return await self.complete(
-            queue.compile(status), queue.offered_tools, queue.total_tokens(status), max_tokens=queue.response_reserve
+            queue.compile(status),
+            queue.offered_tools,
+            queue.total_tokens(status),
+            max_tokens=queue.response_reserve,
+            named_function=named,
         )
 
     def may_still_answer(self, note: str | None) -> bool:
@@ -164,13 +170,24 @@ class AgentCalls:
         alerts and the chain's plain texts that reached no one are left out, and its
         function calls and results go as text, which any chat template renders. The
         model's text (or, from a server that sends a call anyway, send_message's), for
-        the agent to judge (`usable_text`)."""
+        the agent to judge (`usable_text`). Where the server streams a call asked for by
+        name (bot/llm/named_calls.py), the step's own request with send_message named
+        comes first: its prompt cache serves it, where this other prompt is read again
+        whole; the plain one only if that brought no usable answer (a server that ignores the name)."""
         self.deadline = self.last_deadline
-        completion = await self._plain_call()
+        if self.agent.services.llm.endpoint.names_calls and not self.plain_steps:
+            answered = self._answer_in(await self.step(ANSWER_FUNCTION))
+            if self.usable_text(answered):
+                return answered
+        return self._answer_in(await self._plain_call())
+
+    @staticmethod
+    def _answer_in(completion: Completion) -> str:
+        """The model's text, or (from a server that sends a call anyway) send_message's message."""
         if completion.content_is_text and (completion.content or "").strip():
             return completion.content or ""
         for call in completion.tool_calls:
-            if call.name == "send_message":
+            if call.name == ANSWER_FUNCTION:
                 try:
                     message = json.loads(call.arguments).get("message")
                 except (ValueError, AttributeError):
@@ -331,6 +348,7 @@ class AgentCalls:
         call_functions: bool = True,
         max_tokens: int = 0,
         teaches_ratio: bool = True,
+        named_function: str = "",
     ) -> Completion:
         """The one way the agent calls the LLM, so each call's cost is counted
         here, with the model's tokenizer (the daily budget, bot/limits.py):
@@ -356,6 +374,7 @@ class AgentCalls:
                 prompt_tokens=prompt if teaches_ratio else 0,
                 tool_tokens=self.tool_tokens(tools) if tools and teaches_ratio else 0,
                 count_tokens=counter.count,
+                named_function=named_function,
             )
         )
         answer = counter.count_answer(completion.content or "", [(c.name, c.arguments) for c in completion.tool_calls])

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 # join keeps the cached total an upper bound of a full recount.
 JOIN_ALLOWANCE = 3
 PRESSURE_MARKER = "[memory pressure]"
+# Room for the assistant message that asked for a page of search results and the
+# result's JSON wrapper; and the least a page may take.
+PAGE_CALL_ALLOWANCE = 160
+MIN_PAGE_TOKENS = 96
 # Marks the memory status in the newest message; the model's instructions name it.
 STATUS_MARKER = "[memory status]"
 # BPE may merge the status with the text it is attached to; an allowance keeps the count an upper bound.
@@ -289,6 +293,23 @@ class QueueManager:
     # -- eviction ---------------------------------------------------------
     def summary_budget(self) -> int:
         return max(64, self.window // 10)
+
+    def page_budget(self, status_line: str) -> int:
+        """Tokens a page of search results may take. Eviction runs before every
+        call and can cut the queue back to this step's call and its result, so
+        the page must fit next to the parts that cannot be evicted: the fixed
+        prompt, working context, status line, the summary at its full budget,
+        and the call that asked for the page with the result's wrapper."""
+        pinned = (
+            self.fixed_tokens
+            + self.header_tokens
+            + self.working_context_tokens
+            + self.status_tokens(status_line)
+            + self.summary_budget()
+            + PAGE_CALL_ALLOWANCE
+        )
+        cap = self.flush_limit // 5
+        return max(MIN_PAGE_TOKENS, min(cap, self.flush_limit - pinned))
 
     def queue_room(self, status_line: str) -> int:
         """Tokens the queue may fill before a flush: what the window leaves

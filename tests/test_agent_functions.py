@@ -82,7 +82,12 @@ async def test_step_cap_stops_an_endless_chain(
 ) -> None:
     llm_server.set_handler(
         lambda request: (
-            reply_tool_calls(tool_call("conversation_search", {"query": "anything", "request_heartbeat": True}))
+            # A new query at every step: no function loop (the same call again), which ends a chain sooner.
+            reply_tool_calls(
+                tool_call(
+                    "conversation_search", {"query": f"anything {len(request['messages'])}", "request_heartbeat": True}
+                )
+            )
             if request.get("tools")
             else reply_text("I looked, and found nothing.")
         )

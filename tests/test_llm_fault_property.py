@@ -378,7 +378,8 @@ FAULTS: dict[str, st.SearchStrategy[Reply]] = {
     MANY_CALLS: many_calls(),
     BAD_ARGUMENTS: some_bad_calls(bad_argument_calls),
     UNKNOWN_FUNCTION: some_bad_calls(unknown_calls),
-    # Heartbeat requests that never reach the person: only the step cap ends the chain.
+    # Heartbeat requests that never reach the person: the step cap ends the chain, or a function
+    # loop (the tail cycles through a few calls: one comes again) ends it sooner.
     ENDLESS_HEARTBEAT: st.one_of(heartbeat_calls, invalid_calls).map(lambda spec: calls(spec)),  # failures earn one
     TIMEOUT: st.just(fault_delay(SLOW_REPLY, calls(("send_message", args(message=f"{ANSWER}late"))))),
 }
@@ -603,9 +604,12 @@ async def test_endless_heartbeats_end_at_the_cap_with_one_note(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     # Found by the property: the chain stopped at the cap and the person got nothing. (Here
-    # the server answers even the last request, without functions, with a call: no text to send.)
+    # the server answers even the last request, without functions, with a call: no text to send.
+    # A new call at every step: the same one again is a function loop, which ends a chain sooner.)
     llm_server.set_handler(
-        lambda request: calls(("core_memory_append", args(name="human", content="x", request_heartbeat=True)))
+        lambda request: calls(
+            ("core_memory_append", args(name="human", content=f"x{len(request['messages'])}", request_heartbeat=True))
+        )
     )
     runtime = await make_runtime()
     result = await runtime.handle_with_details(said("hello"))

@@ -11,7 +11,9 @@
 - a server whose chat template drops the functions is named once, with the fix,
   in the log and in `memgpt-bot chat`;
 - a step's call a stream could not carry, or an answer a tool grammar left without
-  words (llama-cpp-python's chatml-function-calling), is asked for by name, streamed.
+  words (llama-cpp-python's chatml-function-calling), is asked for by name, streamed;
+  there, a failed chain's last request is the step's own with send_message named (its
+  prompt cache serves it), the plain one after it only if the name was not kept to.
 """
 
 from __future__ import annotations
@@ -291,3 +293,51 @@ async def test_an_empty_answer_with_usage_is_no_grammar_s_doing(llm_server: Fake
     finally:
         await client.close()
     assert not completion.content and not completion.tool_calls and len(llm_server.requests) == 1
+
+
+def chatml_function_calling(request: dict[str, Any]) -> Reply:
+    """A model that saves the same fact step after step (a function loop), on llama-cpp-python's
+    chatml-function-calling: a chosen function breaks the stream, the name comes unstreamed, the
+    arguments streamed by name; a request without tools gets plain text."""
+    if not request.get("tools"):
+        return reply_text("Plain.")
+    if "stream" not in request:
+        return reply_tool_calls(tool_call("core_memory_append", ""))
+    if request["tool_choice"] == "auto":
+        return StreamThatStops()
+    if request["tool_choice"] == NAMED_SEND:
+        return NamedCallStream(('{"message": "Hi Dana"}',))
+    return NamedCallStream(('{"name": "human", "content": "Dana.", "request_heartbeat": true}',))
+
+
+async def test_where_named_calls_stream_a_failed_chain_ends_with_send_message_named(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # A request without the functions renders another prompt after the system text: the
+    # server evaluated all ~4,000 tokens again (145 s). The step's own request, send_message
+    # named, is served from its prompt cache.
+    llm_server.set_handler(chatml_function_calling)
+    runtime = await make_runtime()
+    result = await runtime.handle_with_details(said("I'm Dana"))
+    assert [reply.text for reply in result.replies] == ["Hi Dana"] and result.looped
+    *steps, last = llm_server.requests
+    assert last["tool_choice"] == NAMED_SEND and last["stream"] and last["tools"] == steps[-1]["tools"]
+    # The last step's prompt, as it was (the repeated call was not run), its status line apart.
+    assert last["messages"][:-1] == steps[-1]["messages"][:-1]
+
+
+async def test_a_server_that_ignores_the_name_still_gets_the_plain_request(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # Named calls came back streamed on steps, but the last request's name was not kept to:
+    # the request without the functions follows, and its text is the answer.
+    def ignores_send_message(request: dict[str, Any]) -> Reply:
+        if request.get("tool_choice") == NAMED_SEND:
+            return reply_tool_calls(tool_call("core_memory_append", {"name": "human", "content": "Dana."}))
+        return chatml_function_calling(request)
+
+    llm_server.set_handler(ignores_send_message)
+    runtime = await make_runtime()
+    result = await runtime.handle_with_details(said("I'm Dana"))
+    assert [reply.text for reply in result.replies] == ["Plain."] and result.trouble is None
+    assert llm_server.requests[-2]["tool_choice"] == NAMED_SEND and "tools" not in llm_server.requests[-1]

@@ -25,12 +25,12 @@ BEAT = {"request_heartbeat": True}
 
 def noting_model(request: dict[str, Any]) -> Reply:
     """Saves a note (content null beside the call, with a heartbeat), then answers
-    with the number of the person's message; reads its results as JSON or as text."""
+    with the number of the person's message; reads its results (and alerts) as JSON or as text."""
     if is_summary_request(request):
         return reply_text("They talked about numbered things.")
     last = request["messages"][-1]
     content = last.get("content") or ""
-    if last["role"] == "user" and "[function result]" not in content:
+    if last["role"] == "user" and "[function result]" not in content and "[system alert]" not in content:
         return reply_tool_calls(
             tool_call(
                 "core_memory_append", {"name": "human", "content": "Talks in numbers.", "request_heartbeat": True}
@@ -279,11 +279,16 @@ async def test_a_slow_single_slot_server_gets_each_request_once(
 
 async def test_one_message_has_a_time_budget(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.strict = Strict(seconds=0.3)
+    # Another search at every step: no function loop (the same call again), which ends a chain sooner.
     llm_server.set_handler(
         lambda request: reply_tool_calls(
             tool_call(
                 "conversation_search_date",
-                {"start_date": "2020-01-01", "end_date": "2099-01-01", "request_heartbeat": True},
+                {
+                    "start_date": "2020-01-01",
+                    "end_date": f"{2030 + len(request['messages'])}-01-01",
+                    "request_heartbeat": True,
+                },
             )
         )
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import openai
 
@@ -14,10 +15,17 @@ from bot.agent import NO_ANSWER
 from bot.agent_calls import PLAIN_ANSWER_REQUEST
 from cli import logs
 from tests.conftest import RuntimeFactory, make_settings
-from tests.fake_llm import FakeLLMServer, reply_text, reply_tool_calls, tool_call
+from tests.fake_llm import CompletionReply, FakeLLMServer, reply_text, reply_tool_calls, tool_call
 from tests.helpers import said
 
 HEARTBEAT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": True})
+
+
+def another_fact(request: dict[str, Any]) -> CompletionReply:
+    """A memory call with a heartbeat, its arguments new at every step (no function loop)."""
+    fact = f"Likes tea ({len(request['messages'])})."
+    arguments = {"name": "human", "content": fact, "request_heartbeat": True}
+    return reply_tool_calls(tool_call("core_memory_append", arguments))
 
 
 async def test_the_step_cap_sends_the_models_own_text(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
@@ -25,12 +33,47 @@ async def test_the_step_cap_sends_the_models_own_text(make_runtime: RuntimeFacto
         reply_tool_calls(HEARTBEAT_CALL),
         reply_text("You like tea, I will remember that."),  # in the chain: nudged, kept
     )
-    llm_server.set_handler(lambda request: reply_tool_calls(HEARTBEAT_CALL))
+    llm_server.set_handler(another_fact)
     runtime = await make_runtime(max_steps_per_event=4)
     result = await runtime.handle_with_details(said("I like tea"))
     assert result.hit_step_cap and result.trouble is None
     assert [r.text for r in result.replies] == ["You like tea, I will remember that."]
     assert all("stuck" not in r.text for r in result.replies)
+
+
+async def test_a_function_loop_ends_the_chain_at_once(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
+    # SmolLM2 through llama-cpp-python made the same call with the same arguments step after
+    # step, to the step cap; the repeat is not run, and the last request answers.
+    llm_server.set_handler(
+        lambda request: reply_tool_calls(HEARTBEAT_CALL) if request.get("tools") else reply_text("Tea, noted.")
+    )
+    runtime = await make_runtime(max_steps_per_event=8)
+    result = await runtime.handle_with_details(said("I like tea"))
+    assert [r.text for r in result.replies] == ["Tea, noted."] and result.trouble is None
+    assert result.looped and not result.hit_step_cap and result.steps == 2
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, True, False]
+    agent = await runtime.agent("terminal:alice")
+    assert agent.working_context.get("human").value.count("Likes tea.") == 1  # run once
+
+
+async def test_a_function_that_fails_again_ends_the_chain(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-cpp-python: core_memory_append on a block named after a word of
+    # the message, failing, then again on another, eight steps of three requests a message.
+    def blocks_that_are_not_there(request: dict[str, Any]) -> CompletionReply:
+        if not request.get("tools"):
+            return reply_text("Hello Dana.")
+        block = f"dana{len(request['messages'])}"
+        arguments = {"name": block, "content": "Dana.", "request_heartbeat": True}
+        return reply_tool_calls(tool_call("core_memory_append", arguments))
+
+    llm_server.set_handler(blocks_that_are_not_there)
+    runtime = await make_runtime(max_steps_per_event=8)
+    result = await runtime.handle_with_details(said("I'm Dana"))
+    assert [r.text for r in result.replies] == ["Hello Dana."] and result.trouble is None
+    assert result.looped and result.steps == 2
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, True, False]
 
 
 SILENT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})

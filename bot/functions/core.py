@@ -277,7 +277,7 @@ def _page_text(agent: Agent, where: str, query: str, page: int, size: int, total
         f"from {where} for {query!r}.{more}"
     )
     # The header and each line's "- " come out of the same budget as the items.
-    room = agent.page_token_budget() - counter.count(header) - 4 * len(items) - 40
+    room = agent.conversation.queue.page_budget(agent.status_line()) - counter.count(header) - 4 * len(items) - 40
     fit = max(1, min(len(items), room // MIN_ITEM_TOKENS))
     if fit < len(items):
         # Too little room for every result of the page: show fewer, say so, never cut them to nothing.

@@ -230,7 +230,8 @@ class RequestRun:
             try:
                 completion = None if self.by_name else await self._answer(body, retries=not level)
                 if completion is None or (not completion.tool_calls and named_calls.left_no_words(body, completion)):
-                    completion = await self._by_name(body, completion)
+                    answer = functools.partial(self._answer, retries=False)
+                    completion = await named_calls.by_name(answer, body, completion, self.request, self.client.endpoint)
             except BrokenAnswer as broken:
                 if "stream" in body and self.streamed and not isinstance(broken.error, openai.APITimeoutError):
                     if named_calls.asks_a_choice(body) and not self.by_name:
@@ -307,10 +308,6 @@ class RequestRun:
             self.client.endpoint.tell_once("cut", note)
         return answer
 
-    async def _by_name(self, body: dict[str, Any], completion: Completion | None) -> Completion:
-        answer = functools.partial(self._answer, retries=False)
-        return await named_calls.by_name(answer, body, completion, self.request, self.client.endpoint.tell_once)
-
     # -- what the endpoint learned ---------------------------------------------
     def _known_repairs(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         endpoint = self.client.endpoint
@@ -370,7 +367,8 @@ class RequestRun:
         if request.tools and tools_ok and (request.call_functions or tool_choice_ok):
             body["tools"] = request.tools
             if tool_choice_ok:
-                body["tool_choice"] = "auto" if request.call_functions else "none"
+                choice = "auto" if request.call_functions else "none"  # named: plain_answer's (bot/agent_calls.py)
+                body["tool_choice"] = named_calls.choice(request.named_function) if request.named_function else choice
         if request.max_tokens > 0:
             name = endpoint.renamed_parameters.get("max_tokens", "max_tokens")
             if name not in endpoint.dropped_parameters:
@@ -402,6 +400,7 @@ class Endpoint:
     # The model called a function; the server's counts showed the schemas left out (check_tools).
     calls_seen: bool = False
     tools_dropped: bool = False
+    names_calls: bool = False  # a call asked for by name came back streamed (bot/llm/named_calls.py)
     _short_counts: int = 0  # answers without a call whose count looked so (two make it so)
     models: dict[str, ModelLimits] = field(default_factory=dict)
     _slots: asyncio.Semaphore | None = None

@@ -25,18 +25,37 @@ asks for the call by name once it knows the name:
 - an answer without words and without usage (the message grammar above): the
   function it wrote the name of, or else the answer function (the model chose to
   answer, and the agent's answer is that function's call).
+
+Once such a call came back, the endpoint knows it streams named calls
+(`Endpoint.names_calls`): a failed chain's last request there is the step's own,
+the answer function named (bot/agent_calls.py: plain_answer), which its prompt
+cache serves, where a request without the functions renders another prompt after
+the system text and has the whole of it evaluated again.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from bot.llm.types import Completion, Request
 
 NAME_ONLY_STOPS = ["{", "functions"]
 WRITTEN_NAME = re.compile(r"^\s*functions\.([A-Za-z0-9_.-]+):?\s*$")
+
+
+class Learner(Protocol):
+    """What the endpoint learns here (bot/llm/client.py: Endpoint)."""
+
+    names_calls: bool
+
+    def tell_once(self, key: str, text: str) -> None: ...
+
+
+def choice(name: str) -> dict[str, Any]:
+    """The tool_choice that names function `name`."""
+    return {"type": "function", "function": {"name": name}}
 
 
 def asks_a_choice(body: dict[str, Any]) -> bool:
@@ -62,7 +81,7 @@ def name_only(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def named(body: dict[str, Any], name: str) -> dict[str, Any]:
-    return {**body, "tool_choice": {"type": "function", "function": {"name": name}}}
+    return {**body, "tool_choice": choice(name)}
 
 
 def wanted(body: dict[str, Any], completion: Completion, answer_function: str) -> str | None:
@@ -84,7 +103,7 @@ async def by_name(
     body: dict[str, Any],
     completion: Completion | None,
     request: Request,
-    tell_once: Callable[[str, str], None],
+    endpoint: Learner,
 ) -> Completion:
     """The step's call asked for by name, streamed; the name from `completion`, or (None:
     the stream broke off) from `body` not streamed, cut after the name. `completion` (or
@@ -94,8 +113,10 @@ async def by_name(
     name = wanted(body, completion, request.answer_function)
     if name is None:
         return completion
-    tell_once("by name", "the LLM server left a step's call out of its stream (or its words out): asked by name")
+    note = "the LLM server left a step's call out of its stream (or its words out): asked by name"
+    endpoint.tell_once("by name", note)
     called = await answer(named(body, name))
     if not called.usage.prompt:
         called.usage = completion.usage  # the name's answer counted the prompt, where a stream did not
+    endpoint.names_calls = endpoint.names_calls or name in {call.name for call in called.tool_calls}
     return called if called.tool_calls else completion

@@ -60,6 +60,8 @@ class Request:
     # The function whose call is the answer (the agent's), asked for by name where the
     # server's tool grammar left the model no words (bot/llm/named_calls.py).
     answer_function: str = "send_message"
+    # The one function the answer must call (tool_choice naming it); "": the model's choice.
+    named_function: str = ""
 
 
 @dataclass(slots=True)

@@ -1,0 +1,48 @@
+"""A function loop in one event's chain of steps (bot/agent.py), which ends the chain
+at once; the last request then answers the person (bot/agent_calls.py: plain_answer):
+
+- a step repeats a call of the chain, the same function with the same arguments
+  (whatever their spacing or key order): it would get the same result, and is not run;
+- a function that failed on the step before is called again and fails again: a small
+  model retries it with other bad arguments up to the step cap (SmolLM2 through
+  llama-cpp-python: core_memory_append and core_memory_replace on blocks named after
+  words of the message, eight steps of three requests each, every message).
+
+Made only once a chain goes past its first step: the usual one-step answer never comes here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from bot.llm import Completion
+
+
+def _calls(completion: Completion) -> set[tuple[str, str]]:
+    return {(call.name, _same_arguments(call.arguments)) for call in completion.tool_calls}
+
+
+def _same_arguments(arguments: str) -> str:
+    """A call's arguments as one text whatever their spacing or key order (a model's repeat
+    differs in those); as they are when they are not JSON."""
+    try:
+        return json.dumps(json.loads(arguments), sort_keys=True)
+    except ValueError:
+        return arguments
+
+
+class FunctionLoops:
+    def __init__(self) -> None:
+        self.made: set[tuple[str, str]] = set()  # the chain's calls (name, arguments)
+        self.failed: set[str] = set()  # the functions that failed on the last step
+
+    def repeated(self, completion: Completion) -> str:
+        """What of `completion`'s calls the chain made before ("": nothing)."""
+        again = self.made & _calls(completion)
+        return f"{min(again)[0]} called again with the same arguments" if again else ""
+
+    def ran(self, completion: Completion, failed: set[str]) -> str:
+        """A step ran `completion`'s calls, `failed` failing: what failed on the step before too ("": nothing)."""
+        self.made |= _calls(completion)
+        again, self.failed = self.failed & failed, failed
+        return f"{min(again)} failed again" if again else ""
