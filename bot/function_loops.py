@@ -3,10 +3,11 @@ at once; the last request then answers the person (bot/agent_calls.py: plain_ans
 
 - a step repeats a call of the chain, the same function with the same arguments
   (whatever their spacing or key order): it would get the same result, and is not run;
-- a function that failed on the step before is called again and fails again: a small
-  model retries it with other bad arguments up to the step cap (SmolLM2 through
-  llama-cpp-python: core_memory_append and core_memory_replace on blocks named after
-  words of the message, eight steps of three requests each, every message).
+- a function fails on FAILED_STEPS_IN_A_ROW steps in a row: a small model retries it with
+  other bad arguments up to the step cap (SmolLM2 through llama-cpp-python:
+  core_memory_append and core_memory_replace on blocks named after words of the message,
+  eight steps of three requests each, every message). Fewer would cut off a model that
+  reads the errors and corrects itself (a reminder's time on the fourth try).
 
 Made only once a chain goes past its first step: the usual one-step answer never comes here.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 
 from bot.llm import Completion
+
+FAILED_STEPS_IN_A_ROW = 4
 
 
 def _calls(completion: Completion) -> set[tuple[str, str]]:
@@ -34,7 +37,7 @@ def _same_arguments(arguments: str) -> str:
 class FunctionLoops:
     def __init__(self) -> None:
         self.made: set[tuple[str, str]] = set()  # the chain's calls (name, arguments)
-        self.failed: set[str] = set()  # the functions that failed on the last step
+        self.failing: dict[str, int] = {}  # a function that failed on the last step: steps in a row
 
     def repeated(self, completion: Completion) -> str:
         """What of `completion`'s calls the chain made before ("": nothing)."""
@@ -42,7 +45,9 @@ class FunctionLoops:
         return f"{min(again)[0]} called again with the same arguments" if again else ""
 
     def ran(self, completion: Completion, failed: set[str]) -> str:
-        """A step ran `completion`'s calls, `failed` failing: what failed on the step before too ("": nothing)."""
+        """A step ran `completion`'s calls, `failed` failing: what has failed on too many steps
+        in a row ("": nothing)."""
         self.made |= _calls(completion)
-        again, self.failed = self.failed & failed, failed
-        return f"{min(again)} failed again" if again else ""
+        self.failing = {name: self.failing.get(name, 0) + 1 for name in failed}
+        again = sorted(name for name, steps in self.failing.items() if steps >= FAILED_STEPS_IN_A_ROW)
+        return f"{again[0]} failed on {FAILED_STEPS_IN_A_ROW} steps in a row" if again else ""
