@@ -39,6 +39,11 @@ from memory.types import CHANNEL_KEY_PREFIX, ChannelLine, Message, SearchPage, u
 
 T = TypeVar("T")
 
+# Seconds a channel's background embedding waits for more lines before a batch
+# that would not be full: a busy channel's lines are embedded and stored many at
+# a time (each batch costs the store a few reads and writes), never one by one.
+GATHER = 0.5
+
 # Message.name of a kept line (internal: the kind of item, as for an agent's own events).
 LINE_KIND = "channel_line"
 
@@ -119,7 +124,7 @@ class ChannelMemory:
         stored = await self.store.append_messages(memory_id, [as_message(line)], unless_event=line.message_id)
         if stored:
             line.seq = stored[0].seq
-            self.recall.embed_later(memory_id)
+            self.recall.embed_later(memory_id, GATHER)
         return bool(stored)
 
     async def edit(self, channel: str, message_id: str, text: str, edited_at: datetime) -> bool:
@@ -127,7 +132,7 @@ class ChannelMemory:
         memory_id = await self._memory_id(channel)
         if memory_id is None or not await self.store.edit_message(memory_id, message_id, text, edited_at):
             return False
-        self.recall.embed_later(memory_id)
+        self.recall.embed_later(memory_id, GATHER)
         return True
 
     async def delete(self, channel: str, message_id: str) -> bool:

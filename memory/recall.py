@@ -86,15 +86,16 @@ class RecallMemory:
         """Embed the agent's newest BATCH unembedded messages (and `query`, in the
         same embedder call, when there are some): whether more may remain, and the
         query's vector (None: not embedded here). `done` (seqs already embedded by
-        this caller) stops a loop on messages whose vectors the store did not keep."""
+        this caller) are not embedded again: no loop on messages whose vectors the
+        store did not keep (nor on one edited since, left to the next run)."""
         store = self._vectors
         if store is None:
             return False, None
         async with self._locks.setdefault(agent_id, asyncio.Lock()):
             pending = await store.messages_without_embedding(agent_id, BATCH)
+            full = len(pending) == BATCH
             if done is not None:
-                if any(message.seq in done for message in pending):
-                    return False, None
+                pending = [message for message in pending if message.seq not in done]
                 done.update(message.seq for message in pending)
             if not pending:
                 return False, None
@@ -104,24 +105,32 @@ class RecallMemory:
             await store.set_message_embeddings(
                 agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, found, strict=True)}
             )
-            return len(pending) == BATCH, (vectors[len(pending)] if asked else None)
+            return full, (vectors[len(pending)] if asked else None)
 
-    def embed_later(self, agent_id: str) -> None:
+    def embed_later(self, agent_id: str, gather: float = 0.0) -> None:
         """Embed the agent's messages still without a vector in the background,
         BATCH at a time (never on the caller's path): a search's backlog, or
         what a channel memory just kept (memory/channels.py). Called while a
-        run is under way, that run goes on to what arrived meanwhile."""
+        run is under way, that run goes on to what arrived meanwhile. `gather`:
+        seconds to wait before a batch that would not be full, so that lines
+        arriving one by one are embedded (and stored) many at a time."""
         running = self._backlog.get(agent_id)
         if running is not None and not running.done():
             self._again.add(agent_id)
             return
-        task = asyncio.get_running_loop().create_task(self._embed_backlog(agent_id))
+        task = asyncio.get_running_loop().create_task(self._embed_backlog(agent_id, gather))
         self._backlog[agent_id] = task
         task.add_done_callback(lambda finished: self._finished(agent_id, finished))
 
-    async def _embed_backlog(self, agent_id: str) -> None:
+    async def _embed_backlog(self, agent_id: str, gather: float = 0.0) -> None:
         done: set[int] = set()
-        while (await self._embed_batch(agent_id, done))[0] or agent_id in self._again:
+        more = False
+        while True:
+            if gather and not more:
+                await asyncio.sleep(gather)
+            more = (await self._embed_batch(agent_id, done))[0]
+            if not more and agent_id not in self._again:
+                return
             self._again.discard(agent_id)
 
     def _finished(self, agent_id: str, task: asyncio.Task[None]) -> None:
