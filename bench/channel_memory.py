@@ -150,7 +150,7 @@ async def run(args: argparse.Namespace, folder: Path, mongodb: str, backend: str
     embedder = Embedder()
     kept = lines(args.keep, datetime.now(UTC) - timedelta(days=1))
     texts = [as_message(line).said_text() for line in kept]
-    embedder.encode_now(texts[:64])  # the model loaded and warm before any clock starts
+    embedder.encode_now(texts[:BATCH])  # the model loaded and warm (a full batch) before any clock starts
     before = bare_rate(embedder, texts)
     store = await open_store(folder, mongodb)
     try:
