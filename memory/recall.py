@@ -44,6 +44,8 @@ class RecallMemory:
         self.embedder = embedder
         self._locks: dict[str, asyncio.Lock] = {}
         self._backlog: dict[str, asyncio.Task[None]] = {}
+        # Agents given more to embed while their background run was under way.
+        self._again: set[str] = set()
 
     async def search(
         self, agent_id: str, query: str, limit: int, offset: int = 0, *, visible: Visibility | None = None
@@ -62,7 +64,7 @@ class RecallMemory:
             log.warning("agent %s: recall embedding failed, searching by keywords only: %s", agent_id, error)
             return await self.store.search_messages(agent_id, query, limit, offset, visible=visible)
         if more:
-            self._embed_later(agent_id)
+            self.embed_later(agent_id)
         return await self.store.search_messages(agent_id, query, limit, offset, query_vector=vector, visible=visible)
 
     async def embed_all(self, agent_id: str, progress: Callable[[int], None] | None = None) -> int:
@@ -84,42 +86,57 @@ class RecallMemory:
         """Embed the agent's newest BATCH unembedded messages (and `query`, in the
         same embedder call, when there are some): whether more may remain, and the
         query's vector (None: not embedded here). `done` (seqs already embedded by
-        this caller) stops a loop on messages whose vectors the store did not keep."""
+        this caller) are not embedded again: no loop on messages whose vectors the
+        store did not keep (nor on one edited since, left to the next run)."""
         store = self._vectors
         if store is None:
             return False, None
         async with self._locks.setdefault(agent_id, asyncio.Lock()):
             pending = await store.messages_without_embedding(agent_id, BATCH)
+            full = len(pending) == BATCH
             if done is not None:
-                if any(message.seq in done for message in pending):
-                    return False, None
+                pending = [message for message in pending if message.seq not in done]
                 done.update(message.seq for message in pending)
             if not pending:
                 return False, None
             asked = [query] if query is not None else []
-            vectors = await self.embedder.embed([message.content or "" for message in pending] + asked)
+            vectors = await self.embedder.embed([message.said_text() for message in pending] + asked)
             found = vectors[: len(pending)]
             await store.set_message_embeddings(
                 agent_id, {message.seq: vector.tolist() for message, vector in zip(pending, found, strict=True)}
             )
-            return len(pending) == BATCH, (vectors[len(pending)] if asked else None)
+            return full, (vectors[len(pending)] if asked else None)
 
-    def _embed_later(self, agent_id: str) -> None:
+    def embed_later(self, agent_id: str, gather: float = 0.0) -> None:
+        """Embed the agent's messages still without a vector in the background,
+        BATCH at a time (never on the caller's path): a search's backlog, or
+        what a channel memory just kept (memory/channels.py). Called while a
+        run is under way, that run goes on to what arrived meanwhile. `gather`:
+        seconds to wait before a batch that would not be full, so that lines
+        arriving one by one are embedded (and stored) many at a time."""
         running = self._backlog.get(agent_id)
         if running is not None and not running.done():
+            self._again.add(agent_id)
             return
-        task = asyncio.get_running_loop().create_task(self._embed_backlog(agent_id))
+        task = asyncio.get_running_loop().create_task(self._embed_backlog(agent_id, gather))
         self._backlog[agent_id] = task
         task.add_done_callback(lambda finished: self._finished(agent_id, finished))
 
-    async def _embed_backlog(self, agent_id: str) -> None:
+    async def _embed_backlog(self, agent_id: str, gather: float = 0.0) -> None:
         done: set[int] = set()
-        while (await self._embed_batch(agent_id, done))[0]:
-            pass
+        more = False
+        while True:
+            if gather and not more:
+                await asyncio.sleep(gather)
+            more = (await self._embed_batch(agent_id, done))[0]
+            if not more and agent_id not in self._again:
+                return
+            self._again.discard(agent_id)
 
     def _finished(self, agent_id: str, task: asyncio.Task[None]) -> None:
         if self._backlog.get(agent_id) is task:
             del self._backlog[agent_id]
+            self._again.discard(agent_id)
             # No one waits on the lock once the backlog is done (searches hold
             # it only while they run): dropping it keeps the dict bounded.
             lock = self._locks.get(agent_id)
@@ -136,6 +153,7 @@ class RecallMemory:
 
     def forget(self, agent_id: str) -> None:
         """The agent is being deleted: stop embedding its messages."""
+        self._again.discard(agent_id)
         task = self._backlog.pop(agent_id, None)
         if task is not None:
             task.cancel()

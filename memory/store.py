@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 from memory.roles import (
     AgentStore,
     BlockStore,
+    ChannelStore,
     DocumentStore,
     InboxStore,
     LeaseStore,
@@ -65,6 +66,7 @@ class Store(
     BlockStore,
     MessageStore,
     MessageEmbeddingStore,
+    ChannelStore,
     PassageStore,
     SourceStore,
     DocumentStore,
@@ -74,6 +76,6 @@ class Store(
     ScheduleHost,
     Protocol,
 ):
-    """Every role: memory (agents, working context, recall, archival), shared
+    """Every role: memory (agents, working context, recall, channel memories, archival), shared
     collections and loaded documents, the inbox and outbox, leases
     between bot processes, usage counters and check-in schedules."""

@@ -41,14 +41,27 @@ class Message:
     # The conversation it belongs to (memory/places.py: "dm", "private:<id>",
     # "public:<id>"); reads filter on it (Visibility).
     place: str = "dm"
+    # A channel memory's line (memory/channels.py): who said it (their agent
+    # key, and their display name then) and when the platform last edited it.
+    # None / "" in an agent's own recall, whose speaker its role tells.
+    speaker: str | None = None
+    speaker_name: str = ""
+    edited_at: datetime | None = None
 
     def calls(self, name: str) -> bool:
         """Whether this (assistant) step called the function `name`."""
         return any((call.get("function") or {}).get("name") == name for call in self.tool_calls or ())
 
+    def said_text(self) -> str:
+        """The content as it was said: a channel line opens with its speaker's
+        name ("alice: ..."), as conversation search reads a speaker and as it
+        is embedded."""
+        content = self.content or ""
+        return f"{self.speaker_name}: {content}" if self.speaker_name and content else content
+
     def searchable_text(self) -> str:
-        """Text that recall search indexes: the content plus any call arguments."""
-        parts = [self.content or ""]
+        """Text that recall search indexes: the content (as said) plus any call arguments."""
+        parts = [self.said_text()]
         for call in self.tool_calls or []:
             function = call.get("function", {})
             parts.append(f"{function.get('name', '')} {function.get('arguments', '')}")
@@ -205,6 +218,44 @@ SOURCE_KEY_PREFIX = "source:"
 def source_key(name: str) -> str:
     """The agent key under which a collection's passages are stored."""
     return SOURCE_KEY_PREFIX + name
+
+
+# A channel's memory (memory/channels.py) is stored as the recall of an agent keyed so.
+CHANNEL_KEY_PREFIX = "channel:"
+# Agent records that are nobody's memory: listings of people leave them out.
+PSEUDO_AGENT_PREFIXES = (SOURCE_KEY_PREFIX, CHANNEL_KEY_PREFIX)
+
+
+def prefix_end(prefix: str) -> str:
+    """Where keys starting with `prefix` end: they sort in [prefix, prefix_end(prefix)), a range an index serves."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
+
+
+def is_person_key(key: str) -> bool:
+    """Whether an agent key is a person's, not a collection's or a channel's."""
+    return not key.startswith(PSEUDO_AGENT_PREFIXES)
+
+
+@dataclass(slots=True)
+class ChannelLine:
+    """One message said in a channel, as the channel's memory keeps it.
+
+    `channel` is the channel key (memory/channels.py: platform, workspace or
+    guild, channel id; a thread's messages are its channel's), `message_id`
+    the platform's id of the message (kept once per channel), `speaker` the
+    speaker's agent key ("slack:T01:U02") and `speaker_name` their display
+    name when they said it. `place` is the conversation key it was said in
+    (memory/places.py), `seq` its order in the channel's memory (set by the store)."""
+
+    channel: str
+    message_id: str
+    speaker: str
+    speaker_name: str
+    text: str
+    said_at: datetime
+    place: str
+    edited_at: datetime | None = None
+    seq: int = 0
 
 
 @dataclass(slots=True)

@@ -9,6 +9,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 
 from memory.mongo.archival import ARCHIVAL_INDEXES
 from memory.mongo.base import Doc
+from memory.mongo.channels import CHANNEL_INDEXES
 from memory.mongo.conversations import CONVERSATION_INDEXES
 from memory.mongo.coordination import COORDINATION_INDEXES
 from memory.mongo.inbox import INBOX_INDEXES
@@ -41,6 +42,7 @@ for _part in (
     INDEXES,
     ARCHIVAL_INDEXES,
     CONVERSATION_INDEXES,
+    CHANNEL_INDEXES,
     SOURCE_INDEXES,
     COORDINATION_INDEXES,
     SCHEDULE_INDEXES,

@@ -36,6 +36,7 @@ _INDEXED: Doc = {
     "name": 1,
     "created_at": 1,
     "place": 1,
+    "speaker_name": 1,
     "embedding": 1,
 }
 
@@ -49,6 +50,7 @@ def _indexed(doc: Doc) -> Message:
         created_at=from_us(doc["created_at"]),
         seq=doc["seq"],
         place=doc.get("place", DM_KEY),
+        speaker_name=doc.get("speaker_name", ""),
     )
 
 

@@ -13,7 +13,8 @@ carries `agent_id`, and every query filters on it):
     blocks    {agent_id, label, lines, limit, updated_at, position}
                (memory/mongo/blocks.py)
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
-               tool_call_id, name, created_at, place, terms, [embedding]}
+               tool_call_id, name, created_at, place, terms, [embedding],
+               [speaker, speaker_name, edited_at]: channels.py}
     passages  {_id: int id, agent_id, text, source, position, created_at,
                place, embedding, embedded, [hash], terms, words, analysed}
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
@@ -22,6 +23,7 @@ carries `agent_id`, and every query filters on it):
     event_journal, outbox (memory/mongo/inbox.py)
     schedules, schedule_claims, checkin_prefs (memory/mongo/schedules.py)
     usage_hits, usage_exempt (memory/mongo/usage.py)
+    channel_consent (memory/mongo/channels.py)
 
 Times are integers, microseconds since the Unix epoch (UTC): a BSON date keeps
 only milliseconds, and the store gives back exactly the instant it was given.
@@ -72,9 +74,9 @@ from pymongo.errors import BulkWriteError, DuplicateKeyError, PyMongoError
 from memory.mongo.base import LIVE, MAX_ATTEMPTS, Doc, LostRace, Session, from_us, lost_race, to_us, visible_filter
 from memory.mongo.blocks import block_fields, block_from_doc, upgrade_block_lines
 from memory.mongo.capabilities import detect, guarded, scrub
+from memory.mongo.channels import MongoChannels
 from memory.mongo.conversations import MongoConversations, upgrade_to_places
 from memory.mongo.coordination import MongoCoordination
-from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.inbox import MongoInbox
 from memory.mongo.indexes import ensure_indexes
 from memory.mongo.keywords import bm25, upgrade_passage_terms, words
@@ -110,6 +112,9 @@ def _message(doc: Doc) -> Message:
         created_at=from_us(doc["created_at"]),
         event_id=doc.get("event_id"),
         place=doc.get("place", DM_KEY),
+        speaker=doc.get("speaker"),
+        speaker_name=doc.get("speaker_name", ""),
+        edited_at=from_us(doc["edited_at"]) if "edited_at" in doc else None,
     )
 
 
@@ -121,8 +126,10 @@ def _last_batch(newest: Doc | None) -> tuple[int, int]:
     return int(end), int(newest.get("tok_total") or 0)
 
 
-class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations, MongoUsage, MongoForgetting, Store):
+class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations, MongoUsage, MongoChannels, Store):
     serves_many_processes = True  # the backend for several bot processes
+    _message_fields = _NO_TERMS
+    _message_of = staticmethod(_message)
 
     @functools.cached_property
     def schedules(self) -> MongoScheduleStore:
@@ -278,6 +285,8 @@ class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations
                 "place": m.place,
                 "terms": sorted(set(t)),
                 **({"event_id": m.event_id} if m.event_id else {}),
+                **({"speaker": m.speaker, "speaker_name": m.speaker_name} if m.speaker is not None else {}),
+                **({"edited_at": to_us(m.edited_at)} if m.edited_at is not None else {}),
             }
             for m, t in zip(messages, texts, strict=True)
         ]

@@ -21,7 +21,8 @@ except cosines:
   often clearest in the reply);
 - speaker: the query names exactly one of the people whose messages are in
   the index ("What did Caroline research?") and the message is theirs ("Name:"
-  at the start of it, after any "[time]" stamp);
+  at the start of it, after any "[time]" stamp; a channel line's speaker is
+  put there: Message.said_text);
 - time: the query names a time ("in May 2023", "last week", memory/search/
   when.py) and the message was said in it (or up to TIME_SLACK after).
 
@@ -108,7 +109,8 @@ class Ranked:
 
 class ConversationIndex:
     """One agent's messages as the ranking needs them. Messages are added in
-    seq order (appends only: recall storage never deletes one message)."""
+    seq order (appends only: a store drops an agent's index when one of its
+    messages is deleted or edited, and reads it again)."""
 
     def __init__(self) -> None:
         self._seqs: list[int] = []
@@ -156,7 +158,7 @@ class ConversationIndex:
             self._lengths.append(len(found))
             self._turn.append(conversational(message) and bool(text))
             self._embeddable.append(embeddable(message))
-            self._speakers.append(speaker_of(message.content or ""))
+            self._speakers.append(speaker_of(message.said_text()))
             self._places.append(message.place)
         self._derived = None
         if self.dim is not None:

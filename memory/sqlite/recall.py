@@ -213,11 +213,11 @@ class MessageSearch:
 
 
 # What the index needs of a message, the embedding last.
-_INDEX_COLUMNS = "seq, role, content, tool_calls, name, created_at, place, embedding"
+_INDEX_COLUMNS = "seq, role, content, tool_calls, name, created_at, place, speaker_name, embedding"
 
 
 def _indexed(row: Sequence[Any]) -> Message:
-    seq, role, content, tool_calls, name, created_at, place, _ = row
+    seq, role, content, tool_calls, name, created_at, place, speaker_name, _ = row
     return Message(
         role=role,
         content=content,
@@ -226,6 +226,7 @@ def _indexed(row: Sequence[Any]) -> Message:
         created_at=datetime.fromtimestamp(created_at, UTC),
         seq=seq,
         place=place,
+        speaker_name=speaker_name,
     )
 
 

@@ -10,9 +10,10 @@ The store is a few parts, one mixin class each, all on that one connection
 (memory/sqlite/base.py: SQLiteBase, the plumbing): SQLiteAgents
 (agents.py: agents, working context, queue state), SQLiteSources (sources.py:
 shared collections, loaded documents), SQLiteRecall (recall.py: message
-embeddings), SQLiteCoordination, SQLiteJournal, SQLiteUsage, and SQLiteStore
-here (life cycle, recall and archival storage). Check-in schedules live in the
-same file (schedules.py, `store.schedules`); the schema is migrations.py.
+embeddings), SQLiteChannels (channels.py: channel memories),
+SQLiteCoordination, SQLiteJournal, SQLiteUsage, and SQLiteStore here (life
+cycle, recall and archival storage). Check-in schedules live in the same file
+(schedules.py, `store.schedules`); the schema is migrations.py.
 
 Recall search uses FTS5 (bm25), fused with the embeddings of the messages
 embedded so far when the caller gives a query vector (memory/sqlite/recall.py).
@@ -42,6 +43,7 @@ from memory.search.ann_index import ANN_THRESHOLD
 from memory.search.vector_index import embedding_matrix
 from memory.sqlite.agents import SQLiteAgents
 from memory.sqlite.base import DatabaseWorker, from_ts, to_ts, visible_sql
+from memory.sqlite.channels import SQLiteChannels
 from memory.sqlite.coordination import SQLiteCoordination
 from memory.sqlite.inbox import SQLiteInbox, event_message_seq_in, outbox_insert_in
 from memory.sqlite.migrations import MIGRATIONS, migrate
@@ -58,7 +60,9 @@ _WORD = re.compile(r"\w+")
 _MAX_QUERY_TERMS = 32
 _F32 = np.dtype("<f4")
 
-_MESSAGE_COLS = "seq, role, content, tool_calls, tool_call_id, name, created_at, event_id, place"
+_MESSAGE_COLS = (
+    "seq, role, content, tool_calls, tool_call_id, name, created_at, event_id, place, speaker, speaker_name, edited_at"
+)
 _M_MESSAGE_COLS = ", ".join(f"m.{col}" for col in _MESSAGE_COLS.split(", "))
 _PASSAGE_COLS = "id, text, source, position, created_at, embedding, place"
 
@@ -88,6 +92,9 @@ def _message(row: Sequence[Any]) -> Message:
         created_at=from_ts(row[6]),
         event_id=row[7],
         place=row[8],
+        speaker=row[9],
+        speaker_name=row[10],
+        edited_at=None if row[11] is None else from_ts(row[11]),
     )
 
 
@@ -103,7 +110,9 @@ def _passage(row: Sequence[Any]) -> Passage:
     )
 
 
-class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination, SQLiteInbox, SQLiteUsage, Store):
+class SQLiteStore(
+    SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteChannels, SQLiteCoordination, SQLiteInbox, SQLiteUsage, Store
+):
     serves_many_processes = False  # one file, one bot process
     _message_columns = _MESSAGE_COLS
     _message_of = staticmethod(_message)
@@ -217,8 +226,9 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
             indexed = 0
             for n, m in enumerate(messages, 1):
                 rowid = conn.execute(
-                    "INSERT INTO messages (agent_id, seq, role, content, tool_calls,"
-                    " tool_call_id, name, created_at, event_id, place) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO messages (agent_id, seq, role, content, tool_calls, tool_call_id, name,"
+                    " created_at, event_id, place, speaker, speaker_name, edited_at)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         agent_id,
                         last + n,
@@ -230,6 +240,9 @@ class SQLiteStore(SQLiteAgents, SQLiteSources, SQLiteRecall, SQLiteCoordination,
                         to_ts(m.created_at),
                         m.event_id,
                         m.place,
+                        m.speaker,
+                        m.speaker_name,
+                        None if m.edited_at is None else to_ts(m.edited_at),
                     ),
                 ).lastrowid
                 text = m.searchable_text()

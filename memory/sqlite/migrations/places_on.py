@@ -109,3 +109,24 @@ def m015_journal_owner(conn: sqlite3.Connection) -> None:
         "ALTER TABLE event_journal ADD COLUMN owner TEXT NOT NULL DEFAULT ''",
         "ALTER TABLE event_journal ADD COLUMN alone INTEGER NOT NULL DEFAULT 0",
     )
+
+
+@migration
+def m016_channel_lines(conn: sqlite3.Connection) -> None:
+    # Channel memories (memory/channels.py): a pseudo-agent's messages, each
+    # with who said it and when the platform last edited it; a speaker's lines
+    # are found across channels (consent, forget) by a partial index that
+    # people's own recall (speaker NULL) does not fill. Consent: one row per
+    # speaker who chose.
+    _run(
+        conn,
+        "ALTER TABLE messages ADD COLUMN speaker TEXT",
+        "ALTER TABLE messages ADD COLUMN speaker_name TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE messages ADD COLUMN edited_at REAL",
+        "CREATE INDEX messages_speaker ON messages (speaker, agent_id, seq) WHERE speaker IS NOT NULL",
+        """CREATE TABLE channel_consent (
+            speaker TEXT PRIMARY KEY,
+            keep INTEGER NOT NULL,
+            set_at REAL NOT NULL
+        ) WITHOUT ROWID""",
+    )
