@@ -111,6 +111,10 @@ class UserMessage(Event):
     text: str
     display_name: str = ""
     channel: str = ""
+    # The workspace or guild the place belongs to (a Slack team receiving the event, a
+    # Discord guild id); "" in a DM. With the place it names the channel's memory
+    # (bot/channels/port.py ChannelRef). Adapters set it.
+    workspace: str = ""
     # The last messages of the channel or thread before this one (oldest
     # first), read by the adapter with the bot's own permissions; empty in a DM.
     channel_context: list[ChannelLine] = field(default_factory=list)

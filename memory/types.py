@@ -95,6 +95,9 @@ class BlockLine:
     written_at: datetime = field(default_factory=utc_now)
     id: str = field(default_factory=new_line_id)
     shared: bool = False
+    # Whose message the line came from, by agent key, in a channel's notes (the
+    # `channel` block of its memory): forgetting that person removes it. "" elsewhere.
+    speaker: str = ""
 
     def record(self) -> dict[str, Any]:
         """The line as both backends store it (times in microseconds, as MongoDB keeps every time)."""
@@ -104,12 +107,14 @@ class BlockLine:
             "place": self.place,
             "written_at": round(self.written_at.timestamp() * 1_000_000),
             "shared": self.shared,
+            **({"speaker": self.speaker} if self.speaker else {}),
         }
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> BlockLine:
         written = datetime.fromtimestamp(record["written_at"] / 1_000_000, UTC)
-        return cls(record["text"], record["place"], written, record["id"], bool(record.get("shared", False)))
+        shared = bool(record.get("shared", False))
+        return cls(record["text"], record["place"], written, record["id"], shared, str(record.get("speaker", "")))
 
 
 def text_lines(text: str, place: str, written_at: datetime | None = None) -> list[BlockLine]:
