@@ -31,7 +31,7 @@ class ChannelRef:
 
     @property
     def key(self) -> str:
-        """"slack:T01:C02": what the channel's memory is stored under (memory/channels.py)."""
+        """What the channel's memory is stored under, e.g. "slack:T01:C02" (memory/channels.py)."""
         return f"{self.platform}:{self.workspace}:{self.place.id}"
 
 
