@@ -102,7 +102,7 @@ class Agent:
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""
-        self._failed: set[str] = set()  # the functions that failed on the last step (_execute)
+        self._failed: dict[str, str] = {}  # the functions that failed on the last step, with why (_execute)
 
     @property
     def store(self) -> Store:
@@ -353,7 +353,7 @@ class Agent:
             # running it blind a second time (a fact saved twice, two reminders).
             await self.record_messages(produced)
             produced = []
-        heartbeat, self._failed = False, set()
+        heartbeat, self._failed = False, {}
         for call in calls:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
@@ -371,7 +371,7 @@ class Agent:
                 ok, result, asks_heartbeat = False, f"{call.name} failed: {type(error).__name__}: {error}"[:500], True
             heartbeat = heartbeat or asks_heartbeat
             if not ok:
-                self._failed.add(call.name)
+                self._failed[call.name] = result
             # A function with nothing to tell (send_message) gives its status alone.
             body = {"status": "OK" if ok else "Failed"} | ({"result": result} if result else {})
             produced.append(

@@ -78,6 +78,25 @@ async def test_a_function_that_keeps_failing_ends_the_chain(
     assert [bool(request.get("tools")) for request in llm_server.requests] == [True] * FAILED_STEPS_IN_A_ROW + [False]
 
 
+async def test_a_function_failing_twice_with_the_same_error_ends_the_chain(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 asked for a block "user" step after step, each time told which blocks there are:
+    # it did not act on the error, so a third try would be no better.
+    def the_same_missing_block(request: dict[str, Any]) -> CompletionReply:
+        if not request.get("tools"):
+            return reply_text("Hello Dana.")
+        arguments = {"name": "user", "content": f"Dana {len(request['messages'])}.", "request_heartbeat": True}
+        return reply_tool_calls(tool_call("core_memory_append", arguments))
+
+    llm_server.set_handler(the_same_missing_block)
+    runtime = await make_runtime(max_steps_per_event=8)
+    result = await runtime.handle_with_details(said("I'm Dana"))
+    assert [r.text for r in result.replies] == ["Hello Dana."] and result.trouble is None
+    assert result.looped and result.steps == 2
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, True, False]
+
+
 SILENT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
 
 
