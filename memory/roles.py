@@ -233,6 +233,9 @@ class ChannelStore(Protocol):
     async def channel_consent(self, speakers: Collection[str]) -> dict[str, bool]:
         """The recorded choice of each of `speakers` that made one, in one read."""
 
+    async def list_channel_consent(self) -> list[tuple[str, bool, datetime]]:
+        """Every recorded choice, (speaker, keep, set at), by speaker (cli/migrate.py copies them)."""
+
 
 @runtime_checkable
 class PassageStore(Protocol):
