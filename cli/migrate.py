@@ -168,9 +168,9 @@ async def _copy_user_settings(source: Store, target: Store, keys: list[str], rep
     for speaker, keep, at in choices:
         await target.set_channel_consent(speaker, keep, at)
         report.consents += 1
-    copied = {speaker: (keep, at) for speaker, keep, at in await target.list_channel_consent()}
+    in_target = {speaker: (keep, at) for speaker, keep, at in await target.list_channel_consent()}
     for speaker, keep, at in choices:
-        held = copied.get(speaker)
+        held = in_target.get(speaker)
         # Times to the millisecond: SQLite keeps float seconds, MongoDB microseconds.
         if held is None or held[0] != keep or abs((held[1] - at).total_seconds()) > 0.001:
             report.problems.append(f"the channel memory choice of {speaker} differs in the target")
