@@ -136,6 +136,8 @@ class Settings:
     # many tokens of them in the prompt.
     channel_context_messages: int = 20
     channel_context_tokens: int = 1_200
+    # Days a channel's memory keeps each line (bot/forgetting/retention.py); 0: until forgotten.
+    channel_retention_days: int = 90
     checkins: CheckinSettings = field(default_factory=CheckinSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     # The merged environment (.env under the process environment), for the
@@ -410,6 +412,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_METRICS_HOST", "metrics_host", text),
     Spec("MEMGPT_CHANNEL_CONTEXT_MESSAGES", "channel_context_messages", whole(1, 100, zero="no channel context")),
     Spec("MEMGPT_CHANNEL_CONTEXT_TOKENS", "channel_context_tokens", whole(100, 20_000)),
+    Spec("MEMGPT_CHANNEL_RETENTION_DAYS", "channel_retention_days", whole(1, 36_500, zero="keep until forgotten")),
 )
 
 

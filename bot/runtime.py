@@ -24,6 +24,7 @@ from bot.durable.outbox import Outbox
 from bot.durable.redelivery import Sender
 from bot.events import Event
 from bot.forgetting.commands import LedgerCommands
+from bot.forgetting.retention import ChannelRetention
 from bot.functions.core import build_core_functions
 from bot.functions.forget import register_forget_functions
 from bot.limits import UsageLimits
@@ -34,6 +35,7 @@ from bot.services import AgentServices
 from bot.settings import CheckinSettings
 from memory.archival import ArchivalMemory
 from memory.backends import open_store, sqlite_url
+from memory.channels import ChannelMemory
 from memory.embeddings import Embedder
 from memory.places import DM, DM_KEY
 from memory.recall import RecallMemory
@@ -109,6 +111,9 @@ class Runtime(LedgerCommands):
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
         )
         self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (cli/app.py)
+        # What channels keep of what their members say (memory/channels.py), and for how long.
+        self.channel_memory = ChannelMemory(store, self.recall)
+        self.retention = ChannelRetention(self.channel_memory, settings.channel_retention_days)
         # Inbound events and outgoing replies survive a crash (bot/durable/).
         self.inbox = Inbox(store, leases=self.leases)
         self.outbox = Outbox(store, leases=self.leases)
@@ -191,7 +196,15 @@ class Runtime(LedgerCommands):
             await self.store.flush_deleted()
             return record is not None or removed > 0
 
-        return await self.doors.admin(key, forgetting)
+        held = await self.doors.admin(key, forgetting)
+        # What channels kept of them, and its copies in other people's memories
+        # (bot/forgetting/channels.py). An "off" choice outlives the forget: forgetting
+        # them must not start keeping what they say again; an "on" is the default, and goes.
+        erased = await self.erase_in_channels(key)
+        if (await self.channel_memory.consent([key])).get(key):
+            await self.channel_memory.set_consent(key, None)
+            await self.store.flush_deleted()
+        return held or erased.lines > 0 or erased.notes > 0
 
     async def share_line(self, key: str, label: str, line_id: str) -> Block:
         """Show one working-context line of this user's everywhere (their choice, from /memory).
@@ -227,6 +240,10 @@ class Runtime(LedgerCommands):
         and hears when a person wrote. None, None: disconnected, at shutdown."""
         self.store_wait.notify = deliver
         self.scheduler = scheduler
+        if deliver is None and scheduler is None:
+            self.retention.cancel()
+        else:
+            self.retention.start()  # MEMGPT_CHANNEL_RETENTION_DAYS (bot/forgetting/retention.py)
         self.doors.on_active = scheduler.user_active if scheduler is not None else None
 
     async def _schedules_changed(self) -> None:
@@ -313,6 +330,7 @@ class Runtime(LedgerCommands):
         return await self.doors.admin(key, importing)
 
     async def close(self, *, close_embedder: bool = True) -> None:
+        await self.retention.stop()
         await self.archival.settle_all()
         await self.recall.close()
         await self.llm.close()

@@ -127,6 +127,21 @@ class ChannelMemory:
             self.recall.embed_later(memory_id, GATHER)
         return bool(stored)
 
+    async def keep_with_consent(self, line: ChannelLine, default: bool = True) -> bool:
+        """Keep `line` if its speaker lets channels keep what they say (their
+        recorded choice, else `default`). A choice of "off" recorded while the
+        line was being appended takes it out again: an opt-out writes its
+        choice before deleting, so whichever of the two comes second sees
+        the other, and no line of theirs outlives it."""
+        if not (await self.consent([line.speaker])).get(line.speaker, default):
+            return False
+        if not await self.keep(line):
+            return False
+        if not (await self.consent([line.speaker])).get(line.speaker, default):
+            await self.delete(line.channel, line.message_id)
+            return False
+        return True
+
     async def edit(self, channel: str, message_id: str, text: str, edited_at: datetime) -> bool:
         """A platform edit: the line's new text (searched and embedded anew). False if it was never kept."""
         memory_id = await self._memory_id(channel)

@@ -213,8 +213,7 @@ class ChannelStore(Protocol):
         """Delete the agent's messages recorded for these event ids; how many went."""
 
     async def speaker_messages(self, speaker: str, *, agent_id: str | None = None) -> list[tuple[str, Message]]:
-        """Every message of `speaker` (an agent key) in every agent, or only in
-        `agent_id`, as (agent key, message), by agent key and seq."""
+        """Every message of `speaker` (an agent key) in every agent, or in `agent_id`: (agent key, message)s."""
 
     async def speaker_message_counts(self, speaker: str) -> dict[str, int]:
         """How many messages of `speaker` each agent holds, by agent key (none: absent)."""
@@ -223,8 +222,7 @@ class ChannelStore(Protocol):
         """Delete every message of `speaker` (in every agent, or only in `agent_id`); how many went."""
 
     async def prune_messages(self, key_prefix: str, before: datetime) -> int:
-        """Retention: delete the messages said before `before` of every agent
-        whose key starts with `key_prefix` (channel memories); how many went."""
+        """Retention: delete what agents keyed `key_prefix`... (channels) hold from before `before`; how many."""
 
     async def set_channel_consent(self, speaker: str, keep: bool | None, at: datetime) -> None:
         """Record whether channel memories may keep what `speaker` says (None:
@@ -232,6 +230,9 @@ class ChannelStore(Protocol):
 
     async def channel_consent(self, speakers: Collection[str]) -> dict[str, bool]:
         """The recorded choice of each of `speakers` that made one, in one read."""
+
+    async def list_channel_consent(self) -> list[tuple[str, bool, datetime]]:
+        """Every recorded choice, (speaker, keep, set at), by speaker (for cli/migrate.py)."""
 
 
 @runtime_checkable

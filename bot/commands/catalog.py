@@ -1,8 +1,9 @@
 """The slash commands, each defined once: `/memory` (the ledger, item by item,
 with a button to forget each and to share a note; `page`, `search`, `forget`,
-`share`), `/forget` (everything, or `about` one topic, after a question with
-two buttons) and `/checkin` (scheduled check-ins), with every string they
-show. The platforms parse into these and render what they answer."""
+`share`, and `channels on|off|show`: what channel memories may keep of them),
+`/forget` (everything, or `about` one topic, after a question with two
+buttons) and `/checkin` (scheduled check-ins), with every string they show.
+The platforms parse into these and render what they answer."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ NOTHING_HELD = "I hold nothing on you."
 MEMORY_FAILED = "Sorry, I couldn't read my memory just now. Please try again later."
 FORGET_QUESTION = (
     "**Forget everything I know about you?** This deletes our conversation history, what I noted "
-    "about you and the files you shared with me. It cannot be undone."
+    "about you, the files you shared with me, and what channels kept of what you said there. "
+    "It cannot be undone. (If you turned channel memory off, it stays off.)"
 )
 FORGET_WORKING = "Deleting everything I hold on you…"
 FORGET_ABOUT_WORKING = "Deleting all of this…"
@@ -36,6 +38,9 @@ CANCEL = Button("forget_cancel", "", "Cancel")
 async def memory(port: CommandPort, caller: Caller, args: Args) -> Answer:
     if "search" in args:
         return Answer(await port.search_memory(caller.key, str(args["search"])))
+    if "channels" in args:  # "on", "off", or "show" ("", where a platform can send it: Slack)
+        choice = str(args["channels"]).strip()
+        return Answer(await port.channel_setting(caller.key, "" if choice.lower() == "show" else choice))
     for verb in ("forget", "share"):
         item = str(args.get(verb, "")).strip()
         if item:  # the text way to a button
@@ -108,6 +113,7 @@ COMMANDS: dict[str, SlashCommand] = {
                 Option("forget", "the id of one item to forget, e.g. passage:12"),
                 Option("share", "the id of a note to let be known everywhere"),
                 Option("search", "words to search your memory for, as I search it"),
+                Option("channels", "off: channels keep nothing you say (and forget it); on: they may; show"),
             ),
         ),
         SlashCommand(

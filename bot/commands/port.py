@@ -39,6 +39,12 @@ class CommandPort(Protocol):
         """Forget everything about `about`, everywhere."""
         ...
 
+    async def channel_setting(self, key: str, choice: str = "") -> str:
+        """`/memory channels off|on`: whether channels may keep what the person says
+        (off: recorded, then what they kept is deleted); "": the setting and what
+        each channel holds of them. The answer."""
+        ...
+
     async def forget(self, key: str) -> bool:
         """Delete everything held on this person; whether there was anything."""
         ...

@@ -19,7 +19,7 @@ from datetime import datetime
 from pymongo import ASCENDING, IndexModel
 from pymongo.errors import DuplicateKeyError
 
-from memory.mongo.base import Doc, to_us
+from memory.mongo.base import Doc, from_us, to_us
 from memory.mongo.capabilities import guarded
 from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.keywords import words
@@ -126,6 +126,11 @@ class MongoChannels(MongoForgetting):
             return {}
         cursor = self._c("channel_consent").find({"_id": {"$in": sorted(set(speakers))}})
         return {doc["_id"]: bool(doc["keep"]) async for doc in cursor}
+
+    @guarded
+    async def list_channel_consent(self) -> list[tuple[str, bool, datetime]]:
+        cursor = self._c("channel_consent").find({}).sort("_id", 1)
+        return [(doc["_id"], bool(doc["keep"]), from_us(doc["set_at"])) async for doc in cursor]
 
 
 def _speaker_where(speaker: str, agent_id: str | None) -> Doc:

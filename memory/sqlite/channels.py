@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from memory.sqlite.base import SQLiteBase, to_ts
+from memory.sqlite.base import SQLiteBase, from_ts, to_ts
 from memory.sqlite.recall import MessageSearch
 from memory.types import Message, prefix_end
 
@@ -116,6 +116,10 @@ class SQLiteChannels(SQLiteBase):
             return {}
         sql = "SELECT speaker, keep FROM channel_consent WHERE speaker IN (SELECT value FROM json_each(?))"
         return {speaker: bool(keep) for speaker, keep in await self._rows(sql, json.dumps(sorted(set(speakers))))}
+
+    async def list_channel_consent(self) -> list[tuple[str, bool, datetime]]:
+        rows = await self._rows("SELECT speaker, keep, set_at FROM channel_consent ORDER BY speaker")
+        return [(speaker, bool(keep), from_ts(at)) for speaker, keep, at in rows]
 
 
 def _speaker_where(speaker: str, agent_id: str | None, alias: str = "") -> tuple[str, tuple[str, ...]]:
