@@ -34,6 +34,8 @@ from bot.services import AgentServices
 from bot.settings import CheckinSettings
 from memory.archival import ArchivalMemory
 from memory.backends import open_store, sqlite_url
+from memory.channel_notes import ChannelNotes
+from memory.channels import ChannelMemory
 from memory.embeddings import Embedder
 from memory.places import DM, DM_KEY
 from memory.recall import RecallMemory
@@ -74,6 +76,8 @@ class Runtime(LedgerCommands):
         # Recall is embedded lazily, by the same embedder, when an agent searches it.
         self.recall = RecallMemory(store, self.archival.embedder)
         counter = counter or TokenCounter(load_encoder(settings.model, settings.fallback_encoding))
+        # What channels remember (docs/channel_memory.md): searched from a channel, with its notes.
+        self.channel_memory = ChannelMemory(store, self.recall)
         self.services = AgentServices(
             store=store,
             archival=self.archival,
@@ -96,6 +100,8 @@ class Runtime(LedgerCommands):
             channel_context_tokens=settings.channel_context_tokens,
             plain_text_replies=settings.plain_text_replies,
             message_time_budget=settings.message_time_budget,
+            channels=self.channel_memory,
+            channel_notes=ChannelNotes(self.channel_memory, settings.channel_notes_limit),
         )
         # Several bot processes on one database: one of them works on an agent
         # at a time (bot/durable/leases.py); a no-op for a single process.
