@@ -15,7 +15,7 @@ before a line), deletion with index entries and embeddings, and the copy
 between stores (cli/migrate.py). What a channel needs beyond that is the
 ChannelStore role (memory/roles.py): edits and deletions by message id, a
 speaker's lines across channels, retention, consent. A channel memory's agent
-record has no blocks yet: a channel's notes can be its working context.
+record holds one block, the channel's notes (memory/channel_notes.py).
 
 Scope. Every read names one channel key, which holds the platform and the
 workspace or guild (`channel_key`): nothing of another channel, workspace or
