@@ -35,6 +35,7 @@ from bot.services import AgentServices
 from bot.settings import CheckinSettings
 from memory.archival import ArchivalMemory
 from memory.backends import open_store, sqlite_url
+from memory.channel_notes import ChannelNotes
 from memory.channels import ChannelMemory
 from memory.embeddings import Embedder
 from memory.places import DM, DM_KEY
@@ -76,6 +77,9 @@ class Runtime(LedgerCommands):
         # Recall is embedded lazily, by the same embedder, when an agent searches it.
         self.recall = RecallMemory(store, self.archival.embedder)
         counter = counter or TokenCounter(load_encoder(settings.model, settings.fallback_encoding))
+        # What channels keep of what their members say (docs/channel_memory.md): searched from
+        # a channel, with its notes.
+        self.channel_memory = ChannelMemory(store, self.recall)
         self.services = AgentServices(
             store=store,
             archival=self.archival,
@@ -98,6 +102,8 @@ class Runtime(LedgerCommands):
             channel_context_tokens=settings.channel_context_tokens,
             plain_text_replies=settings.plain_text_replies,
             message_time_budget=settings.message_time_budget,
+            channels=self.channel_memory,
+            channel_notes=ChannelNotes(self.channel_memory, settings.channel_notes_limit),
         )
         # Several bot processes on one database: one of them works on an agent
         # at a time (bot/durable/leases.py); a no-op for a single process.
@@ -111,8 +117,7 @@ class Runtime(LedgerCommands):
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
         )
         self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (cli/app.py)
-        # What channels keep of what their members say (memory/channels.py), and for how long.
-        self.channel_memory = ChannelMemory(store, self.recall)
+        # How long channels keep what their members say (bot/forgetting/retention.py).
         self.retention = ChannelRetention(self.channel_memory, settings.channel_retention_days)
         # Inbound events and outgoing replies survive a crash (bot/durable/).
         self.inbox = Inbox(store, leases=self.leases)
