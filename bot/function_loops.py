@@ -8,9 +8,10 @@ at once; the last request then answers the person (bot/agent_calls.py: plain_ans
   core_memory_append and core_memory_replace on blocks named after words of the message,
   eight steps of three requests each, every message). Fewer would cut off a model that
   reads the errors and corrects itself (a reminder's time on the fourth try);
-- a function fails on two steps in a row with the same error: the model did not act on
-  what the first said (SmolLM2 asked for a block "user" five steps running, told each
-  time the blocks are persona, human and private), so its next try is no better.
+- a function fails on two steps in a row with the same error, the values it quotes aside:
+  the model did not act on what the first said (SmolLM2 asked for blocks "user", "Dana",
+  "dana" step after step, told each time the blocks are persona, human and private),
+  so its next try is no better.
 
 Made only once a chain goes past its first step: the usual one-step answer never comes here.
 """
@@ -18,11 +19,13 @@ Made only once a chain goes past its first step: the usual one-step answer never
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
 from bot.llm import Completion
 
 FAILED_STEPS_IN_A_ROW = 4
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
 
 
 def _calls(completion: Completion) -> set[tuple[str, str]]:
@@ -36,6 +39,12 @@ def _same_arguments(arguments: str) -> str:
         return json.dumps(json.loads(arguments), sort_keys=True)
     except ValueError:
         return arguments
+
+
+def _kind(error: str) -> str:
+    """An error without the values it quotes: "No memory block named 'Dana'" and "... 'dana'"
+    are one mistake made again."""
+    return _QUOTED.sub("", error)
 
 
 class FunctionLoops:
@@ -54,8 +63,9 @@ class FunctionLoops:
         failed on too many steps in a row, or as before ("": nothing)."""
         self.made |= _calls(completion)
         self.failing = {name: self.failing.get(name, 0) + 1 for name in failed}
-        same = sorted(name for name, error in failed.items() if self.errors.get(name) == error)
-        self.errors = dict(failed)
+        kinds = {name: _kind(error) for name, error in failed.items()}
+        same = sorted(name for name, kind in kinds.items() if self.errors.get(name) == kind)
+        self.errors = kinds
         if same:
             return f"{same[0]} failed again with the same error"
         again = sorted(name for name, steps in self.failing.items() if steps >= FAILED_STEPS_IN_A_ROW)
