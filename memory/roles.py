@@ -233,6 +233,18 @@ class ChannelStore(Protocol):
     async def channel_consent(self, speakers: Collection[str]) -> dict[str, bool]:
         """The recorded choice of each of `speakers` that made one, in one read."""
 
+    # A channel's mode (bot/channels/port.py Mode), set by the people who manage it.
+    async def set_channel_mode(self, channel: str, mode: str, at: datetime) -> None:
+        """Record `channel`'s mode (by channel key); setting "mention" re-arms its
+        listening notice, so the next time it listens the bot says so again."""
+
+    async def channel_mode(self, channel: str) -> str | None:
+        """The mode recorded for `channel`; None when nobody set one (the operator's setting holds)."""
+
+    async def claim_channel_notice(self, channel: str, at: datetime) -> bool:
+        """Whether this caller is the one to say that `channel` now listens: True once
+        (across processes: a compare-and-set) until a "mention" re-arms it."""
+
 
 @runtime_checkable
 class PassageStore(Protocol):
