@@ -25,6 +25,7 @@ from adapters.discord import DiscordAdapter, DiscordConfig
 from bot.channels.listening import LISTENING_NOTICE
 from bot.channels.port import ChannelRef
 from bot.commands.catalog import CHANNEL_IN_DM, CHANNEL_NOT_MANAGER
+from bot.errors import ConfigError
 from bot.events import Place
 from bot.runtime import Runtime
 from tests.conftest import RuntimeFactory
@@ -220,3 +221,10 @@ async def test_channel_sets_the_mode_for_managers_an_opt_out_is_respected_and_a_
     await eventually(kept_again)
     assert notices(fake) == [general["id"]]
     assert llm_server.requests == []
+
+
+def test_the_listening_setting() -> None:
+    config = DiscordConfig.from_env({"DISCORD_TOKEN": "t", "DISCORD_LISTEN_CHANNELS": "123, 456,"})
+    assert config is not None and config.listen_channels == {123, 456}
+    with pytest.raises(ConfigError, match="DISCORD_LISTEN_CHANNELS"):
+        DiscordConfig.from_env({"DISCORD_TOKEN": "t", "DISCORD_LISTEN_CHANNELS": "#general"})

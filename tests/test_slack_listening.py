@@ -12,10 +12,15 @@ import json
 from typing import Any
 from urllib.parse import urlencode
 
+import pytest
+
+from adapters.channels import default_mode
+from adapters.slack import SlackConfig
 from adapters.slack.format import time_of
 from bot.channels.listening import LISTENING_NOTICE
 from bot.channels.port import ChannelRef
 from bot.commands.catalog import CHANNEL_IN_DM, CHANNEL_NOT_MANAGER
+from bot.errors import ConfigError
 from bot.events import Place
 from tests import test_slack_adapter as slack_tests
 from tests.fake_llm import FakeLLMServer, say
@@ -104,7 +109,7 @@ async def test_a_listening_channel_keeps_every_line_before_the_ack_and_answers_o
     assert bobs[1].message_id == ts
 
     assert await bot.event(said("and the venue is the old mill")) == 200
-    await bot.slack.wait_for("chat.postMessage", 2)
+    await bot.adapter.pipeline.drain()  # a notice would be posted from a task of the pipeline's
     assert [x.text for x in await memory.speaker_lines(ALICE)][-1] == "and the venue is the old mill"
     assert notices(bot.slack) == ["C1"]  # said once
     assert len(llm_server.requests) == 1
@@ -231,3 +236,26 @@ async def test_channel_shows_and_sets_the_mode_for_managers_and_a_restart_keeps_
     assert "*open* mode" in await command(again, "open", user="U3")
     await eventually(lambda: notices(again.slack) == ["C1", "C1"])
     assert [line.text for line in await again.runtime.channel_memory.speaker_lines(ALICE)] == ["the launch is on May 3"]
+
+
+def test_the_listening_settings_and_the_modes_they_give() -> None:
+    env = {
+        "SLACK_BOT_TOKEN": "xoxb-1",
+        "SLACK_SIGNING_SECRET": "s",
+        "SLACK_ALWAYS_ON_CHANNELS": "C5",
+        "SLACK_LISTEN_CHANNELS": " C6, G6 ,",
+        "SLACK_CHANNEL_MANAGERS": "U7,W8",
+    }
+    parsed = SlackConfig.from_env(env)
+    assert parsed is not None
+    assert parsed.listen_channels == {"C6", "G6"} and parsed.channel_managers == {"U7", "W8"}
+    assert [default_mode(parsed.always_on_channels, parsed.listen_channels, c) for c in ("C5", "C6", "C7")] == [
+        "open",
+        "listen",
+        "mention",
+    ]
+    assert default_mode({1}, {2}, 9, parent=2) == "listen"  # a thread inherits its channel's
+    with pytest.raises(ConfigError, match=r"SLACK_LISTEN_CHANNELS.*'#general'"):
+        SlackConfig.from_env({**env, "SLACK_LISTEN_CHANNELS": "#general"})
+    with pytest.raises(ConfigError, match=r"SLACK_CHANNEL_MANAGERS.*'alice'"):
+        SlackConfig.from_env({**env, "SLACK_CHANNEL_MANAGERS": "alice"})
