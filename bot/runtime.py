@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.agent import Agent, EventResult
+from bot.channels.listening import ChannelListener
 from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
 from bot.config import Settings
@@ -141,6 +142,16 @@ class Runtime(LedgerCommands):
         self.handle, self.turn, self.deliver, self.settle = doors.handle, doors.turn, doors.deliver, doors.settle
         self.receive, self.finished, self.leftovers = doors.receive, doors.finished, self.inbox.leftovers
         self.report_delivery, self.file_notice = self.outbox.report, self.outbox.file_notice
+        # What channels say, kept for each channel (memory/channels.py), and the channel port
+        # (bot/channels/): modes, and lines heard in listening channels. No agent, no LLM.
+        self.channel_memory = ChannelMemory(store, self.recall)
+        self.channels = ChannelListener(self.channel_memory)
+        self.channel_mode, self.set_channel_mode = self.channels.channel_mode, self.channels.set_mode
+        self.hear, self.heard_edit, self.heard_delete = (
+            self.channels.hear,
+            self.channels.heard_edit,
+            self.channels.heard_delete,
+        )
         # MEMGPT_DEBOUNCE_SECONDS, for the adapters' debouncers (bot/durable/debounce.py).
         self.debounce_seconds = settings.debounce_seconds
 

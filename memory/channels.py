@@ -147,13 +147,14 @@ class ChannelMemory:
             self.recall.embed_later(memory_id, GATHER)
         return bool(stored)
 
-    async def keep_with_consent(self, line: ChannelLine, default: bool = True) -> bool:
+    async def keep_with_consent(self, line: ChannelLine, default: bool = True, *, asked: bool = False) -> bool:
         """Keep `line` if its speaker lets channels keep what they say (their
-        recorded choice, else `default`). A choice of "off" recorded while the
-        line was being appended takes it out again: an opt-out writes its
-        choice before deleting, so whichever of the two comes second sees
-        the other, and no line of theirs outlives it."""
-        if not (await self.consent([line.speaker])).get(line.speaker, default):
+        recorded choice, else `default`; `asked`: the caller knows they did, from
+        a cache). A choice of "off" recorded while the line was being appended
+        takes it out again: an opt-out writes its choice before deleting, so
+        whichever of the two comes second sees the other, and no line of theirs
+        outlives it."""
+        if not asked and not (await self.consent([line.speaker])).get(line.speaker, default):
             return False
         if not await self.keep(line):
             return False
