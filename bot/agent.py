@@ -428,10 +428,10 @@ class Agent:
             f"memory {round(100 * self.queue.pressure())}% full; recall {self.recall_count} messages, "
             f"archival {self.archival_count} passages"
         )
-        # Every event's line opens with its time: the clock is news only once it has moved on.
-        now = stamp(utc_now())
-        if self.current_event is None or stamp(self.current_event.created_at) != now:
-            status += f"; now {now}"
+        # Every event's line opens with its time (to the minute): the clock is news only once it moved on.
+        now, event = utc_now(), self.current_event
+        if event is None or event.created_at.replace(second=0, microsecond=0) != now.replace(second=0, microsecond=0):
+            status += f"; now {stamp(now)}"
         return f"{status}\n{self._channel_context}" if self._channel_context else status
 
     # -- memory operations used by the functions ------------------------------

@@ -208,9 +208,8 @@ class QueueManager:
         self.working_context_tokens = max(self.counter.count(self.working_context), self.counter.count(rendered))
 
     def append(self, *messages: Message) -> None:
-        for message in messages:
-            payload = payload_of(message)
-            tokens = self.counter.count_message(payload)
+        payloads = [payload_of(message) for message in messages]
+        for message, payload, tokens in zip(messages, payloads, self.counter.count_messages(payloads), strict=True):
             if tokens > self.max_item_tokens:
                 payload, tokens = self._shortened(payload, tokens)
             self.entries.append(QueueEntry(message, payload, tokens))

@@ -173,6 +173,10 @@ class TokenCounter:
             tokens = self._short[text] = len(self.encoder.encode_ordinary(text))
         return tokens
 
+    def count_messages(self, messages: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Each message's tokens, as count_message counts them."""
+        return [self.count_message(message) for message in messages]
+
     def count_message(self, message: Mapping[str, Any]) -> int:
         """One chat message: role, content, name, tool calls and their ids."""
         total = TOKENS_PER_MESSAGE + self.count(str(message.get("role", "")))
