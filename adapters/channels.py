@@ -1,5 +1,7 @@
-"""What both platform adapters decide the same way about a channel: whether
-the bot answers every message there (always-on channels, from a setting), and
+"""What both platform adapters decide the same way about a channel: its mode by
+the operator's settings (always-on channels are `open`, listening channels
+`listen`, the rest `mention`; a thread inherits its channel's; a manager's
+/channel overrides them, bot/channels/), and
 how much of its recent conversation it reads when answering there (channel
 context, read with each platform's own API: a failure there costs the context,
 never the answer, and is logged once per channel).
@@ -13,6 +15,7 @@ from typing import TypeVar
 
 from cachetools import LRUCache
 
+from bot.channels.port import Mode
 from bot.config import setting
 from bot.errors import ConfigError
 from bot.events import ChannelLine
@@ -37,6 +40,18 @@ def always_on(ids: Collection[Id], channel: Id | None, parent: Id | None = None)
     """Whether a message in `channel` (a thread of `parent`, if given) is for the bot
     without a mention: a thread inherits its parent channel's setting."""
     return (channel is not None and channel in ids) or (parent is not None and parent in ids)
+
+
+def default_mode(
+    open_ids: Collection[Id], listen_ids: Collection[Id], channel: Id | None, parent: Id | None = None
+) -> Mode:
+    """A channel's mode by the operator's settings (SLACK_/DISCORD_ALWAYS_ON_CHANNELS: open;
+    SLACK_/DISCORD_LISTEN_CHANNELS: listen); a thread of `parent` inherits its mode."""
+    if always_on(open_ids, channel, parent):
+        return "open"
+    if always_on(listen_ids, channel, parent):
+        return "listen"
+    return "mention"
 
 
 def context_messages(env: Mapping[str, str]) -> int:

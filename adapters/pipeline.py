@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from functools import partial
@@ -228,8 +228,11 @@ class Pipeline:
 
     def _start(self, burst: Burst[Arrival], *, early: bool = False) -> asyncio.Task[None]:
         # Our own task (not the platform library's) so close() can wait for it.
-        name = f"{self.platform.name}-event-{burst.members[0].event_id}"
-        task = asyncio.create_task(self._process(burst, early), name=name)
+        return self._track(self._process(burst, early), f"{self.platform.name}-event-{burst.members[0].event_id}")
+
+    def _track(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """A task of this pipeline's: `drain` and `close` wait for it."""
+        task = asyncio.create_task(work, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
@@ -317,6 +320,11 @@ class Pipeline:
         if finish is not None and replies:
             report = finish.with_report_of(replies[-1], report)
         await self.bot.deliver(replies, partial(self.platform.send, answering=answering), report)
+
+    def send_later(self, replies: Sequence[Reply]) -> None:
+        """Deliver replies that answer no event (the listening notice) from a task of the
+        pipeline's, so the platform's acknowledgement does not wait for them."""
+        self._track(self.deliver(replies), f"{self.platform.name}-say")
 
     # -- crash recovery ------------------------------------------------------------
     def hold_new_events(self) -> None:

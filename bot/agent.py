@@ -20,10 +20,12 @@ from dataclasses import dataclass, field
 
 from bot.agent_calls import AgentCalls
 from bot.channel_context import render_channel_context
+from bot.channels.notes import channel_news
 from bot.conversation import INTERRUPTED_RESULT, Conversation, interrupted_calls, open_conversation
 from bot.durable.outbox import outbox_entry, seen_by_a_later_run, unconfirmed
 from bot.events import Event, Reply, UserMessage, stamp
 from bot.function_loops import FunctionLoops
+from bot.functions.registry import ShownNow
 from bot.llm import Completion, LLMUnavailableError, TokenUsage
 from bot.llm.types import ToolCall
 from bot.services import AgentServices
@@ -102,7 +104,7 @@ class Agent:
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""
-        self._failed: set[str] = set()  # the functions that failed on the last step (_execute)
+        self._failed: dict[str, str] = {}  # the functions that failed on the last step, with why (_execute)
 
     @property
     def store(self) -> Store:
@@ -220,6 +222,8 @@ class Agent:
             self._channel_context = render_channel_context(
                 event, self.services.counter, self.services.channel_context_tokens
             )
+        if not event.place.is_dm:  # the channel's notes, and their news (a DM has none)
+            self._channel_context = await channel_news(self, event, self._channel_context)
         self.calls.start_event()
         self._best_text = ""
         # A flush keeps this event's message if it can (memory/queue_manager.py).
@@ -353,7 +357,7 @@ class Agent:
             # running it blind a second time (a fact saved twice, two reminders).
             await self.record_messages(produced)
             produced = []
-        heartbeat, self._failed = False, set()
+        heartbeat, self._failed = False, {}
         for call in calls:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
@@ -371,12 +375,14 @@ class Agent:
                 ok, result, asks_heartbeat = False, f"{call.name} failed: {type(error).__name__}: {error}"[:500], True
             heartbeat = heartbeat or asks_heartbeat
             if not ok:
-                self._failed.add(call.name)
+                self._failed[call.name] = result
             # A function with nothing to tell (send_message) gives its status alone.
             body = {"status": "OK" if ok else "Failed"} | ({"result": result} if result else {})
-            produced.append(
-                Message(role="tool", tool_call_id=call.id, name=call.name, content=json.dumps(body, ensure_ascii=False))
-            )
+            content = json.dumps(body, ensure_ascii=False)
+            message = Message(role="tool", tool_call_id=call.id, name=call.name, content=content)
+            if isinstance(result, ShownNow):  # the model reads it now; recall keeps `kept` (bot/channels/recall.py)
+                message.shown, message.content = content, json.dumps(body | {"result": result.kept}, ensure_ascii=False)
+            produced.append(message)
         if not calls and not self._outbox and self._awaits_answer() and (completion.content or "").strip():
             # Plain text reaches nobody; tell the model once per step and let it retry.
             # (On ticks, joins and alerts silence is a valid choice: no nudge. Nor after an

@@ -89,6 +89,8 @@ class Settings:
     human_limit: int = 2_000
     # The private block (shown only in DMs, memory/working_context.py).
     private_limit: int = 1_000
+    # A channel's notes (memory/channel_notes.py), shown to whoever's agent answers there.
+    channel_notes_limit: int = 1_000
     search_page_size: int = 5
     # A queue item longer than this is shown to the model shortened, with a
     # note (it stays whole in recall storage); 0: a quarter of the usable window.
@@ -136,6 +138,8 @@ class Settings:
     # many tokens of them in the prompt.
     channel_context_messages: int = 20
     channel_context_tokens: int = 1_200
+    # Days a channel's memory keeps each line (bot/forgetting/retention.py); 0: until forgotten.
+    channel_retention_days: int = 90
     checkins: CheckinSettings = field(default_factory=CheckinSettings)
     leases: LeaseSettings = field(default_factory=LeaseSettings)
     # The merged environment (.env under the process environment), for the
@@ -379,6 +383,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_PERSONA_LIMIT", "persona_limit", _block_limit(_persona)),
     Spec("MEMGPT_HUMAN_LIMIT", "human_limit", _block_limit(_human)),
     Spec("MEMGPT_PRIVATE_LIMIT", "private_limit", _block_limit(_private)),
+    Spec("MEMGPT_CHANNEL_NOTES_LIMIT", "channel_notes_limit", whole(100, 20_000)),
     Spec("MEMGPT_SEARCH_PAGE_SIZE", "search_page_size", whole(1, 50)),
     Spec("MEMGPT_MAX_MESSAGE_TOKENS", "max_message_tokens", whole(64, zero="a quarter of the usable window")),
     Spec("MEMGPT_QUEUE_TOKENS", "queue_tokens", whole(256, zero="as much as the window leaves")),
@@ -410,6 +415,7 @@ SPECS: tuple[Spec, ...] = (
     Spec("MEMGPT_METRICS_HOST", "metrics_host", text),
     Spec("MEMGPT_CHANNEL_CONTEXT_MESSAGES", "channel_context_messages", whole(1, 100, zero="no channel context")),
     Spec("MEMGPT_CHANNEL_CONTEXT_TOKENS", "channel_context_tokens", whole(100, 20_000)),
+    Spec("MEMGPT_CHANNEL_RETENTION_DAYS", "channel_retention_days", whole(1, 36_500, zero="keep until forgotten")),
 )
 
 

@@ -49,6 +49,12 @@ class Conversation:
     queue: QueueManager
     recall_count: int
     archival_count: int
+    # The channel's notes (bot/channels/notes.py) as this prompt's working context
+    # holds them, shown or staged; and as its system message shows them (None: not
+    # yet put in since the conversation opened). "" and None in a DM.
+    notes: str = ""
+    notes_shown: str | None = None
+    notes_of: str = ""  # the channel key they are of
 
     async def flushed(self, store: Store, eviction: Eviction) -> None:
         """Keep an eviction (its new summary, where the queue now starts), then apply it."""
@@ -64,11 +70,16 @@ class Conversation:
         """Put the working context, as this place may see it, into its prompt:
         at the next flush for an edit made here (the model reads it in this
         queue meanwhile, and the cached prefix stays whole), at once elsewhere."""
-        rendered = working_context.render(self.place)
+        rendered = self.rendered(working_context)
         if edited_here:
             self.queue.stage_working_context(rendered)
         else:
             self.queue.set_working_context(rendered)
+
+    def rendered(self, working_context: WorkingContext) -> str:
+        """The working context as this place shows it: its blocks, then a channel's notes."""
+        blocks = working_context.render(self.place)
+        return f"{blocks}\n{self.notes}" if self.notes else blocks
 
 
 async def open_conversation(

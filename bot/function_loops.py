@@ -7,7 +7,11 @@ at once; the last request then answers the person (bot/agent_calls.py: plain_ans
   other bad arguments up to the step cap (SmolLM2 through llama-cpp-python:
   core_memory_append and core_memory_replace on blocks named after words of the message,
   eight steps of three requests each, every message). Fewer would cut off a model that
-  reads the errors and corrects itself (a reminder's time on the fourth try).
+  reads the errors and corrects itself (a reminder's time on the fourth try);
+- a function fails on two steps in a row with the same error, the values it quotes aside:
+  the model did not act on what the first said (SmolLM2 asked for blocks "user", "Dana",
+  "dana" step after step, told each time the blocks are persona, human and private),
+  so its next try is no better.
 
 Made only once a chain goes past its first step: the usual one-step answer never comes here.
 """
@@ -15,10 +19,13 @@ Made only once a chain goes past its first step: the usual one-step answer never
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Mapping
 
 from bot.llm import Completion
 
 FAILED_STEPS_IN_A_ROW = 4
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
 
 
 def _calls(completion: Completion) -> set[tuple[str, str]]:
@@ -34,20 +41,32 @@ def _same_arguments(arguments: str) -> str:
         return arguments
 
 
+def _kind(error: str) -> str:
+    """An error without the values it quotes: "No memory block named 'Dana'" and "... 'dana'"
+    are one mistake made again."""
+    return _QUOTED.sub("", error)
+
+
 class FunctionLoops:
     def __init__(self) -> None:
         self.made: set[tuple[str, str]] = set()  # the chain's calls (name, arguments)
         self.failing: dict[str, int] = {}  # a function that failed on the last step: steps in a row
+        self.errors: Mapping[str, str] = {}  # what each function that failed on the last step said
 
     def repeated(self, completion: Completion) -> str:
         """What of `completion`'s calls the chain made before ("": nothing)."""
         again = self.made & _calls(completion)
         return f"{min(again)[0]} called again with the same arguments" if again else ""
 
-    def ran(self, completion: Completion, failed: set[str]) -> str:
-        """A step ran `completion`'s calls, `failed` failing: what has failed on too many steps
-        in a row ("": nothing)."""
+    def ran(self, completion: Completion, failed: Mapping[str, str]) -> str:
+        """A step ran `completion`'s calls, `failed` failing (with the error each gave): what has
+        failed on too many steps in a row, or as before ("": nothing)."""
         self.made |= _calls(completion)
         self.failing = {name: self.failing.get(name, 0) + 1 for name in failed}
+        kinds = {name: _kind(error) for name, error in failed.items()}
+        same = sorted(name for name, kind in kinds.items() if self.errors.get(name) == kind)
+        self.errors = kinds
+        if same:
+            return f"{same[0]} failed again with the same error"
         again = sorted(name for name, steps in self.failing.items() if steps >= FAILED_STEPS_IN_A_ROW)
         return f"{again[0]} failed on {FAILED_STEPS_IN_A_ROW} steps in a row" if again else ""

@@ -9,6 +9,7 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import PurePath
 from typing import Any, Protocol
 
+from bot.channels.port import ChannelPort
 from bot.commands.port import CommandPort
 from bot.durable.lanes import Report, Send, StartGate, Turn
 from bot.events import Delivery, Event, Redo, Reply
@@ -76,5 +77,6 @@ class EventPort(Protocol):
         ...
 
 
-class AdapterPort(EventPort, CommandPort, Protocol):
-    """What a platform adapter is given: its pipeline's events and its slash commands."""
+class AdapterPort(EventPort, CommandPort, ChannelPort, Protocol):
+    """What a platform adapter is given: its pipeline's events, its slash commands, and
+    what it reads in listening channels (bot/channels/port.py)."""

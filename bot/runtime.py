@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bot.agent import Agent, EventResult
+from bot.channels.listening import ChannelListener
 from bot.checkins.commands import checkin_command
 from bot.checkins.functions import register_checkin_functions
 from bot.config import Settings
@@ -24,6 +25,7 @@ from bot.durable.outbox import Outbox
 from bot.durable.redelivery import Sender
 from bot.events import Event
 from bot.forgetting.commands import LedgerCommands
+from bot.forgetting.retention import ChannelRetention
 from bot.functions.core import build_core_functions
 from bot.functions.forget import register_forget_functions
 from bot.limits import UsageLimits
@@ -34,6 +36,8 @@ from bot.services import AgentServices
 from bot.settings import CheckinSettings
 from memory.archival import ArchivalMemory
 from memory.backends import open_store, sqlite_url
+from memory.channel_notes import ChannelNotes
+from memory.channels import ChannelMemory
 from memory.embeddings import Embedder
 from memory.places import DM, DM_KEY
 from memory.recall import RecallMemory
@@ -74,6 +78,9 @@ class Runtime(LedgerCommands):
         # Recall is embedded lazily, by the same embedder, when an agent searches it.
         self.recall = RecallMemory(store, self.archival.embedder)
         counter = counter or TokenCounter(load_encoder(settings.model, settings.fallback_encoding))
+        # What channels keep of what their members say (docs/channel_memory.md): searched from
+        # a channel, with its notes.
+        self.channel_memory = ChannelMemory(store, self.recall)
         self.services = AgentServices(
             store=store,
             archival=self.archival,
@@ -96,6 +103,8 @@ class Runtime(LedgerCommands):
             channel_context_tokens=settings.channel_context_tokens,
             plain_text_replies=settings.plain_text_replies,
             message_time_budget=settings.message_time_budget,
+            channels=self.channel_memory,
+            channel_notes=ChannelNotes(self.channel_memory, settings.channel_notes_limit),
         )
         # Several bot processes on one database: one of them works on an agent
         # at a time (bot/durable/leases.py); a no-op for a single process.
@@ -109,6 +118,8 @@ class Runtime(LedgerCommands):
             self.services.functions, self.schedules, self.checkin_settings, utc_now, on_change=self._schedules_changed
         )
         self.scheduler: CheckinScheduler | None = None  # set by `memgpt-bot run` (cli/app.py)
+        # How long channels keep what their members say (bot/forgetting/retention.py).
+        self.retention = ChannelRetention(self.channel_memory, settings.channel_retention_days)
         # Inbound events and outgoing replies survive a crash (bot/durable/).
         self.inbox = Inbox(store, leases=self.leases)
         self.outbox = Outbox(store, leases=self.leases)
@@ -131,6 +142,16 @@ class Runtime(LedgerCommands):
         self.handle, self.turn, self.deliver, self.settle = doors.handle, doors.turn, doors.deliver, doors.settle
         self.receive, self.finished, self.leftovers = doors.receive, doors.finished, self.inbox.leftovers
         self.report_delivery, self.file_notice = self.outbox.report, self.outbox.file_notice
+        # What channels say, kept for each channel (memory/channels.py), and the channel port
+        # (bot/channels/): modes, and lines heard in listening channels. No agent, no LLM.
+        self.channel_memory = ChannelMemory(store, self.recall)
+        self.channels = ChannelListener(self.channel_memory)
+        self.channel_mode, self.set_channel_mode = self.channels.channel_mode, self.channels.set_mode
+        self.hear, self.heard_edit, self.heard_delete = (
+            self.channels.hear,
+            self.channels.heard_edit,
+            self.channels.heard_delete,
+        )
         # MEMGPT_DEBOUNCE_SECONDS, for the adapters' debouncers (bot/durable/debounce.py).
         self.debounce_seconds = settings.debounce_seconds
 
@@ -191,7 +212,15 @@ class Runtime(LedgerCommands):
             await self.store.flush_deleted()
             return record is not None or removed > 0
 
-        return await self.doors.admin(key, forgetting)
+        held = await self.doors.admin(key, forgetting)
+        # What channels kept of them, and its copies in other people's memories
+        # (bot/forgetting/channels.py). An "off" choice outlives the forget: forgetting
+        # them must not start keeping what they say again; an "on" is the default, and goes.
+        erased = await self.erase_in_channels(key)
+        if (await self.channel_memory.consent([key])).get(key):
+            await self.channel_memory.set_consent(key, None)
+            await self.store.flush_deleted()
+        return held or erased.lines > 0 or erased.notes > 0
 
     async def share_line(self, key: str, label: str, line_id: str) -> Block:
         """Show one working-context line of this user's everywhere (their choice, from /memory).
@@ -227,6 +256,10 @@ class Runtime(LedgerCommands):
         and hears when a person wrote. None, None: disconnected, at shutdown."""
         self.store_wait.notify = deliver
         self.scheduler = scheduler
+        if deliver is None and scheduler is None:
+            self.retention.cancel()
+        else:
+            self.retention.start()  # MEMGPT_CHANNEL_RETENTION_DAYS (bot/forgetting/retention.py)
         self.doors.on_active = scheduler.user_active if scheduler is not None else None
 
     async def _schedules_changed(self) -> None:
@@ -313,6 +346,7 @@ class Runtime(LedgerCommands):
         return await self.doors.admin(key, importing)
 
     async def close(self, *, close_embedder: bool = True) -> None:
+        await self.retention.stop()
         await self.archival.settle_all()
         await self.recall.close()
         await self.llm.close()

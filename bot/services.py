@@ -8,6 +8,8 @@ from typing import Any
 from bot.functions.registry import FunctionSet
 from bot.llm import LLMClient
 from memory.archival import ArchivalMemory
+from memory.channel_notes import ChannelNotes
+from memory.channels import ChannelMemory
 from memory.recall import RecallMemory
 from memory.store import Store
 from memory.tokens import TokenCounter
@@ -45,3 +47,7 @@ class AgentServices:
     plain_text_replies: bool = True
     # MEMGPT_MESSAGE_TIME_BUDGET: seconds all LLM calls of one event may take; 0: no budget.
     message_time_budget: float = 0.0
+    # Channels' memories (memory/channels.py), searched from a channel (bot/channels/recall.py),
+    # and their notes (memory/channel_notes.py); None: no channel memory (bare services in tests).
+    channels: ChannelMemory | None = None
+    channel_notes: ChannelNotes | None = None

@@ -116,7 +116,7 @@ def add_memory_commands(
     what = forget.add_mutually_exclusive_group()
     what.add_argument("--about", metavar="WORDS", help="forget everything about this topic, everywhere")
     what.add_argument(
-        "--item", metavar="ID", help="forget one item of `memory show` (note:..., passage:N, summary:PLACE)"
+        "--item", metavar="ID", help="forget one item of `memory show` (note:ID, passage:N, summary:PLACE, channel:KEY)"
     )
     forget.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
     forget.set_defaults(func=cmd_forget)
@@ -135,28 +135,31 @@ async def held_on(settings: Settings, user: User, read: Callable[[Runtime], Awai
 async def cmd_show(args: argparse.Namespace, settings: Settings) -> int:
     user: User = args.user
 
-    async def read(runtime: Runtime) -> tuple[dict[str, Any], list[Item]] | None:
+    async def read(runtime: Runtime) -> tuple[dict[str, Any] | None, list[Item]] | None:
         description = await runtime.describe(user.key)
         record = await runtime.store.find_agent(user.key)
-        if description is None or record is None:
-            return None
         if args.page:
             page = await runtime.ledger(user.key, args.page)
-            return description, page.items if page else []
-        return description, await ledger_items(runtime.store, record.id)
+            items = page.items if page else []
+        else:
+            own = await ledger_items(runtime.store, record.id) if record is not None else []
+            items = own + await runtime.channel_items(user.key)  # what channel memories hold of them
+        if (description is None or record is None) and not items:
+            return None
+        return description, items
 
     description, items = await held_on(settings, user, read)
     if args.json:
-        description["items"] = [
+        shown = description or {"user": user.key}
+        shown["items"] = [
             {"id": i.id, "kind": i.kind, "text": i.text, "place": i.place, "at": iso(i.at)} for i in items
         ]
-        write(dumps(description, indent=2))
+        write(dumps(shown, indent=2))
         return EXIT_OK
     first = ((args.page or 1) - 1) * PAGE_SIZE + 1
     listing = [item.line(first + n) for n, item in enumerate(items)]
-    write(
-        render_description(description) + "\n\nItems held (forget one: memory forget --item ID):\n" + "\n".join(listing)
-    )
+    head = render_description(description) + "\n\n" if description is not None else ""
+    write(head + "Items held (forget one: memory forget --item ID):\n" + "\n".join(listing))
     return EXIT_OK
 
 
@@ -281,11 +284,14 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
         return await forget_some(args, user, settings)
     async with open_runtime(settings) as runtime:
         record = await runtime.store.find_agent(user.key)
-        if record is None:
+        in_channels = sum((await runtime.channel_memory.speaker_counts(user.key)).values())
+        if record is None and not in_channels:
             raise unknown(user)
-        messages = await runtime.store.count_messages(record.id)
-        passages = await runtime.store.count_passages(record.id)
+        messages = await runtime.store.count_messages(record.id) if record is not None else 0
+        passages = await runtime.store.count_passages(record.id) if record is not None else 0
         held = f"{plural(messages, 'message')}, {plural(passages, 'passage')} and the working context"
+        if in_channels:
+            held += f", and {plural(in_channels, 'message')} kept by channels"
         if not args.yes and not await confirmed(f"Delete everything held on {user.key} ({held})?"):
             write("Nothing deleted.")
             return EXIT_ERROR
@@ -300,7 +306,7 @@ async def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
 async def forget_some(args: argparse.Namespace, user: User, settings: Settings) -> int:
     """`forget --about WORDS` (shown first, then confirmed) or `forget --item ID`."""
     async with open_runtime(settings) as runtime:
-        if await runtime.store.find_agent(user.key) is None:
+        if await runtime.store.find_agent(user.key) is None and not await runtime.channel_items(user.key):
             raise unknown(user)
         if args.item is not None:
             if not args.yes and not await confirmed(f"Delete item {args.item} of {user.key}?"):

@@ -7,8 +7,10 @@ message in seq order (same fields and timestamps), every passage with its
 embedding (and its content hash, so a later re-load of the same file still
 skips what is held), the files recorded as loaded; then the shared
 collections ("sources") and who they are attached to; then every check-in
-and reminder, each user's time zone and quiet hours, and the users exempt
-from the usage limits. Each agent, and each of those, is then read back from
+and reminder, each user's time zone and quiet hours, the users exempt
+from the usage limits, and each person's choice about channel memory (a
+channel's memory is an agent keyed `channel:...`, copied as any other, its
+lines with their speakers and message ids). Each agent, and each of those, is then read back from
 the target and compared with the source. (Usage counters are not copied: they
 only count the current minute and day.) A missing SQLite source is an error:
 migrate never creates its source.
@@ -69,6 +71,7 @@ class MigrationReport:
     schedules: int = 0
     prefs: int = 0
     exemptions: int = 0
+    consents: int = 0  # channel memory choices
     problems: list[str] = field(default_factory=list)  # not tied to one agent
 
     @property
@@ -82,7 +85,7 @@ class MigrationReport:
             f"({sum(a.messages for a in copied)} messages, {sum(a.passages for a in copied)} passages, "
             f"{sum(a.documents for a in copied)} loaded files), {self.sources} shared collections, "
             f"{self.schedules} check-ins and reminders, {self.prefs} users' time zone and quiet hours, "
-            f"{self.exemptions} exemptions from the usage limits"
+            f"{self.exemptions} exemptions from the usage limits, {self.consents} channel memory choices"
         ]
         for agent in self.agents:
             if agent.status != "copied":
@@ -159,6 +162,18 @@ async def _copy_user_settings(source: Store, target: Store, keys: list[str], rep
     missing = set(exempt) - set(await target.list_usage_exempt())
     if missing:
         report.problems.append(f"exemptions from the usage limits missing in the target: {', '.join(sorted(missing))}")
+
+    # Who let channels keep what they say, or not (memory/channels.py), by speaker.
+    choices = await source.list_channel_consent()
+    for speaker, keep, at in choices:
+        await target.set_channel_consent(speaker, keep, at)
+        report.consents += 1
+    in_target = {speaker: (keep, at) for speaker, keep, at in await target.list_channel_consent()}
+    for speaker, keep, at in choices:
+        held = in_target.get(speaker)
+        # Times to the millisecond: SQLite keeps float seconds, MongoDB microseconds.
+        if held is None or held[0] != keep or abs((held[1] - at).total_seconds()) > 0.001:
+            report.problems.append(f"the channel memory choice of {speaker} differs in the target")
 
 
 def _schedule_fields(schedule: Schedule | None) -> tuple[object, ...] | None:
@@ -294,7 +309,20 @@ async def _copy_conversation(
 
 
 def _clone_message(m: Message) -> Message:
-    return Message(m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at, place=m.place)
+    # The event id too: a redone event (or a channel line re-delivered) is still recognised.
+    return Message(
+        m.role,
+        m.content,
+        m.tool_calls,
+        m.tool_call_id,
+        m.name,
+        m.created_at,
+        event_id=m.event_id,
+        place=m.place,
+        speaker=m.speaker,
+        speaker_name=m.speaker_name,
+        edited_at=m.edited_at,
+    )
 
 
 def _clone_passage(p: Passage) -> Passage:
@@ -305,7 +333,8 @@ def _clone_passage(p: Passage) -> Passage:
 
 
 def _message_fields(m: Message) -> tuple[object, ...]:
-    return (m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at, m.place)
+    fields = (m.role, m.content, m.tool_calls, m.tool_call_id, m.name, m.created_at, m.event_id, m.place)
+    return (*fields, m.speaker, m.speaker_name, m.edited_at)
 
 
 def _passage_fields(p: Passage) -> tuple[object, ...]:
@@ -372,7 +401,7 @@ def add_migrate_command(
         help="copy all memory from one store to another (SQLite <-> MongoDB)",
         description="Copy every agent (blocks, summary, messages, passages with embeddings, loaded-file records), "
         "every shared collection with its attachments, every check-in and reminder, time zones and quiet hours, "
-        "and exemptions from the usage limits from one store to another, then verify each. "
+        "exemptions from the usage limits and channel memory choices from one store to another, then verify each. "
         "SPEC is sqlite:PATH or a MongoDB URI (mongodb://HOST/DATABASE?OPTIONS; database default 'memgpt').",
     )
     parser.add_argument("--from", dest="source", required=True, metavar="SPEC", help="the store to copy from")

@@ -15,7 +15,7 @@ before a line), deletion with index entries and embeddings, and the copy
 between stores (cli/migrate.py). What a channel needs beyond that is the
 ChannelStore role (memory/roles.py): edits and deletions by message id, a
 speaker's lines across channels, retention, consent. A channel memory's agent
-record has no blocks yet: a channel's notes can be its working context.
+record holds one block, the channel's notes (memory/channel_notes.py).
 
 Scope. Every read names one channel key, which holds the platform and the
 workspace or guild (`channel_key`): nothing of another channel, workspace or
@@ -32,6 +32,8 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TypeVar
 
+from cachetools import TTLCache
+
 from memory.places import Place
 from memory.recall import RecallMemory
 from memory.store import Store
@@ -43,6 +45,12 @@ T = TypeVar("T")
 # that would not be full: a busy channel's lines are embedded and stored many at
 # a time (each batch costs the store a few reads and writes), never one by one.
 GATHER = 0.5
+
+# Seconds a channel found without a memory is taken to have none: a search or a
+# prompt there costs one store lookup this often, not one per call. A keep in
+# this process ends it at once; one in another process is seen within this time.
+MISSING_SECONDS = 30.0
+MISSING_CACHED = 4_096
 
 # Message.name of a kept line (internal: the kind of item, as for an agent's own events).
 LINE_KIND = "channel_line"
@@ -97,13 +105,24 @@ class ChannelMemory:
         self.recall = recall
         # channel key -> its memory's agent id (never changes while the record lives).
         self._ids: dict[str, str] = {}
+        # Channels looked up lately and found without a memory (MISSING_SECONDS).
+        self._missing: TTLCache[str, bool] = TTLCache(MISSING_CACHED, MISSING_SECONDS)
+
+    async def memory_id(self, channel: str, *, create: bool = False) -> str | None:
+        """The channel memory's agent id (channel notes are its blocks: memory/channel_notes.py);
+        None while nothing was kept there, unless `create` makes its record."""
+        return await (self._new_memory_id(channel) if create else self._memory_id(channel))
 
     async def _memory_id(self, channel: str) -> str | None:
-        """The channel memory's agent id; None while nothing was kept there."""
+        """The channel memory's agent id; None while nothing was kept there
+        (a miss is remembered for MISSING_SECONDS)."""
         known = self._ids.get(channel)
         if known is None:
+            if channel in self._missing:
+                return None
             record = await self.store.find_agent(memory_key(channel))
             if record is None:
+                self._missing[channel] = True
                 return None
             known = self._ids[channel] = record.id
         return known
@@ -113,6 +132,7 @@ class ChannelMemory:
         if known is None:
             record, _ = await self.store.get_or_create_agent(memory_key(channel), ())
             known = self._ids[channel] = record.id
+            self._missing.pop(channel, None)
         return known
 
     # -- what the channel says ------------------------------------------------
@@ -126,6 +146,22 @@ class ChannelMemory:
             line.seq = stored[0].seq
             self.recall.embed_later(memory_id, GATHER)
         return bool(stored)
+
+    async def keep_with_consent(self, line: ChannelLine, default: bool = True, *, asked: bool = False) -> bool:
+        """Keep `line` if its speaker lets channels keep what they say (their
+        recorded choice, else `default`; `asked`: the caller knows they did, from
+        a cache). A choice of "off" recorded while the line was being appended
+        takes it out again: an opt-out writes its choice before deleting, so
+        whichever of the two comes second sees the other, and no line of theirs
+        outlives it."""
+        if not asked and not (await self.consent([line.speaker])).get(line.speaker, default):
+            return False
+        if not await self.keep(line):
+            return False
+        if not (await self.consent([line.speaker])).get(line.speaker, default):
+            await self.delete(line.channel, line.message_id)
+            return False
+        return True
 
     async def edit(self, channel: str, message_id: str, text: str, edited_at: datetime) -> bool:
         """A platform edit: the line's new text (searched and embedded anew). False if it was never kept."""

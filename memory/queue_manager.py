@@ -412,7 +412,8 @@ def payload_of(message: Message) -> dict[str, Any]:
     """A message as the requests carry it, rendered once, when it joins the queue. Content
     is always a string, "" beside tool calls: the shape every server accepts
     (bot/llm/shape.py), so a request needs no copy of it. `name` stays out (see Message)."""
-    payload: dict[str, Any] = {"role": message.role, "content": message.content or ""}
+    content = message.shown if message.shown is not None else message.content
+    payload: dict[str, Any] = {"role": message.role, "content": content or ""}
     if message.tool_calls:
         payload["tool_calls"] = message.tool_calls
     if message.tool_call_id is not None:

@@ -201,20 +201,19 @@ class ChannelStore(Protocol):
     """A channel memory (memory/channels.py) is the recall of a pseudo-agent
     keyed CHANNEL_KEY_PREFIX + channel key: lines appended with MessageStore
     (the platform's message id as `event_id` and `unless_event`: kept once),
-    each with its `speaker`. This role adds edits and deletions by message id,
-    and a speaker's lines, counts and consent across channels. Deletions take
-    index entries and embeddings too (then flush_deleted, as any forget)."""
+    each with its `speaker`. This role adds edits and deletions by message id, a
+    speaker's lines, counts and consent across channels (deletions take index
+    entries and embeddings too, then flush_deleted), and a channel's mode by
+    channel key, whose listening notice is claimed once until "mention" re-arms it."""
 
     async def edit_message(self, agent_id: str, event_id: str, content: str, edited_at: datetime) -> bool:
-        """New content for the agent's message of `event_id` (keywords follow,
-        the embedding is dropped, to be redone); False if there is none."""
+        """New content for the message of `event_id` (keywords follow, embedding redone); False if none."""
 
     async def delete_event_messages(self, agent_id: str, event_ids: Sequence[str]) -> int:
         """Delete the agent's messages recorded for these event ids; how many went."""
 
     async def speaker_messages(self, speaker: str, *, agent_id: str | None = None) -> list[tuple[str, Message]]:
-        """Every message of `speaker` (an agent key) in every agent, or only in
-        `agent_id`, as (agent key, message), by agent key and seq."""
+        """Every message of `speaker` (an agent key) in every agent, or in `agent_id`: (agent key, message)s."""
 
     async def speaker_message_counts(self, speaker: str) -> dict[str, int]:
         """How many messages of `speaker` each agent holds, by agent key (none: absent)."""
@@ -223,15 +222,17 @@ class ChannelStore(Protocol):
         """Delete every message of `speaker` (in every agent, or only in `agent_id`); how many went."""
 
     async def prune_messages(self, key_prefix: str, before: datetime) -> int:
-        """Retention: delete the messages said before `before` of every agent
-        whose key starts with `key_prefix` (channel memories); how many went."""
+        """Retention: delete what agents keyed `key_prefix`... (channels) hold from before `before`; how many."""
 
-    async def set_channel_consent(self, speaker: str, keep: bool | None, at: datetime) -> None:
-        """Record whether channel memories may keep what `speaker` says (None:
-        remove the record, so the deployment's default applies again)."""
+    async def set_channel_consent(self, speaker: str, keep: bool | None, at: datetime) -> None: ...  # None: default
+    async def channel_consent(self, speakers: Collection[str]) -> dict[str, bool]: ...  # only those who chose
 
-    async def channel_consent(self, speakers: Collection[str]) -> dict[str, bool]:
-        """The recorded choice of each of `speakers` that made one, in one read."""
+    async def list_channel_consent(self) -> list[tuple[str, bool, datetime]]:
+        """Every recorded choice, (speaker, keep, set at), by speaker (for cli/migrate.py)."""
+
+    async def set_channel_mode(self, channel: str, mode: str, at: datetime) -> None: ...
+    async def channel_mode(self, channel: str) -> str | None: ...  # None: nobody set one
+    async def claim_channel_notice(self, channel: str, at: datetime) -> bool: ...  # True once, until re-armed
 
 
 @runtime_checkable

@@ -47,6 +47,10 @@ class Message:
     speaker: str | None = None
     speaker_name: str = ""
     edited_at: datetime | None = None
+    # What the model reads now when it differs from the content recall keeps: a
+    # search result holding a channel's lines, which are readable only in that
+    # channel (bot/channels/recall.py). Never stored; None: the content.
+    shown: str | None = None
 
     def calls(self, name: str) -> bool:
         """Whether this (assistant) step called the function `name`."""
@@ -98,6 +102,7 @@ class BlockLine:
     # Whose message the line came from, by agent key, in a channel's notes (the
     # `channel` block of its memory): forgetting that person removes it. "" elsewhere.
     speaker: str = ""
+    speaker_name: str = ""  # their display name then, shown with the line
 
     def record(self) -> dict[str, Any]:
         """The line as both backends store it (times in microseconds, as MongoDB keeps every time)."""
@@ -108,13 +113,15 @@ class BlockLine:
             "written_at": round(self.written_at.timestamp() * 1_000_000),
             "shared": self.shared,
             **({"speaker": self.speaker} if self.speaker else {}),
+            **({"speaker_name": self.speaker_name} if self.speaker_name else {}),
         }
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> BlockLine:
         written = datetime.fromtimestamp(record["written_at"] / 1_000_000, UTC)
         shared = bool(record.get("shared", False))
-        return cls(record["text"], record["place"], written, record["id"], shared, str(record.get("speaker", "")))
+        speaker, name = str(record.get("speaker", "")), str(record.get("speaker_name", ""))
+        return cls(record["text"], record["place"], written, record["id"], shared, speaker, name)
 
 
 def text_lines(text: str, place: str, written_at: datetime | None = None) -> list[BlockLine]:

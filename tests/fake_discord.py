@@ -275,8 +275,11 @@ class FakeDiscord:
         """Dispatch a message again (a gateway that sends an event twice)."""
         self.dispatch("MESSAGE_CREATE", message)
 
-    def slash_command(self, user: JSONDict, name: str, channel: JSONDict | None = None, **options: Any) -> JSONDict:
-        """`user` runs `/name` (in `channel`, else their DMs): INTERACTION_CREATE."""
+    def slash_command(
+        self, user: JSONDict, name: str, channel: JSONDict | None = None, *, permissions: int = 0, **options: Any
+    ) -> JSONDict:
+        """`user` runs `/name` (in `channel`, else their DMs): INTERACTION_CREATE. In a server,
+        `permissions` are theirs in that channel (e.g. 1 << 4, Manage Channels)."""
         channel = channel or self.dm_channel_of(user["id"])
         interaction: JSONDict = {
             "id": self.snowflake(),
@@ -300,7 +303,7 @@ class FakeDiscord:
             "context": 0 if channel.get("guild_id") else 1,
         }
         if channel.get("guild_id"):
-            interaction |= {"guild_id": self.guild_id, "member": self._member(user) | {"permissions": "0"}}
+            interaction |= {"guild_id": self.guild_id, "member": self._member(user) | {"permissions": str(permissions)}}
             interaction["guild_locale"] = "en-US"
         else:
             interaction["user"] = user

@@ -10,8 +10,10 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
+from bot.channels.port import ChannelRef, Heard, Mode
 from bot.durable.lanes import Lanes, Report, Send, StartGate, Turn
 from bot.events import Delivery, Event, Redo, Reply, UserMessage
 from bot.forgetting.erasing import Receipt
@@ -27,6 +29,10 @@ class RecordingBot:
     payloads: dict[str, dict[str, Any]] = field(default_factory=dict)
     # Each person's turn and delivery order, as the bot's doors keep them (bot/door.py).
     lanes: Lanes = field(default_factory=Lanes)
+
+    # The channel port: modes set here, lines heard (nothing is kept).
+    modes: dict[str, Mode] = field(default_factory=dict)
+    heard: list[Heard] = field(default_factory=list)
 
     # Turns held or awaited: what `settle` waits for, as the doors do.
     in_flight: set[asyncio.Event] = field(default_factory=set)
@@ -97,6 +103,23 @@ class RecordingBot:
 
     async def forget_topic(self, key: str, about: str) -> Receipt:
         return Receipt()
+
+    async def channel_mode(self, channel: ChannelRef, default: Mode) -> Mode:
+        return self.modes.get(channel.key, default)
+
+    async def set_channel_mode(self, channel: ChannelRef, mode: Mode) -> str:
+        self.modes[channel.key] = mode
+        return ""
+
+    async def hear(self, heard: Heard) -> str:
+        self.heard.append(heard)
+        return ""
+
+    async def heard_edit(self, channel: ChannelRef, message_id: str, text: str, edited_at: datetime) -> None:
+        return None
+
+    async def heard_delete(self, channel: ChannelRef, message_id: str) -> None:
+        return None
 
     def messages(self) -> list[UserMessage]:
         return [event for event in self.events if isinstance(event, UserMessage)]

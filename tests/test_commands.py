@@ -60,6 +60,10 @@ class Port:
         self.calls.append(("forget about", key, about))
         return Receipt(passages=1)
 
+    async def channel_setting(self, key: str, choice: str = "") -> str:
+        self.calls.append(("channels", key, choice))
+        return f"channels {choice or 'shown'}"
+
     async def forget(self, key: str) -> bool:
         self.calls.append(("forget everything", key))
         return True
@@ -79,6 +83,9 @@ class Port:
         ("memory", "search", {"search": ""}),
         ("memory", "Search  jazz and blues ", {"search": "jazz and blues"}),
         ("memory", "jazz", {}),
+        ("memory", "channels off", {"channels": "off"}),
+        ("memory", "channels: on", {"channels": "on"}),
+        ("memory", "channels", {"channels": ""}),
         ("forget", "", {}),
         ("forget", "about: my diagnosis", {"about": "my diagnosis"}),
         ("forget", "about:passport", {"about": "passport"}),
@@ -155,3 +162,13 @@ async def test_nothing_held_says_so() -> None:
             return None
 
     assert (await run(Empty(), "memory", ALICE, {})).text == NOTHING_HELD
+
+
+async def test_memory_channels_sets_or_shows_the_callers_choice() -> None:
+    port = Port()
+    assert (await run(port, "memory", ALICE, {"channels": "off"})).text == "channels off"
+    assert (await run(port, "memory", ALICE, {"channels": "on"})).text == "channels on"
+    # Shown when given alone (Slack) or as "show" (Discord drops an empty option).
+    assert (await run(port, "memory", ALICE, {"channels": ""})).text == "channels shown"
+    assert (await run(port, "memory", ALICE, {"channels": " Show "})).text == "channels shown"
+    assert port.calls == [("channels", "slack:T1:U1", choice) for choice in ("off", "on", "", "")]

@@ -31,6 +31,7 @@ from discord.webhook.async_ import AsyncWebhookAdapter, async_context
 
 from adapters.discord import DiscordAdapter, DiscordConfig, dm_address
 from adapters.splitting import TRUNCATED, split_at_most
+from bot.channels.listening import LISTENING_NOTICE
 from bot.commands.catalog import (
     FORGET_CANCELLED,
     FORGET_DONE,
@@ -374,7 +375,10 @@ async def test_only_addressed_messages_are_answered(discord_bot: Harness) -> Non
 
     chat = discord_bot.channel("garden-chat")
     await dpytest.message("anyone growing tomatoes?", channel=chat, member=alice)
-    [reply] = sent()
+    await discord_bot.adapter.pipeline.drain()
+    # An always-on channel is open: it keeps what is said, and says so once (bot/channels/).
+    notice, reply = sorted(sent(), key=lambda message: message.content != LISTENING_NOTICE)
+    assert notice.channel.id == chat.id and notice.content == LISTENING_NOTICE
     assert reply.channel.id == chat.id and reply.content == f"<@{alice.id}> Always listening here."
     assert len(discord_bot.llm.requests) == 1
 
@@ -726,7 +730,7 @@ async def test_the_client_asks_only_for_the_intents_it_uses(make_runtime: Runtim
     sharded = DiscordAdapter(runtime, DiscordConfig(token="t", sharded=True, shard_count=2, shard_ids=(1,)))
     assert isinstance(sharded.client, discord.AutoShardedClient)
     assert sharded.client.shard_count == 2 and sharded.client.shard_ids == [1]
-    assert {command.name for command in plain.tree.get_commands()} == {"memory", "forget", "checkin"}
+    assert {command.name for command in plain.tree.get_commands()} == {"memory", "forget", "checkin", "channel"}
 
 
 class CommandsHTTP:
@@ -771,7 +775,7 @@ async def test_slash_commands_sync_to_one_server_or_globally(
         await adapter.sync_commands()
         [(synced_to, payload)] = http.synced
         assert synced_to == guild_id
-        assert {command["name"] for command in payload} == {"memory", "forget", "checkin"}
+        assert {command["name"] for command in payload} == {"memory", "forget", "checkin", "channel"}
         assert all(command["contexts"] == [0, 1] for command in payload)  # servers and DMs with the bot
 
     adapter.tree._http = CommandsHTTP(fail=True)  # type: ignore[assignment]

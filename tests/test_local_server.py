@@ -341,3 +341,21 @@ async def test_a_server_that_ignores_the_name_still_gets_the_plain_request(
     result = await runtime.handle_with_details(said("I'm Dana"))
     assert [reply.text for reply in result.replies] == ["Plain."] and result.trouble is None
     assert llm_server.requests[-2]["tool_choice"] == NAMED_SEND and "tools" not in llm_server.requests[-1]
+
+
+async def test_once_named_calls_stream_a_steps_choice_is_asked_by_name_at_once(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # The streamed choice of every step after the first took seconds of generation on
+    # llama-cpp-python and carried nothing: once a named call came back, it is not sent.
+    llm_server.set_handler(chatml_function_calling)
+    runtime = await make_runtime()
+    await runtime.handle_with_details(said("I'm Dana"))
+    streamed_choices = [r for r in llm_server.requests if r.get("tool_choice") == "auto" and "stream" in r]
+    assert len(streamed_choices) == 1 and llm_server.requests[0] is streamed_choices[0]
+    requests_before = len(llm_server.requests)
+    result = await runtime.handle_with_details(said("I live in Lisbon"))
+    later = llm_server.requests[requests_before:]
+    assert [reply.text for reply in result.replies] == ["Hi Dana"]
+    assert later and not [r for r in later if r.get("tool_choice") == "auto" and "stream" in r]
+    assert "stream" not in later[0] and later[0]["stop"] == ["{", "functions"]

@@ -254,3 +254,55 @@ async def test_a_missing_source_is_an_error_and_is_not_created(tmp_path: Path) -
     with pytest.raises(MigrationError, match="does not exist"):
         await cmd_migrate(args)
     assert not missing.exists() and not (tmp_path / "to.db").exists()
+
+
+async def test_channel_memories_keep_their_speakers_message_ids_and_consent(tmp_path: Path, mongo: MongoStore) -> None:
+    # A channel's memory is an agent keyed channel:...; its lines carry speaker fields and the
+    # platform's message id (exactly once), and each person's choice about channel memory is copied.
+    first, last = SQLiteStore(tmp_path / "first.db"), SQLiteStore(tmp_path / "last.db")
+    await first.open()
+    await last.open()
+    try:
+        await fill(first)
+        channel, _ = await first.get_or_create_agent("channel:slack:T1:C9", [])
+        lines = [
+            Message(
+                "user",
+                f"line {n}",
+                name="channel_line",
+                created_at=T0 + timedelta(minutes=n),
+                event_id=f"171.{n}",
+                place="public:C9",
+                speaker="slack:T1:U2",
+                speaker_name="bob",
+                edited_at=T0 + timedelta(hours=n) if n == 2 else None,
+            )
+            for n in range(1, 4)
+        ]
+        for line in lines:
+            assert await first.append_messages(channel.id, [line], unless_event=line.event_id)
+        await first.set_channel_consent("slack:T1:U2", True, T0)
+        await first.set_channel_consent("discord:carol", False, T0 + timedelta(days=1))
+
+        there = await migrate(first, mongo, progress=False)
+        assert there.ok, there.summary()
+        assert there.consents == 2
+        assert "2 channel memory choices" in there.summary()
+        back = await migrate(mongo, last, progress=False)
+        assert back.ok, back.summary()
+        assert await snapshot(last) == await snapshot(first)
+        copied = await last.find_agent("channel:slack:T1:C9")
+        assert copied is not None
+        held = await last.messages_since(copied.id, 0)
+        assert [(m.event_id, m.speaker, m.speaker_name, m.edited_at) for m in held] == [
+            (f"171.{n}", "slack:T1:U2", "bob", T0 + timedelta(hours=2) if n == 2 else None) for n in range(1, 4)
+        ]
+        # Exactly once survives the move: a re-delivered line is not kept again.
+        assert await last.append_messages(copied.id, [replace(lines[0], seq=0)], unless_event="171.1") == []
+        assert await last.speaker_message_counts("slack:T1:U2") == {"channel:slack:T1:C9": 3}
+        choices = await last.list_channel_consent()
+        assert [(speaker, keep) for speaker, keep, _ in choices] == [("discord:carol", False), ("slack:T1:U2", True)]
+        assert abs((choices[1][2] - T0).total_seconds()) < 0.001
+    finally:
+        await first.close()
+        await last.close()

@@ -57,11 +57,13 @@ async def test_a_function_loop_ends_the_chain_at_once(make_runtime: RuntimeFacto
     assert agent.working_context.get("human").value.count("Likes tea.") == 1  # run once
 
 
-async def test_a_function_that_keeps_failing_ends_the_chain(
+async def test_a_function_failing_again_with_the_same_error_ends_the_chain(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     # SmolLM2 through llama-cpp-python: core_memory_append on a block named after a word of
     # the message, failing, then again on another, eight steps of three requests a message.
+    # The second error says what the first did (the values it quotes aside): the model did
+    # not act on it, so a third try would be no better.
     def blocks_that_are_not_there(request: dict[str, Any]) -> CompletionReply:
         if not request.get("tools"):
             return reply_text("Hello Dana.")
@@ -73,7 +75,27 @@ async def test_a_function_that_keeps_failing_ends_the_chain(
     runtime = await make_runtime(max_steps_per_event=8)
     result = await runtime.handle_with_details(said("I'm Dana"))
     assert [r.text for r in result.replies] == ["Hello Dana."] and result.trouble is None
-    # Ended once it failed on FAILED_STEPS_IN_A_ROW steps in a row, not at the step cap.
+    assert result.looped and result.steps == 2
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, True, False]
+
+
+async def test_a_function_that_keeps_failing_ends_the_chain(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # Each error another than the last (a model acting on what it was told, wrongly again):
+    # it keeps its retries until FAILED_STEPS_IN_A_ROW, then the chain ends, not at the step cap.
+    def new_mistakes(request: dict[str, Any]) -> CompletionReply:
+        if not request.get("tools"):
+            return reply_text("Hello Dana.")
+        steps = sum(1 for message in request["messages"] if message["role"] == "tool")
+        block, content = ("human", "") if steps % 2 else (f"dana{steps}", "Dana.")
+        arguments = {"name": block, "content": content, "request_heartbeat": True}
+        return reply_tool_calls(tool_call("core_memory_append", arguments))
+
+    llm_server.set_handler(new_mistakes)
+    runtime = await make_runtime(max_steps_per_event=8)
+    result = await runtime.handle_with_details(said("I'm Dana"))
+    assert [r.text for r in result.replies] == ["Hello Dana."] and result.trouble is None
     assert result.looped and result.steps == FAILED_STEPS_IN_A_ROW < 8
     assert [bool(request.get("tools")) for request in llm_server.requests] == [True] * FAILED_STEPS_IN_A_ROW + [False]
 

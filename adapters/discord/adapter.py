@@ -18,6 +18,12 @@ bot and each join is recorded with what rebuilds it: a message by channel and
 message id (fetched again at replay, its files downloaded again; a message
 deleted meanwhile is skipped; one Discord cannot give now is kept for the next
 start), a join by the few fields its event needs (no fetch).
+
+Listening channels (bot/channels/port.py, adapters/discord/listening.py): in a
+`listen` or `open` channel every person's message is handed to the bot's
+`hear` before it goes on (a mention is answered as ever); MESSAGE_UPDATE and
+MESSAGE_DELETE (raw: the message need not be cached) are applied to what was
+kept. A DM never passes through there.
 """
 
 from __future__ import annotations
@@ -34,9 +40,11 @@ from adapters.channels import ContextFailures
 from adapters.discord.client import build_client, log_ready, run_client, sync_commands
 from adapters.discord.commands import FORGET_TIMEOUT, add_commands
 from adapters.discord.config import PLATFORM, DiscordConfig
+from adapters.discord.listening import DiscordListening
 from adapters.discord.parse import (
     addressed_text,
     channel_line,
+    from_a_person,
     join_payload,
     message_payload,
     parse_attachment,
@@ -49,6 +57,7 @@ from adapters.discord.parse import (
 )
 from adapters.discord.send import CALL_ERRORS, send_reply, typing
 from adapters.pipeline import Arrival, Item, OnPipeline, Pipeline, Unfinished
+from bot.channels.port import Mode
 from bot.events import ChannelLine, Delivery, Place, Reply
 from bot.ports import AdapterPort
 
@@ -69,10 +78,19 @@ class DiscordAdapter(OnPipeline):
         self._closing = False
         self.client = build_client(config)
         self.tree: app_commands.CommandTree[discord.Client] = app_commands.CommandTree(self.client)
-        add_commands(self.tree, bot, forget_timeout=forget_timeout)
+        self.listening = DiscordListening(bot, config, self.client)
+        add_commands(self.tree, bot, self.listening, self._post_notice, forget_timeout=forget_timeout)
         self.pipeline = Pipeline(bot, self, getattr(bot, "debounce_seconds", 0.0))
         self.context_failures = ContextFailures(PLATFORM, CONTEXT_ADVICE)
-        for handler in (self.on_ready, self.on_message, self.on_member_join):
+        handlers = (
+            self.on_ready,
+            self.on_message,
+            self.on_member_join,
+            self.on_raw_message_edit,
+            self.on_raw_message_delete,
+            self.on_raw_bulk_message_delete,
+        )
+        for handler in handlers:
             self.client.event(handler)
         self.client.setup_hook = self.sync_commands  # type: ignore[method-assign]
 
@@ -105,18 +123,50 @@ class DiscordAdapter(OnPipeline):
 
     # -- handlers: into the pipeline ---------------------------------------------
     async def on_message(self, message: discord.Message) -> None:
-        text = addressed_text(message, self.client.user, self.config.always_on_channels)
+        mode: Mode = "mention"
+        if message.guild is not None and from_a_person(message, self.client.user):  # never a DM
+            mode = await self._hear(message)
+        text = addressed_text(message, self.client.user, open_here=mode == "open")
         if text is None:
             return
         arrival = Arrival(
             event_id=str(message.id),
             user_id=str(message.author.id),
             conversation=str(message.channel.id),
-            payload=message_payload(message),
+            # In a server, whether its channel was open: a replay answers it the same way.
+            payload=message_payload(message) | ({"open": mode == "open"} if message.guild is not None else {}),
             mergeable=bool(text) and not message.attachments,  # a plain message may join the person's burst
             live=message,
         )
         await self._run(arrival)
+
+    async def _hear(self, message: discord.Message) -> Mode:
+        """The channel's mode, the message kept first where it listens, the notice posted
+        the first time. Discord sends an event once: a failure to keep is logged, and a
+        mention is answered all the same (by the operator's mode for the channel)."""
+        try:
+            mode, notice = await self.listening.hear(message)
+        except Exception:
+            log.exception("discord: could not keep message %s of channel %s", message.id, message.channel.id)
+            assert message.guild is not None
+            return self.listening.mode_ref(message.channel, message.guild.id)[1]
+        if notice:
+            self._post_notice(message.channel.id, notice)
+        return mode
+
+    def _post_notice(self, channel_id: int, text: str) -> None:
+        """Say the listening notice in the channel, from a task of the pipeline's."""
+        where = {"channel_id": channel_id, "guild": False, "user_id": 0}  # no one to mention
+        self.pipeline.send_later([Reply(text, PLATFORM, f"channel:{channel_id}", where, f"notice:{channel_id}")])
+
+    async def on_raw_message_edit(self, payload: discord.RawMessageUpdateEvent) -> None:
+        await self.listening.edited(payload)
+
+    async def on_raw_message_delete(self, payload: discord.RawMessageDeleteEvent) -> None:
+        await self.listening.deleted(payload.guild_id, payload.channel_id, {payload.message_id})
+
+    async def on_raw_bulk_message_delete(self, payload: discord.RawBulkMessageDeleteEvent) -> None:
+        await self.listening.deleted(payload.guild_id, payload.channel_id, payload.message_ids)
 
     async def on_member_join(self, member: discord.Member) -> None:
         if member.bot:
@@ -152,7 +202,9 @@ class DiscordAdapter(OnPipeline):
             return []
         message = arrival.live if isinstance(arrival.live, discord.Message) else await self._fetch_again(payload)
         arrival.live = message
-        text = addressed_text(message, self.client.user, self.config.always_on_channels) if message else None
+        # Open where it was received (recorded); entries from before modes: the setting's.
+        open_here = bool(payload.get("open", message is not None and self._always_on(message)))
+        text = addressed_text(message, self.client.user, open_here) if message else None
         if message is None or text is None:
             return []
         # A replay's place is the one recorded with it.
@@ -186,6 +238,11 @@ class DiscordAdapter(OnPipeline):
 
     def working(self, arrival: Arrival) -> AbstractAsyncContextManager[None]:
         return typing(arrival.live.channel if isinstance(arrival.live, discord.Message) else None)
+
+    def _always_on(self, message: discord.Message) -> bool:
+        if message.guild is None:
+            return False
+        return self.listening.mode_ref(message.channel, message.guild.id)[1] == "open"
 
     @staticmethod
     def _channel_of(arrival: Arrival | None) -> discord.abc.Messageable | None:

@@ -14,12 +14,14 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable, Coroutine
+from dataclasses import replace
 from typing import Any
 
 import discord
 from discord import app_commands
 
 from adapters.discord.config import MESSAGE_LIMIT, PLATFORM
+from adapters.discord.listening import DiscordListening
 from adapters.discord.parse import dm_address
 from adapters.splitting import split_at_most
 from bot.commands.catalog import ACTIONS, COMMANDS, press, run
@@ -33,10 +35,27 @@ LIST_TIMEOUT = 600.0  # the buttons under a list (/memory)
 Pressed = Callable[[discord.Interaction], Coroutine[Any, Any, None]]
 
 
+Announce = Callable[[int, str], None]  # (channel id, text): said there for everyone (the listening notice)
+
+
 def caller_of(interaction: discord.Interaction) -> Caller:
     # Check-ins are delivered to the person's DMs, wherever they set them up.
     user_id = interaction.user.id
     return Caller(PLATFORM, str(user_id), dm_address(user_id, fallback_channel_id=interaction.channel_id))
+
+
+def caller_in_channel(interaction: discord.Interaction, listening: DiscordListening) -> Caller:
+    """The caller with the server channel the command was typed in (its mode, whether they manage it)."""
+    caller, channel = caller_of(interaction), interaction.channel
+    if interaction.guild_id is None or not isinstance(channel, discord.abc.Messageable):
+        return caller
+    ref, default = listening.mode_ref(channel, interaction.guild_id)
+    manages = listening.manages(interaction)
+
+    async def managing() -> bool:
+        return manages
+
+    return replace(caller, channel=ref, default_mode=default, manages=managing)
 
 
 class AnswerView(discord.ui.View):
@@ -113,14 +132,21 @@ async def send_answer(
 
 
 def slash_command(
-    command: SlashCommand, port: CommandPort, *, forget_timeout: float = FORGET_TIMEOUT
+    command: SlashCommand,
+    port: CommandPort,
+    listening: DiscordListening,
+    announce: Announce,
+    *,
+    forget_timeout: float = FORGET_TIMEOUT,
 ) -> app_commands.Command[Any, ..., None]:
     """The application command for one command of the catalogue, its options typed by their defaults."""
 
     async def callback(interaction: discord.Interaction, **options: str | int) -> None:
         await interaction.response.defer(ephemeral=True, thinking=True)
         given = {name: value for name, value in options.items() if value != command.option(name).default}
-        answer = await run(port, command.name, caller_of(interaction), given)
+        answer = await run(port, command.name, caller_in_channel(interaction, listening), given)
+        if answer.announce and interaction.channel_id is not None:
+            announce(interaction.channel_id, answer.announce)
         await send_answer(port, interaction, answer, forget_timeout=forget_timeout)
 
     # discord.py reads the options from the callback's signature: give it one per option.
@@ -137,7 +163,14 @@ def slash_command(
     return app_commands.Command(name=command.name, description=command.description, callback=callback)
 
 
-def add_commands(tree: app_commands.CommandTree, port: CommandPort, *, forget_timeout: float = FORGET_TIMEOUT) -> None:
+def add_commands(
+    tree: app_commands.CommandTree,
+    port: CommandPort,
+    listening: DiscordListening,
+    announce: Announce,
+    *,
+    forget_timeout: float = FORGET_TIMEOUT,
+) -> None:
     """Register every command of the catalogue on the tree (syncing them is the adapter's job)."""
     for command in COMMANDS.values():
-        tree.add_command(slash_command(command, port, forget_timeout=forget_timeout))
+        tree.add_command(slash_command(command, port, listening, announce, forget_timeout=forget_timeout))

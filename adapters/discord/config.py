@@ -18,6 +18,9 @@ DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 class DiscordConfig:
     token: str = field(repr=False)  # never in a log line or a traceback
     always_on_channels: frozenset[int] = frozenset()
+    # Channels whose messages the bot keeps for the channel, answering only mentions
+    # (DISCORD_LISTEN_CHANNELS); a manager's /channel overrides both lists.
+    listen_channels: frozenset[int] = frozenset()
     sharded: bool = False  # AutoShardedClient instead of a plain Client
     shard_count: int | None = None  # None with sharded: Discord's recommended count
     shard_ids: tuple[int, ...] | None = None  # the shards this process runs (several processes)
@@ -53,6 +56,7 @@ class DiscordConfig:
         return cls(
             token=token,
             always_on_channels=frozenset(_ids(env.get("DISCORD_ALWAYS_ON_CHANNELS", ""), "DISCORD_ALWAYS_ON_CHANNELS")),
+            listen_channels=frozenset(_ids(env.get("DISCORD_LISTEN_CHANNELS", ""), "DISCORD_LISTEN_CHANNELS")),
             sharded=bool(shards),
             shard_count=shard_count,
             shard_ids=shard_ids,

@@ -10,8 +10,9 @@ all, and `message_payload` / `join_payload` are what the inbox keeps to
 build the event again after a crash.
 
 Who is answered: direct messages always; in servers, messages that mention the
-bot, or any message in an always-on channel (and its threads). Other bots,
-webhooks, system messages and the bot itself are never answered.
+bot, or any message in an `open` channel (and its threads: the mode is the
+adapter's to find, adapters/discord/listening.py). Other bots, webhooks,
+system messages and the bot itself are never answered, nor kept.
 """
 
 from __future__ import annotations
@@ -24,23 +25,28 @@ from typing import Any
 
 import discord
 
-from adapters.channels import always_on
 from adapters.discord.config import PLATFORM
 from bot.events import ChannelLine, FileUploaded, Place, PlaceKind, UserJoined, UserMessage
 from bot.ports import readable
 
 
-def addressed_text(message: discord.Message, me: discord.ClientUser | None, always_on: frozenset[int]) -> str | None:
-    """The text meant for the bot, or None if the message is not for it."""
+def from_a_person(message: discord.Message, me: discord.abc.User | None) -> bool:
+    """Written by a person: not a bot (the bot itself included), a webhook or the system."""
     author = message.author
-    if me is None or author.bot or author.id == me.id or message.webhook_id is not None or message.is_system():
+    return not (me is None or author.bot or author.id == me.id or message.webhook_id is not None or message.is_system())
+
+
+def addressed_text(message: discord.Message, me: discord.ClientUser | None, open_here: bool = False) -> str | None:
+    """The text meant for the bot, or None if the message is not for it (`open_here`:
+    the message is in an open channel, where every message is)."""
+    if me is None or not from_a_person(message, me):
         return None
     guild = message.guild
     role = guild.self_role if guild is not None else None
     mentioned = any(user.id == me.id for user in message.mentions) or (
         role is not None and role in message.role_mentions
     )
-    if guild is not None and not (mentioned or _always_on(message.channel, always_on)):
+    if guild is not None and not (mentioned or open_here):
         return None
     text = re.sub(rf"<@!?{me.id}>[ \t]?", "", message.content)
     if role is not None:
@@ -51,10 +57,6 @@ def addressed_text(message: discord.Message, me: discord.ClientUser | None, alwa
     if not text and mentioned and not message.attachments:  # a bare ping still deserves an answer
         text = f"@{((guild.me if guild else None) or me).display_name}"
     return text
-
-
-def _always_on(channel: discord.abc.Messageable, ids: frozenset[int]) -> bool:
-    return always_on(ids, getattr(channel, "id", None), getattr(channel, "parent_id", None))
 
 
 def place_of(channel: discord.abc.Messageable) -> Place:
@@ -134,6 +136,7 @@ def parse_message(
         text=text,
         display_name=message.author.display_name,
         channel=_place(message.channel),
+        workspace=str(message.guild.id) if message.guild else "",
         created_at=message.created_at,
         event_id=str(message.id),
         reply_to=reply_to(message),

@@ -15,11 +15,17 @@ reply re-sent after a crash is first looked for in the conversation
 (adapters/slack/send.py). Slack's retried deliveries are dropped by Events
 API `event_id` (the inbox's key).
 
+Listening channels (bot/channels/port.py): in a `listen` or `open` channel
+every person's message is handed to the bot's `hear` before the listener
+returns, so before Bolt acknowledges it (adapters/slack/listening.py); edits
+and deletions there are applied to what was kept.
+
 Like every adapter it knows nothing of memory: it calls only the bot's ports
-(`EventPort` for events, bot/commands/ for slash commands).
+(`EventPort` for events, bot/commands/ for slash commands, `ChannelPort`).
 Its parts, one job each: `app` (the Bolt app and its connection), `parse`
 (payloads into typed events), `send` (replies out), `directory` (names),
-`files` (shared files), `commands` (slash commands), `format` (mrkdwn).
+`files` (shared files), `commands` (slash commands), `format` (mrkdwn),
+`listening` (listening channels).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from adapters.slack.config import PLATFORM, SlackConfig
 from adapters.slack.directory import Directory
 from adapters.slack.files import FileReader
 from adapters.slack.history import ChannelHistory
+from adapters.slack.listening import DELETED, EDITED, SlackListening, in_a_channel
 from adapters.slack.parse import (
     Envelope,
     SlackParser,
@@ -46,9 +53,11 @@ from adapters.slack.parse import (
     envelope_of_member_joined_channel,
     envelope_of_message,
     envelope_of_team_join,
+    is_from_a_bot,
     message_kind,
 )
 from adapters.slack.send import SlackSender
+from bot.channels.port import Mode
 from bot.events import Delivery, Reply
 from bot.ports import AdapterPort
 
@@ -73,12 +82,13 @@ class SlackAdapter(OnPipeline):
         history = ChannelHistory(self.client, self.directory, config.channel_context_messages)
         self.parser = SlackParser(self.directory, FileReader(self.client, config), history)
         self.sender = SlackSender(self.client, self.directory)
+        self.listening = SlackListening(bot, config, self.directory)
         bolt = self.app.bolt
         bolt.event("message")(self._on_message)
         bolt.event("app_mention")(self._on_app_mention)
         bolt.event("team_join")(self._on_team_join)
         bolt.event("member_joined_channel")(self._on_member_joined_channel)
-        self.commands = SlackCommands(bolt, bot)
+        self.commands = SlackCommands(bolt, bot, self.listening, self._post_notice)
         self.pipeline = Pipeline(bot, self, getattr(bot, "debounce_seconds", 0.0))
         self._closed = asyncio.Event()
         self._ready = asyncio.Event()
@@ -129,7 +139,16 @@ class SlackAdapter(OnPipeline):
     async def _on_message(
         self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext, request: AsyncBoltRequest
     ) -> None:
-        envelope = envelope_of_message(body, event, self._own_id(context), self.config.always_on_channels)
+        own = self._own_id(context)
+        mode: Mode = "mention"
+        # Never a DM (not even through the check): what is said there is no channel's.
+        if event.get("channel_type") != "im" and in_a_channel(event):
+            if event.get("subtype") in (EDITED, DELETED):
+                await self.listening.changed(body, event)
+                return
+            if not is_from_a_bot(event, own):
+                mode = await self._hear(body, event)
+        envelope = envelope_of_message(body, event, own, open_here=mode == "open")
         if envelope is None:
             return
         retry = request.headers.get("x-slack-retry-num", [None])[0]
@@ -143,9 +162,25 @@ class SlackAdapter(OnPipeline):
         await self._take(envelope, message_kind(event), event)
 
     async def _on_app_mention(self, body: dict[str, Any], event: dict[str, Any], context: AsyncBoltContext) -> None:
-        envelope = envelope_of_app_mention(body, event, self._own_id(context), self.config.always_on_channels)
+        own = self._own_id(context)
+        # Kept too where the channel listens (a repeat of its message event is kept once).
+        mode = await self._hear(body, event) if not is_from_a_bot(event, own) else "mention"
+        envelope = envelope_of_app_mention(body, event, own, open_here=mode == "open")
         if envelope is not None:
             await self._take(envelope, "app_mention", event)
+
+    async def _hear(self, body: dict[str, Any], event: dict[str, Any]) -> Mode:
+        """The channel's mode, the message kept first where it listens (raising, unacknowledged,
+        when it cannot be), and the listening notice posted the first time."""
+        mode, notice = await self.listening.hear(body, event)
+        if notice:
+            self._post_notice(str(event["channel"]), notice)
+        return mode
+
+    def _post_notice(self, channel: str, text: str) -> None:
+        """Say the listening notice in the channel (after the acknowledgement: a task of the pipeline's)."""
+        notice = Reply(text, PLATFORM, f"channel:{channel}", {"channel": channel}, f"notice:{channel}")
+        self.pipeline.send_later([notice])
 
     async def _on_team_join(self, body: dict[str, Any], event: dict[str, Any]) -> None:
         envelope = envelope_of_team_join(body, event)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
@@ -22,6 +22,7 @@ from slack_bolt.async_app import AsyncAck, AsyncApp, AsyncRespond
 from adapters.slack.api import CALL_ERRORS, error_code
 from adapters.slack.config import PLATFORM, REPLY_LIMIT
 from adapters.slack.format import escape, markdown_to_mrkdwn
+from adapters.slack.listening import SlackListening
 from adapters.splitting import split_at_most
 from bot.commands.catalog import ACTIONS, COMMANDS, press, run
 from bot.commands.model import Answer, Button, Caller
@@ -79,8 +80,12 @@ def _button(button: Button) -> dict[str, Any]:
 class SlackCommands:
     """Every command of bot/commands/ and its buttons, on the Bolt app."""
 
-    def __init__(self, app: AsyncApp, port: CommandPort) -> None:
+    def __init__(
+        self, app: AsyncApp, port: CommandPort, listening: SlackListening, announce: Callable[[str, str], None]
+    ) -> None:
         self.port = port
+        self.listening = listening
+        self.announce = announce  # (channel, text): said there for everyone (the listening notice)
         self._answering: set[asyncio.Task[None]] = set()
         for name in COMMANDS:
             app.command(f"/{name}")(self._on_command)
@@ -93,9 +98,18 @@ class SlackCommands:
         user = str(command.get("user_id"))
         # Check-ins go to the person's DM with the bot wherever they were set up: the bot
         # may not be in the channel the command was typed in, and check-ins are private.
-        caller = Caller(PLATFORM, f"{command.get('team_id')}:{user}", {"dm_user": user})
+        channel = self.listening.channel_of_command(command)
+        caller = Caller(
+            PLATFORM,
+            f"{command.get('team_id')}:{user}",
+            {"dm_user": user},
+            channel=channel,
+            default_mode=self.listening.default(channel.place.id) if channel else "mention",
+            manages=lambda: self.listening.manages(user),
+        )
         args = COMMANDS[name].parse(str(command.get("text") or ""))
-        self._later(self._answer(respond, run(self.port, name, caller, args), {"response_type": "ephemeral"}))
+        where = channel.place.id if channel else ""
+        self._later(self._answer(respond, run(self.port, name, caller, args), {"response_type": "ephemeral"}, where))
 
     async def _on_press(self, ack: AsyncAck, body: dict[str, Any], respond: AsyncRespond) -> None:
         """Whoever clicks is acted for, never someone named in the payload's values."""
@@ -129,9 +143,18 @@ class SlackCommands:
             log.warning("slack: %d command answers cut short at shutdown", len(late))
             await asyncio.wait(late)
 
-    @staticmethod
-    async def _answer(respond: AsyncRespond, answering: Coroutine[Any, Any, Answer], where: dict[str, Any]) -> None:
-        for message in answer_messages(await answering):
+    async def _answer(
+        self,
+        respond: AsyncRespond,
+        answering: Coroutine[Any, Any, Answer],
+        where: dict[str, Any],
+        channel: str = "",
+    ) -> None:
+        """Send the answer to whoever asked; what it announces is said in `channel` for everyone."""
+        answer = await answering
+        if answer.announce and channel:
+            self.announce(channel, answer.announce)
+        for message in answer_messages(answer):
             try:
                 response = await respond(**message, **where)
             except (*CALL_ERRORS, ValueError) as error:

@@ -13,6 +13,7 @@ PLATFORM = "slack"
 REPLY_LIMIT = 3_000  # Slack truncates long texts and renders ~4,000 chars per message well
 DEFAULT_MAX_UPLOAD_BYTES = 5 * 1024 * 1024
 CHANNEL_ID = re.compile(r"[CG][A-Z0-9]+")  # public (C...) and private (G..., older) channels
+USER_ID = re.compile(r"[UW][A-Z0-9]+")  # people (W...: Enterprise Grid)
 
 
 class SlackSetupError(RuntimeError):
@@ -35,6 +36,11 @@ class SlackConfig:
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES
     # Channels where every message (not only a mention) is for the bot, as on Discord.
     always_on_channels: frozenset[str] = frozenset()
+    # Channels whose messages the bot keeps for the channel, answering only mentions
+    # (SLACK_LISTEN_CHANNELS); a manager's /channel overrides both lists.
+    listen_channels: frozenset[str] = frozenset()
+    # Who may change a channel's mode with /channel besides workspace admins and owners.
+    channel_managers: frozenset[str] = frozenset()
     # How many recent messages of a channel the bot reads when answering there
     # (MEMGPT_CHANNEL_CONTEXT_MESSAGES; 0: none).
     channel_context_messages: int = 20
@@ -74,16 +80,29 @@ class SlackConfig:
             http_host=get("SLACK_HTTP_HOST") or "0.0.0.0",
             http_port=_int_setting(env, "SLACK_HTTP_PORT", 3000, low=0, high=65_535),
             max_upload_bytes=_int_setting(env, "SLACK_MAX_UPLOAD_BYTES", DEFAULT_MAX_UPLOAD_BYTES, low=1),
-            always_on_channels=frozenset(
+            always_on_channels=_channel_ids(env, "SLACK_ALWAYS_ON_CHANNELS"),
+            listen_channels=_channel_ids(env, "SLACK_LISTEN_CHANNELS"),
+            channel_managers=frozenset(
                 id_list(
-                    env.get("SLACK_ALWAYS_ON_CHANNELS", ""),
-                    "SLACK_ALWAYS_ON_CHANNELS",
-                    valid=CHANNEL_ID.fullmatch,  # type: ignore[arg-type]  # a match object is truthy
-                    what="channel ids (C0123ABCD: the channel's details show it)",
+                    env.get("SLACK_CHANNEL_MANAGERS", ""),
+                    "SLACK_CHANNEL_MANAGERS",
+                    valid=USER_ID.fullmatch,  # type: ignore[arg-type]  # a match object is truthy
+                    what="member ids (U0123ABCD: a profile's ⋮ menu → Copy member ID)",
                 )
             ),
             channel_context_messages=context_messages(env),
         )
+
+
+def _channel_ids(env: Mapping[str, str], name: str) -> frozenset[str]:
+    return frozenset(
+        id_list(
+            env.get(name, ""),
+            name,
+            valid=CHANNEL_ID.fullmatch,  # type: ignore[arg-type]  # a match object is truthy
+            what="channel ids (C0123ABCD: the channel's details show it)",
+        )
+    )
 
 
 def _int_setting(env: Mapping[str, str], name: str, default: int, *, low: int, high: int | None = None) -> int:

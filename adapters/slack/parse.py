@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from adapters.channels import always_on
 from adapters.pipeline import Item
 from adapters.slack.config import PLATFORM
 from adapters.slack.directory import Directory
@@ -53,13 +52,14 @@ class Envelope:
     reply_to: dict[str, Any]
     event_id: str
     created_at: datetime
+    workspace: str = ""  # the team receiving the event (a channel's memory is its own in each)
 
     @classmethod
     def of(
         cls, body: Mapping[str, Any], team: str, user: str, reply_to: dict[str, Any], ts: Any, event_id: str = ""
     ) -> Envelope:
         event_id = event_id or str(body.get("event_id") or uuid.uuid4().hex)
-        return cls(team, user, reply_to, event_id, time_of(ts))
+        return cls(team, user, reply_to, event_id, time_of(ts), str(body.get("team_id") or team))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +68,7 @@ class Envelope:
             "reply_to": self.reply_to,
             "event_id": self.event_id,
             "created_at": self.created_at.isoformat(),
+            "workspace": self.workspace,
         }
 
     @classmethod
@@ -78,6 +79,7 @@ class Envelope:
             dict(data["reply_to"]),
             str(data["event_id"]),
             datetime.fromisoformat(str(data["created_at"])),
+            str(data.get("workspace") or data["team"]),  # recorded before workspaces: the user's team
         )
 
     @property
@@ -122,14 +124,14 @@ def is_from_a_bot(event: Mapping[str, Any], own_user_id: str | None) -> bool:
 
 
 def envelope_of_message(
-    body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, always_on_channels: frozenset[str]
+    body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, open_here: bool = False
 ) -> Envelope | None:
-    """A direct message (with or without files), or any message in an always-on
-    channel (or a thread there); None for anything else."""
+    """A direct message (with or without files), or any message in an `open`
+    channel (or a thread there: `open_here`); None for anything else."""
     if event.get("subtype") not in (None, "file_share") or is_from_a_bot(event, own_user_id):
         return None  # edits, deletions, bot messages, joins...: nothing a person said to the bot
     if event.get("channel_type") != "im":
-        return envelope_in_channel(body, event, always_on_channels)
+        return envelope_in_channel(body, event, open_here)
     reply_to = {"channel": event["channel"]}
     if event.get("thread_ts"):
         reply_to["thread_ts"] = event["thread_ts"]
@@ -141,26 +143,25 @@ def message_kind(event: Mapping[str, Any]) -> str:
 
 
 def envelope_of_app_mention(
-    body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, always_on_channels: frozenset[str]
+    body: Mapping[str, Any], event: Mapping[str, Any], own_user_id: str | None, open_here: bool = False
 ) -> Envelope | None:
     if is_from_a_bot(event, own_user_id):
         return None
-    return envelope_in_channel(body, event, always_on_channels, mentioned=True)
+    return envelope_in_channel(body, event, open_here, mentioned=True)
 
 
 def envelope_in_channel(
-    body: Mapping[str, Any], event: Mapping[str, Any], always_on_channels: frozenset[str], *, mentioned: bool = False
+    body: Mapping[str, Any], event: Mapping[str, Any], open_here: bool, *, mentioned: bool = False
 ) -> Envelope | None:
-    """A mention, or a message in an always-on channel: answered in its thread (or
+    """A mention, or a message in an `open` channel: answered in its thread (or
     the thread it was posted in), addressed to its author."""
     channel = str(event.get("channel") or "")
-    listening = always_on(always_on_channels, channel)
-    if not (mentioned or listening):
+    if not (mentioned or open_here):
         return None
     reply_to = {"channel": channel, "thread_ts": event.get("thread_ts") or event["ts"], "mention": event["user"]}
-    # In an always-on channel a mention arrives twice (a message and an app_mention
+    # In an open channel a mention arrives twice (a message and an app_mention
     # event, each with its own event id): keyed by the message, the second is a repeat.
-    key = f"{channel}:{event['ts']}" if listening else ""
+    key = f"{channel}:{event['ts']}" if open_here else ""
     return Envelope.of(body, _team_of(body, event), str(event["user"]), reply_to, event.get("ts"), key)
 
 
@@ -226,6 +227,7 @@ class SlackParser:
             text=plain or "(an empty message)",
             display_name=person.name,
             channel="" if place.is_dm else place.name,
+            workspace="" if place.is_dm else envelope.workspace,
             place=place,
             channel_context=context,
         )

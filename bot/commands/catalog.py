@@ -1,13 +1,16 @@
 """The slash commands, each defined once: `/memory` (the ledger, item by item,
 with a button to forget each and to share a note; `page`, `search`, `forget`,
-`share`), `/forget` (everything, or `about` one topic, after a question with
-two buttons) and `/checkin` (scheduled check-ins), with every string they
-show. The platforms parse into these and render what they answer."""
+`share`, and `channels on|off|show`: what channel memories may keep of them),
+`/forget` (everything, or `about` one topic, after a question with two
+buttons), `/checkin` (scheduled check-ins) and `/channel` (a channel's mode,
+bot/channels/), with every string they show. The platforms parse into these
+and render what they answer."""
 
 from __future__ import annotations
 
 import logging
 
+from bot.channels.port import MODES, Mode
 from bot.commands.model import Action, Answer, Args, Button, Caller, Entry, Option, SlashCommand
 from bot.commands.port import CommandPort
 from bot.forgetting.ledger import PAGE_SIZE, LedgerPage, UnknownItem, describe_found
@@ -18,7 +21,8 @@ NOTHING_HELD = "I hold nothing on you."
 MEMORY_FAILED = "Sorry, I couldn't read my memory just now. Please try again later."
 FORGET_QUESTION = (
     "**Forget everything I know about you?** This deletes our conversation history, what I noted "
-    "about you and the files you shared with me. It cannot be undone."
+    "about you, the files you shared with me, and what channels kept of what you said there. "
+    "It cannot be undone. (If you turned channel memory off, it stays off.)"
 )
 FORGET_WORKING = "Deleting everything I hold on you…"
 FORGET_ABOUT_WORKING = "Deleting all of this…"
@@ -36,6 +40,9 @@ CANCEL = Button("forget_cancel", "", "Cancel")
 async def memory(port: CommandPort, caller: Caller, args: Args) -> Answer:
     if "search" in args:
         return Answer(await port.search_memory(caller.key, str(args["search"])))
+    if "channels" in args:  # "on", "off", or "show" ("", where a platform can send it: Slack)
+        choice = str(args["channels"]).strip()
+        return Answer(await port.channel_setting(caller.key, "" if choice.lower() == "show" else choice))
     for verb in ("forget", "share"):
         item = str(args.get(verb, "")).strip()
         if item:  # the text way to a button
@@ -95,6 +102,47 @@ async def checkin(port: CommandPort, caller: Caller, args: Args) -> Answer:
     return Answer(await port.checkin_command(caller.platform, caller.user_id, text, caller.reply_to), markdown=True)
 
 
+# -- /channel (bot/channels/: the mode is stored, the notice said once) ------------
+CHANNEL_FAILED = "Sorry, I could not read or change this channel's mode just now. Please try again later."
+CHANNEL_IN_DM = (
+    "`/channel` works in a channel: type it there to see whether I keep what is said in it, "
+    "and, if you manage the channel, to change that."
+)
+CHANNEL_MODES: dict[Mode, str] = {
+    "mention": "This channel is in **mention** mode: I answer only when mentioned, and keep nothing else said here.",
+    "listen": (
+        "This channel is in **listen** mode: I keep what is said here, for this channel only, so members "
+        "can ask me about it here later, and I answer only when mentioned. Keeping makes no AI call. "
+        "Anyone can keep their own messages out with `/memory channels off`."
+    ),
+    "open": (
+        "This channel is in **open** mode: I answer every message here, and keep what is said, for this "
+        "channel only. Anyone can keep their own messages out with `/memory channels off`."
+    ),
+}
+CHANNEL_HOW = "People who manage the channel can change it: `/channel listen`, `/channel open` or `/channel mention`."
+CHANNEL_NOT_MANAGER = "Only people who manage this channel can change its mode; it stays as it is."
+CHANNEL_UNKNOWN = "The modes are `listen`, `open` and `mention`; `/channel` alone shows this channel's."
+CHANNEL_SET = "Done. "
+
+
+async def channel(port: CommandPort, caller: Caller, args: Args) -> Answer:
+    where = caller.channel
+    if where is None:
+        return Answer(CHANNEL_IN_DM, markdown=True)
+    wanted = str(args.get("mode", "")).strip().lower()
+    if not wanted:
+        mode = await port.channel_mode(where, caller.default_mode)
+        return Answer(f"{CHANNEL_MODES[mode]}\n\n{CHANNEL_HOW}", markdown=True)
+    chosen = next((mode for mode in MODES if mode == wanted), None)
+    if chosen is None:
+        return Answer(CHANNEL_UNKNOWN, markdown=True)
+    if caller.manages is None or not await caller.manages():
+        return Answer(CHANNEL_NOT_MANAGER)
+    notice = await port.set_channel_mode(where, chosen)
+    return Answer(CHANNEL_SET + CHANNEL_MODES[chosen], markdown=True, announce=notice)
+
+
 COMMANDS: dict[str, SlashCommand] = {
     command.name: command
     for command in (
@@ -108,6 +156,7 @@ COMMANDS: dict[str, SlashCommand] = {
                 Option("forget", "the id of one item to forget, e.g. passage:12"),
                 Option("share", "the id of a note to let be known everywhere"),
                 Option("search", "words to search your memory for, as I search it"),
+                Option("channels", "off: channels keep nothing you say (and forget it); on: they may; show"),
             ),
         ),
         SlashCommand(
@@ -125,6 +174,14 @@ COMMANDS: dict[str, SlashCommand] = {
             CHECKIN_FAILED,
             (Option("command", "e.g. 'daily 09:00', 'tz Europe/Paris', 'quiet 22:00-07:00', 'list', 'help'", "help"),),
             rest="command",
+        ),
+        SlashCommand(
+            "channel",
+            "Whether I keep what this channel says; who manages it can change that.",
+            channel,
+            CHANNEL_FAILED,
+            (Option("mode", "listen, open or mention (only for who manages the channel); empty: show it"),),
+            rest="mode",
         ),
     )
 }

@@ -10,6 +10,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bot.channels.port import ChannelRef, Mode
 from bot.commands.port import CommandPort
 from bot.events import agent_key
 
@@ -21,6 +22,12 @@ class Caller:
     platform: str
     user_id: str
     reply_to: dict[str, Any] = field(default_factory=dict)  # their DM: where check-ins go
+    # Where the command was typed, when that is a channel (None: a DM), with the mode the
+    # operator's settings give it, and whether the caller manages it (asked only to change
+    # it: Slack needs a users.info call).
+    channel: ChannelRef | None = None
+    default_mode: Mode = "mention"
+    manages: Callable[[], Awaitable[bool]] | None = None
 
     @property
     def key(self) -> str:
@@ -53,6 +60,7 @@ class Answer:
     footer: str = ""  # under the list
     buttons: tuple[Button, ...] = ()  # under the whole answer (a question's)
     expires: str = ""  # a question: what it says once left unanswered (where questions time out)
+    announce: str = ""  # said in the channel, for everyone (the listening notice)
 
     @property
     def whole(self) -> str:

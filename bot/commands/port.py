@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from bot.channels.port import ChannelRef, Mode
 from bot.forgetting.erasing import Receipt
 from bot.forgetting.ledger import LedgerPage
 from bot.forgetting.matching import Found
@@ -39,6 +40,12 @@ class CommandPort(Protocol):
         """Forget everything about `about`, everywhere."""
         ...
 
+    async def channel_setting(self, key: str, choice: str = "") -> str:
+        """`/memory channels off|on`: whether channels may keep what the person says
+        (off: recorded, then what they kept is deleted); "": the setting and what
+        each channel holds of them. The answer."""
+        ...
+
     async def forget(self, key: str) -> bool:
         """Delete everything held on this person; whether there was anything."""
         ...
@@ -46,4 +53,14 @@ class CommandPort(Protocol):
     async def checkin_command(self, platform: str, user_id: str, text: str, reply_to: dict[str, Any]) -> str:
         """`/checkin ...`: manage the person's scheduled check-ins; the answer to show them.
         `reply_to` is where future check-ins are delivered (usually their DM)."""
+        ...
+
+    # /channel: a channel's mode, shown to anyone, set by who manages it (the adapter checks).
+    async def channel_mode(self, channel: ChannelRef, default: Mode) -> Mode:
+        """The channel's mode: what a manager set, else `default` (the operator's setting)."""
+        ...
+
+    async def set_channel_mode(self, channel: ChannelRef, mode: Mode) -> str:
+        """Set the channel's mode; the notice to post in the channel when it now listens
+        (said once: "" when it was said before, or for "mention")."""
         ...

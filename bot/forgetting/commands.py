@@ -1,6 +1,7 @@
 """The runtime's memory-ledger calls (a mixin of Runtime): the ledger, one
 item forgotten, a topic shown and then forgotten, for the CLI and the slash
-commands (bot/commands/port.py). Each enters through the person's door
+commands (bot/commands/port.py); each reaches what channel memories hold of
+the person too (bot/forgetting/channels.py). Each enters through the person's door
 (bot/door.py: its turn, and for a change its lease), which drops the loaded
 agent after a change, so its next event reads what is left."""
 
@@ -8,11 +9,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from bot.forgetting.channels import ChannelCommands
 from bot.forgetting.erasing import Receipt
-from bot.forgetting.ledger import Item, LedgerPage, UnknownItem, forget_item, ledger_page
-from bot.forgetting.matching import Found
+from bot.forgetting.ledger import Item, LedgerPage, UnknownItem, forget_item, ledger_items, paged
+from bot.forgetting.matching import Found, Matcher
 from bot.forgetting.service import find_about, forget_about
 from memory.types import Block, Message, Passage
 from memory.working_context import MemoryEditError
@@ -27,7 +30,7 @@ log = logging.getLogger(__name__)
 SEARCH_RESULTS = 5  # of each kind, for /memory search
 
 
-class LedgerCommands:
+class LedgerCommands(ChannelCommands):
     store: Store
     services: AgentServices
     doors: Doors
@@ -35,14 +38,24 @@ class LedgerCommands:
     share_line: Callable[[str, str, str], Awaitable[Block]]
 
     async def ledger(self, key: str, page: int = 1) -> LedgerPage | None:
-        async def reading() -> LedgerPage | None:
-            record = await self.store.find_agent(key)
-            return None if record is None else await ledger_page(self.store, record.id, page)
+        """Their own memory's items, then what each channel's memory holds of them."""
 
-        return await self.doors.admin(key, reading, changes=False)
+        async def reading() -> list[Item]:
+            record = await self.store.find_agent(key)
+            return [] if record is None else await ledger_items(self.store, record.id)
+
+        items = await self.doors.admin(key, reading, changes=False)
+        items += await self.channel_items(key)
+        return paged(items, page) if items else None
 
     async def forget_one(self, key: str, item_id: str) -> Receipt:
         """Forget one ledger item; UnknownItem when there is none by that id."""
+        kind, _, channel = item_id.strip().partition(":")
+        if kind == "channel":  # their messages and the notes credited to them in one channel
+            if not any(item.id == item_id.strip() for item in await self.channel_items(key)):
+                raise UnknownItem(f"No item {item_id!r} (it may be forgotten already): /memory lists the ids.")
+            erased = await self.erase_in_channels(key, channel=channel)
+            return Receipt(channel_lines=erased.lines, channel_notes=erased.notes)
 
         async def forgetting() -> Receipt:
             record = await self.store.find_agent(key)
@@ -57,19 +70,27 @@ class LedgerCommands:
             record = await self.store.find_agent(key)
             return Found(about) if record is None else await find_about(self.services, record.id, about)
 
-        return await self.doors.admin(key, finding, changes=False)
+        found = await self.doors.admin(key, finding, changes=False)
+        matcher = Matcher(about, self.services.archival.embedder)
+        found.channel_lines, found.channel_notes = await self.find_in_channels(key, matcher)
+        return found
 
     async def forget_topic(self, key: str, about: str) -> Receipt:
+        """Forget `about` in their memory, then in what channels hold of them (found again: it may have grown)."""
 
         async def forgetting() -> Receipt:
             record = await self.store.find_agent(key)
             if record is None:
                 return Receipt()
             _, receipt = await forget_about(self.services, record, about)
-            log.info("%s: selective forget: %s", key, receipt)
             return receipt
 
-        return await self.doors.admin(key, forgetting)
+        receipt = await self.doors.admin(key, forgetting)
+        lines, notes = await self.find_in_channels(key, Matcher(about, self.services.archival.embedder))
+        erased = await self.erase_in_channels(key, lines, notes)
+        receipt = replace(receipt, channel_lines=erased.lines, channel_notes=erased.notes)
+        log.info("%s: selective forget: %s", key, receipt)
+        return receipt
 
     async def share_note(self, key: str, item_id: str) -> str:
         """Show one note (working-context line) everywhere, by its ledger id; the answer."""

@@ -54,18 +54,27 @@ class Receipt:
     passages: int = 0
     notes: int = 0
     summaries: int = 0
+    channel_lines: int = 0  # what channel memories kept of the person
+    channel_notes: int = 0  # channel notes credited to them
 
     @property
     def nothing(self) -> bool:
-        return not (self.messages or self.passages or self.notes or self.summaries)
+        own = self.messages or self.passages or self.notes or self.summaries
+        return not (own or self.channel_lines or self.channel_notes)
 
     def text(self) -> str:
         if self.nothing:
             return "Nothing matched, so nothing was deleted."
         summaries = "1 summary" if self.summaries == 1 else f"{self.summaries} summaries"
+        channels = ""
+        if self.channel_lines or self.channel_notes:
+            channels = (
+                f"; from channel memories, {plural(self.channel_lines, 'message')} of yours "
+                f"and {plural(self.channel_notes, 'note')} credited to you"
+            )
         return (
             f"Forgotten: {plural(self.messages, 'message')}, {plural(self.passages, 'saved passage')}, "
-            f"{plural(self.notes, 'note')} from working context; {summaries} rewritten."
+            f"{plural(self.notes, 'note')} from working context; {summaries} rewritten{channels}."
         )
 
 

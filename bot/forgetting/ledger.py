@@ -46,10 +46,20 @@ class Item:
         when = f", {self.at:%Y-%m-%d %H:%M} UTC" if self.at else ""
         shared = ", shared everywhere" if self.shared else ""
         name = f" [{self.id}]" if self.id else ""
-        return f"{number}. {KIND_LABELS[self.kind]}: {text} ({where(self.place, self.place_name)}{when}{shared}){name}"
+        place = f"kept by channel {self.place_name}" if self.kind == "channel" else where(self.place, self.place_name)
+        return f"{number}. {KIND_LABELS[self.kind]}: {text} ({place}{when}{shared}){name}"
 
 
-KIND_LABELS = {"note": "Note", "passage": "Saved", "summary": "Summary", "messages": "Messages", "message": "Message"}
+KIND_LABELS = {
+    "note": "Note",
+    "passage": "Saved",
+    "summary": "Summary",
+    "messages": "Messages",
+    "message": "Message",
+    "channel": "Channel memory",  # what one channel's memory holds of them (bot/forgetting/channels.py)
+    "channel_line": "Said in a channel",
+    "channel_note": "Channel note",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,8 @@ class LedgerPage:
             "Forget one item: /memory forget <id>. Forget a topic everywhere: /forget about: <words>. "
             "Everything: /forget."
         )
+        if any(item.kind == "channel" for item in self.items):
+            lines.append("Stop channels keeping what you say (and forget what they kept): /memory channels off.")
         if any(item.shareable for item in self.items):
             lines.append("Let a note be known everywhere: /memory share <id>.")
         if self.page < self.pages:
@@ -118,7 +130,10 @@ async def ledger_items(store: Store, agent_id: str) -> list[Item]:
 
 
 async def ledger_page(store: Store, agent_id: str, page: int = 1) -> LedgerPage:
-    items = await ledger_items(store, agent_id)
+    return paged(await ledger_items(store, agent_id), page)
+
+
+def paged(items: list[Item], page: int = 1) -> LedgerPage:
     pages = max(1, -(-len(items) // PAGE_SIZE))
     page = min(max(page, 1), pages)
     return LedgerPage(items[(page - 1) * PAGE_SIZE : page * PAGE_SIZE], page, pages, len(items))
@@ -161,13 +176,22 @@ def describe_found(found: Found, shown: int = PAGE_SIZE) -> str:
     counts = found.counts()
     if found.empty:
         return f"I hold nothing about {found.about!r}."
-    nouns = {"messages": "message", "passages": "saved passage", "notes": "note", "summaries": "summary"}
-    held = ", ".join(plural(n, nouns[kind]) for kind, n in counts.items() if n).replace("summarys", "summaries")
+    nouns = {  # kind: (one, many)
+        "messages": ("message", "messages"),
+        "passages": ("saved passage", "saved passages"),
+        "notes": ("note", "notes"),
+        "summaries": ("summary", "summaries"),
+        "channel_lines": ("message kept by a channel", "messages kept by channels"),
+        "channel_notes": ("channel note credited to you", "channel notes credited to you"),
+    }
+    held = ", ".join(f"{n} {nouns[kind][n != 1]}" for kind, n in counts.items() if n)
     items = [
         *(Item("", "message", m.content or m.searchable_text(), m.place, m.created_at) for m in found.messages),
         *(Item("", "passage", p.text, p.place, p.created_at) for p in found.passages),
         *(Item("", "note", line.text, line.place, line.written_at) for line in found.lines),
         *(Item("", "summary", c.summary, c.place, c.summary_updated_at) for c in found.summaries),
+        *(Item("", "channel_line", line.text, line.place, line.said_at) for line in found.channel_lines),
+        *(Item("", "channel_note", n.line.text, n.line.place, n.line.written_at) for n in found.channel_notes),
     ]
     lines = [f"About {found.about!r} I hold {held}:"]
     lines += [item.line(n) for n, item in enumerate(items[:shown], 1)]

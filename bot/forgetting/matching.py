@@ -25,7 +25,7 @@ import numpy as np
 
 from memory.embeddings import Embedder
 from memory.search.analysis import query_terms, terms
-from memory.types import OPERATOR_KEY, Block, ConversationRecord, Message, Passage
+from memory.types import OPERATOR_KEY, Block, ChannelLine, ConversationRecord, Message, Passage
 from memory.working_context import is_placeholder
 
 # Cosine of all-MiniLM-L6-v2 embeddings above which an item is about the topic.
@@ -52,19 +52,32 @@ class Line:
     shared: bool = False  # shown everywhere (the person shared it)
 
 
+@dataclass(frozen=True, slots=True)
+class ChannelNote:
+    """A line of a channel's notes (the `channel` block of its memory) credited to a person."""
+
+    channel: str  # channel key
+    agent_id: str  # the channel memory's
+    line: Line
+
+
 @dataclass(slots=True)
 class Found:
-    """What a topic matched, by kind."""
+    """What a topic matched, by kind: the person's own memory, then what
+    channel memories hold of them (their lines, the notes credited to them)."""
 
     about: str
     messages: list[Message] = field(default_factory=list)
     passages: list[Passage] = field(default_factory=list)
     lines: list[Line] = field(default_factory=list)
     summaries: list[ConversationRecord] = field(default_factory=list)
+    channel_lines: list[ChannelLine] = field(default_factory=list)
+    channel_notes: list[ChannelNote] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
-        return not (self.messages or self.passages or self.lines or self.summaries)
+        own = self.messages or self.passages or self.lines or self.summaries
+        return not (own or self.channel_lines or self.channel_notes)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -72,6 +85,8 @@ class Found:
             "passages": len(self.passages),
             "notes": len(self.lines),
             "summaries": len(self.summaries),
+            "channel_lines": len(self.channel_lines),
+            "channel_notes": len(self.channel_notes),
         }
 
 

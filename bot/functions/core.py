@@ -12,7 +12,18 @@ from collections.abc import Callable
 from datetime import UTC, datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
-from bot.functions.registry import HEARTBEAT, PAGE, FunctionError, FunctionSet, Implementation, function_schema
+from bot.channels.notes import edit_channel_notes
+from bot.channels.recall import SPEAKERS_NOTE, channel_of, kept_text, line_text, search_both
+from bot.functions.registry import (
+    HEARTBEAT,
+    PAGE,
+    FunctionError,
+    FunctionSet,
+    Implementation,
+    ShownNow,
+    function_schema,
+)
+from memory.channel_notes import NOTES_BLOCK
 from memory.places import DM_KEY
 from memory.types import Block, Message, Passage
 from memory.working_context import MemoryEditError
@@ -24,7 +35,7 @@ MAX_ARCHIVAL_INSERT_CHARS = 8_000
 # A shortened result keeps at least this much: enough for a UUID and its context.
 MIN_ITEM_TOKENS = 40
 
-BLOCK_NAME = {"type": "string", "description": "persona, human or private (DMs only)"}
+BLOCK_NAME = {"type": "string", "description": "persona, human, private (DMs only) or channel (its shared notes)"}
 
 
 SEND_MESSAGE = function_schema(
@@ -57,6 +68,11 @@ CORE_MEMORY_APPEND = function_schema(
 
 
 async def core_memory_append(agent: Agent, args: dict[str, Any]) -> str:
+    if args["name"] == NOTES_BLOCK and not agent.place.is_dm:  # the channel's notes, not the agent's
+        content = args["content"]
+        return "Appended. " + await edit_channel_notes(
+            agent, lambda notes: notes.append(NOTES_BLOCK, content, agent.place)
+        )
     context = agent.working_context
     block = _edited(lambda: context.append(args["name"], args["content"], agent.place))
     await agent.save_block(block)
@@ -80,6 +96,9 @@ CORE_MEMORY_REPLACE = function_schema(
 async def core_memory_replace(agent: Agent, args: dict[str, Any]) -> str:
     context, everywhere = agent.working_context, bool(args.get("everywhere", False))
     old, new = args["old_content"], args["new_content"]
+    if args["name"] == NOTES_BLOCK and not agent.place.is_dm:  # shown in this channel only: `everywhere` is moot
+        edit = await edit_channel_notes(agent, lambda notes: notes.replace(NOTES_BLOCK, old, new, agent.place))
+        return "Replaced. " + edit
     block = _edited(lambda: context.replace(args["name"], old, new, agent.place, everywhere=everywhere))
     await agent.save_block(block)
     shown = "" if everywhere else _where_shown(agent)
@@ -151,10 +170,46 @@ CONVERSATION_SEARCH = function_schema(
 async def conversation_search(agent: Agent, args: dict[str, Any]) -> str:
     query, page = _query_and_page(args)
     size = agent.services.search_page_size
+    if not agent.place.is_dm and agent.services.channels is not None:  # a DM never enters channel code
+        channel = channel_of(agent.current_event)
+        if channel is not None:
+            return await _search_with_channel(agent, channel, query, page, size)
     # By meaning and keywords; the agent's messages are embedded on its first searches (memory/recall.py).
     found = await agent.services.recall.search(agent.id, query, size, page * size, visible=agent.visible)
     items = [_elsewhere(agent, message.place) + _message_line(message) for message in found.items]
     return _page_text(agent, "recall storage", query, page, size, found.total, items)
+
+
+async def _search_with_channel(agent: Agent, channel: str, query: str, page: int, size: int) -> str:
+    """Recall and the channel's memory in one ranking (bot/channels/recall.py): shown now, each
+    channel line naming its speaker; the agent's recall keeps the result without them."""
+    event, services = agent.current_event, agent.services
+    assert event is not None and services.channels is not None
+    found = await search_both(
+        services.recall,
+        services.channels,
+        agent_id=agent.id,
+        visible=agent.visible,
+        channel=channel,
+        event=event,
+        query=query,
+        page=page,
+        size=size,
+    )
+    where = agent.place.name or "this channel"
+    shown, kept = [], []
+    for item in found.items:
+        if isinstance(item, Message):
+            shown.append(_elsewhere(agent, item.place) + _message_line(item))
+            kept.append(shown[-1])
+        else:
+            shown.append(line_text(item, agent.record.key, where))
+            kept.append(kept_text(where))
+    label = f"recall storage and {where}'s memory"
+    text = _page_text(agent, label, query, page, size, found.total, shown)
+    if any(not isinstance(item, Message) for item in found.items):
+        text += "\n" + SPEAKERS_NOTE.format(where=where)
+    return ShownNow(text, _page_text(agent, label, query, page, size, found.total, kept))
 
 
 CONVERSATION_SEARCH_DATE = function_schema(

@@ -57,6 +57,19 @@ class FunctionOutcome:
     heartbeat: bool
 
 
+class ShownNow(str):
+    """A function's result that the model reads now, while the agent's recall keeps
+    `kept` in its place (bot/channels/recall.py: a channel's lines are readable only
+    in that channel, and the agent's recall is read from its other places too)."""
+
+    kept: str
+
+    def __new__(cls, shown: str, kept: str) -> ShownNow:
+        made = super().__new__(cls, shown)
+        made.kept = kept
+        return made
+
+
 Implementation = Callable[[AgentT, dict[str, Any]], Awaitable[str]]
 
 

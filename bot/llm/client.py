@@ -227,6 +227,8 @@ class RequestRun:
         rereads = self.client.max_retries
         while True:
             body = self._body(attempt)
+            # Where named calls stream, a streamed choice carries nothing: asked by name at once (named_calls.py).
+            self.by_name = self.by_name or (self.client.endpoint.names_calls and named_calls.asks_a_choice(body))
             try:
                 completion = None if self.by_name else await self._answer(body, retries=not level)
                 if completion is None or (not completion.tool_calls and named_calls.left_no_words(body, completion)):

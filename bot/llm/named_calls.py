@@ -27,7 +27,9 @@ asks for the call by name once it knows the name:
   answer, and the agent's answer is that function's call).
 
 Once such a call came back, the endpoint knows it streams named calls
-(`Endpoint.names_calls`): a failed chain's last request there is the step's own,
+(`Endpoint.names_calls`): from then on a step's choice skips the streamed request
+that cannot carry it (seconds of generation for nothing, on every step) and is asked
+for unstreamed, by name, at once; and a failed chain's last request there is the step's own,
 the answer function named (bot/agent_calls.py: plain_answer), which its prompt
 cache serves, where a request without the functions renders another prompt after
 the system text and has the whole of it evaluated again.

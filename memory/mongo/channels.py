@@ -7,6 +7,8 @@ no copy is left, and the in-process ranking index of each channel touched is
 read again from what is left.
 
     channel_consent  {_id: speaker agent key, keep, set_at}
+    channel_modes    {_id: channel key, mode, set_at, armed: times "mention" re-armed the notice}
+    channel_notices  {_id: channel key + " " + armed, at}: the notice said (claimed by inserting it)
 
 Writes go by `_id` (memory/mongo/base.py: update_by_id says why).
 """
@@ -20,7 +22,7 @@ from datetime import datetime
 from pymongo import ASCENDING, IndexModel
 from pymongo.errors import DuplicateKeyError
 
-from memory.mongo.base import Doc, to_us
+from memory.mongo.base import Doc, from_us, to_us
 from memory.mongo.capabilities import guarded
 from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.keywords import words
@@ -130,6 +132,41 @@ class MongoChannels(MongoForgetting):
             return {}
         cursor = self._c("channel_consent").find({"_id": {"$in": sorted(set(speakers))}})
         return {doc["_id"]: bool(doc["keep"]) async for doc in cursor}
+
+    @guarded
+    async def list_channel_consent(self) -> list[tuple[str, bool, datetime]]:
+        cursor = self._c("channel_consent").find({}).sort("_id", 1)
+        return [(doc["_id"], bool(doc["keep"]), from_us(doc["set_at"])) async for doc in cursor]
+
+    @guarded
+    async def set_channel_mode(self, channel: str, mode: str, at: datetime) -> None:
+        change: Doc = {"$set": {"mode": mode, "set_at": to_us(at)}}
+        if mode == "mention":  # re-armed: the next time it listens, the bot says so again
+            change["$inc"] = {"armed": 1}
+        modes = self._c("channel_modes")
+        try:
+            await modes.update_one({"_id": channel}, change, upsert=True)
+        except DuplicateKeyError:  # a concurrent first write inserted it: one plain update is enough
+            await modes.update_one({"_id": channel}, change)
+
+    @guarded
+    async def channel_mode(self, channel: str) -> str | None:
+        doc = await self._c("channel_modes").find_one({"_id": channel}, {"mode": 1})
+        mode = doc.get("mode") if doc is not None else None
+        return str(mode) if mode is not None else None
+
+    @guarded
+    async def claim_channel_notice(self, channel: str, at: datetime) -> bool:
+        # An insert keyed by the channel and how often it was re-armed: the unique _id
+        # makes it a compare-and-set on any server. (A filtered update_one is not one
+        # on FerretDB, which reads then writes: several processes could each win.)
+        doc = await self._c("channel_modes").find_one({"_id": channel}, {"armed": 1})
+        armed = int(doc.get("armed") or 0) if doc is not None else 0
+        try:
+            await self._c("channel_notices").insert_one({"_id": f"{channel} {armed}", "at": to_us(at)})
+        except DuplicateKeyError:
+            return False
+        return True
 
 
 def _speaker_where(speaker: str, agent_id: str | None) -> Doc:

@@ -14,7 +14,7 @@ from collections.abc import Collection, Sequence
 from datetime import datetime
 from typing import Any
 
-from memory.sqlite.base import SQLiteBase, to_ts
+from memory.sqlite.base import SQLiteBase, from_ts, to_ts
 from memory.sqlite.recall import MessageSearch
 from memory.types import Message, prefix_end
 
@@ -116,6 +116,40 @@ class SQLiteChannels(SQLiteBase):
             return {}
         sql = "SELECT speaker, keep FROM channel_consent WHERE speaker IN (SELECT value FROM json_each(?))"
         return {speaker: bool(keep) for speaker, keep in await self._rows(sql, json.dumps(sorted(set(speakers))))}
+
+    async def list_channel_consent(self) -> list[tuple[str, bool, datetime]]:
+        rows = await self._rows("SELECT speaker, keep, set_at FROM channel_consent ORDER BY speaker")
+        return [(speaker, bool(keep), from_ts(at)) for speaker, keep, at in rows]
+
+    async def set_channel_mode(self, channel: str, mode: str, at: datetime) -> None:
+        sql = (
+            "INSERT INTO channel_modes (channel, mode, set_at, noticed_at) VALUES (?, ?, ?, NULL)"
+            " ON CONFLICT (channel) DO UPDATE SET mode = excluded.mode, set_at = excluded.set_at,"
+            " noticed_at = CASE WHEN excluded.mode = 'mention' THEN NULL ELSE noticed_at END"
+        )
+
+        def record(conn: sqlite3.Connection) -> None:
+            conn.execute(sql, (channel, mode, to_ts(at)))
+
+        await self.run_in_db(record, write=True)
+
+    async def channel_mode(self, channel: str) -> str | None:
+        rows = await self._rows("SELECT mode FROM channel_modes WHERE channel = ?", channel)
+        return str(rows[0][0]) if rows and rows[0][0] is not None else None
+
+    async def claim_channel_notice(self, channel: str, at: datetime) -> bool:
+        # One statement: the row is written only where nobody noticed yet, so of two
+        # processes claiming at once exactly one changes it.
+        sql = (
+            "INSERT INTO channel_modes (channel, mode, set_at, noticed_at) VALUES (?, NULL, NULL, ?)"
+            " ON CONFLICT (channel) DO UPDATE SET noticed_at = excluded.noticed_at"
+            " WHERE channel_modes.noticed_at IS NULL"
+        )
+
+        def claim(conn: sqlite3.Connection) -> bool:
+            return conn.execute(sql, (channel, to_ts(at))).rowcount == 1
+
+        return await self.run_in_db(claim, write=True)
 
 
 def _speaker_where(speaker: str, agent_id: str | None, alias: str = "") -> tuple[str, tuple[str, ...]]:

@@ -130,3 +130,19 @@ def m016_channel_lines(conn: sqlite3.Connection) -> None:
             set_at REAL NOT NULL
         ) WITHOUT ROWID""",
     )
+
+
+@migration
+def m017_channel_modes(conn: sqlite3.Connection) -> None:
+    # Channel modes (bot/channels/): what a channel's managers set with /channel
+    # (NULL: the operator's setting holds), and when the bot said there that it
+    # listens (NULL: not yet since it last stopped listening).
+    _run(
+        conn,
+        """CREATE TABLE channel_modes (
+            channel TEXT PRIMARY KEY,
+            mode TEXT,
+            set_at REAL,
+            noticed_at REAL
+        ) WITHOUT ROWID""",
+    )
