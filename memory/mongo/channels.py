@@ -102,9 +102,11 @@ class MongoChannels(MongoForgetting):
         found = [doc async for doc in messages.find(where, {"_id": 1, "agent_id": 1, "seq": 1})]
         if not found:
             return 0
-        result = await messages.delete_many({"_id": {"$in": [doc["_id"] for doc in found]}})
-        for agent_id in {doc["agent_id"] for doc in found}:
+        agents = {doc["agent_id"] for doc in found}
+        for agent_id in agents:  # vectors first: a crash between leaves no vector of a deleted line
             await drop_vectors(self._c(VECTORS), agent_id, [doc["seq"] for doc in found if doc["agent_id"] == agent_id])
+        result = await messages.delete_many({"_id": {"$in": [doc["_id"] for doc in found]}})
+        for agent_id in agents:
             self._conversations.forget(agent_id)
         return int(result.deleted_count)
 

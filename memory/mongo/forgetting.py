@@ -17,8 +17,10 @@ class MongoForgetting(MongoMessageVectors):
         if not seqs:
             return 0
         wanted = sorted({int(seq) for seq in seqs})
-        result = await self._c("messages").delete_many({"agent_id": agent_id, "seq": {"$in": wanted}})
+        # Vectors first: a crash between the two leaves a message without its vector (a
+        # forget done again deletes it), never a vector of a forgotten message.
         await drop_vectors(self._c(VECTORS), agent_id, wanted)
+        result = await self._c("messages").delete_many({"agent_id": agent_id, "seq": {"$in": wanted}})
         # The cached index only ever appends: read again on the next search.
         self._conversations.forget(agent_id)
         return int(result.deleted_count)

@@ -231,7 +231,7 @@ class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations
         return None  # a server-backed store has no files of its own to clean
 
     async def _purge(self, agent_id: str) -> None:
-        for name in ("messages", VECTORS, "passages", "blocks", "conversations"):
+        for name in (VECTORS, "messages", "passages", "blocks", "conversations"):  # vectors first (see forgetting.py)
             await self._c(name).delete_many({"agent_id": agent_id})
         await self._c("counters").delete_one({"_id": f"vectors:{agent_id}"})
         await self._purge_sources(agent_id)
