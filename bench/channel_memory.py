@@ -17,7 +17,13 @@ vectors came from), then `ChannelMemory.search` with real query embeddings:
 the first search (the index read from the store) and the p50 / p95 of the
 next ones, query embedding included.
 
-    python bench/channel_memory.py [--keep 2000] [--lines 10000 | --large] [--mongodb URI | --ferretdb]
+    python bench/channel_memory.py [--keep 2000] [--lines 10000 | --large] [--mongodb URI | --ferretdb [--postgres]]
+
+--ferretdb starts FerretDB as the tests do (tests/mongo_server.py: 1.24 on
+its SQLite handler, which answers every query but one on `_id` alone by
+reading the whole collection); with --postgres, on a throwaway PostgreSQL
+(bench/postgres_server.py), whose handler pushes equalities down. SQLite runs
+first, then the MongoDB server, in one process: compare ratios within a run.
 """
 
 from __future__ import annotations
@@ -189,25 +195,37 @@ def main() -> None:
     parser.add_argument(
         "--ferretdb", action="store_true", help="start FerretDB (tests/mongo_server.py) and run on it too"
     )
+    parser.add_argument("--postgres", action="store_true", help="FerretDB on PostgreSQL rather than SQLite")
+    parser.add_argument("--no-sqlite", action="store_true", help="skip the SQLite store's run")
     args = parser.parse_args()
     if args.large:
         args.lines = 100_000
     print(f"machine: {machine()}", flush=True)
-    server = None
-    mongodb = args.mongodb
+    server = postgres = None
+    mongodb, backend = args.mongodb, "mongodb"
     if args.ferretdb and not mongodb:
-        from tests.mongo_server import FerretDB, find_or_build_ferretdb
+        from tests.mongo_server import FERRETDB_VERSION, FerretDB, find_or_build_ferretdb
 
-        server = FerretDB(find_or_build_ferretdb())
+        url = ""
+        if args.postgres:
+            from bench.postgres_server import PostgreSQL
+
+            postgres = PostgreSQL()
+            url = postgres.start()
+        server = FerretDB(find_or_build_ferretdb(), url)
         mongodb = server.start()
+        backend = f"ferretdb {FERRETDB_VERSION} on {'postgresql' if args.postgres else 'sqlite'}"
     try:
         with tempfile.TemporaryDirectory() as folder:
-            asyncio.run(run(args, Path(folder), "", "sqlite"))
+            if not args.no_sqlite:
+                asyncio.run(run(args, Path(folder), "", "sqlite"))
             if mongodb:
-                asyncio.run(run(args, Path(folder), mongodb, "mongodb"))
+                asyncio.run(run(args, Path(folder), mongodb, backend))
     finally:
         if server is not None:
             server.stop()
+        if postgres is not None:
+            postgres.stop()
 
 
 if __name__ == "__main__":

@@ -438,7 +438,7 @@ def mongo_embeddings(uri: str, database: str, agent_id: str) -> dict[str, bytes]
     try:
         db = client[database]
         passage = db["passages"].find_one({"agent_id": agent_id, "embedded": True})
-        message = db["messages"].find_one({"agent_id": agent_id, "embedding": {"$exists": True}})
+        message = db["message_vectors"].find_one({"agent_id": agent_id})
     finally:
         client.close()
     assert passage is not None and message is not None

@@ -1,9 +1,10 @@
 """MongoStore's side of channel memories: the ChannelStore role
 (memory/roles.py). A channel's lines are documents of `messages` (of the
 channel's pseudo-agent) with a `speaker` and `speaker_name` (and `edited_at`
-once edited); content, folded terms and embedding live in the one document,
-so deleting it leaves no copy, and the in-process ranking index of each
-channel touched is read again from what is left.
+once edited); content and folded terms live in the one document, its
+embedding in message_vectors (memory/mongo/vectors.py), deleted with it, so
+no copy is left, and the in-process ranking index of each channel touched is
+read again from what is left.
 
     channel_consent  {_id: speaker agent key, keep, set_at}
     channel_modes    {_id: channel key, mode, set_at, armed: times "mention" re-armed the notice}
@@ -25,6 +26,7 @@ from memory.mongo.base import Doc, from_us, to_us
 from memory.mongo.capabilities import guarded
 from memory.mongo.forgetting import MongoForgetting
 from memory.mongo.keywords import words
+from memory.mongo.vectors import VECTORS, drop_vectors
 from memory.types import Message, prefix_end
 
 CHANNEL_INDEXES: dict[str, list[IndexModel]] = {
@@ -55,7 +57,8 @@ class MongoChannels(MongoForgetting):
         message.content = content
         terms = sorted(set(words(message.searchable_text())))
         fields = {"content": content, "edited_at": to_us(edited_at), "terms": terms}
-        await messages.update_one({"_id": doc["_id"]}, {"$set": fields, "$unset": {"embedding": ""}})
+        await messages.update_one({"_id": doc["_id"]}, {"$set": fields, "$unset": {"embedded": ""}})
+        await drop_vectors(self._c(VECTORS), agent_id, [message.seq])
         self._conversations.forget(agent_id)
         return True
 
@@ -96,11 +99,14 @@ class MongoChannels(MongoForgetting):
         """Delete the messages matching `where`, whole, and drop the ranking
         index of each agent that lost some."""
         messages = self._c("messages")
-        found = [doc async for doc in messages.find(where, {"_id": 1, "agent_id": 1})]
+        found = [doc async for doc in messages.find(where, {"_id": 1, "agent_id": 1, "seq": 1})]
         if not found:
             return 0
+        agents = {doc["agent_id"] for doc in found}
+        for agent_id in agents:  # vectors first: a crash between leaves no vector of a deleted line
+            await drop_vectors(self._c(VECTORS), agent_id, [doc["seq"] for doc in found if doc["agent_id"] == agent_id])
         result = await messages.delete_many({"_id": {"$in": [doc["_id"] for doc in found]}})
-        for agent_id in {doc["agent_id"] for doc in found}:
+        for agent_id in agents:
             self._conversations.forget(agent_id)
         return int(result.deleted_count)
 

@@ -16,6 +16,7 @@ from memory.mongo.inbox import INBOX_INDEXES
 from memory.mongo.schedules import SCHEDULE_INDEXES
 from memory.mongo.sources import SOURCE_INDEXES
 from memory.mongo.usage import USAGE_INDEXES
+from memory.mongo.vectors import VECTOR_INDEXES
 
 INDEXES: dict[str, list[IndexModel]] = {
     "agents": [
@@ -48,6 +49,7 @@ for _part in (
     SCHEDULE_INDEXES,
     INBOX_INDEXES,
     USAGE_INDEXES,
+    VECTOR_INDEXES,
 ):
     for _collection, _indexes in _part.items():
         ALL_INDEXES.setdefault(_collection, []).extend(_indexes)

@@ -5,8 +5,9 @@ does (memory/sqlite/recall.py), so both rank alike.
 Each agent's messages are held in an LRU-bounded cache of
 ConversationIndexes, read on its first search and brought up to date on every
 search: messages with a higher seq (one indexed query on agent_id + seq, empty
-when nothing is new) and, for the newest turns the index has no vector for,
-the vectors the database now holds (stored by another process, which worked
+when nothing is new) with their vectors (message_vectors, memory/mongo/
+vectors.py) and, for the newest turns the index has no vector for, the
+vectors the database now holds (stored by another process, which worked
 on the agent while this one held it cached).
 """
 
@@ -37,8 +38,8 @@ _INDEXED: Doc = {
     "created_at": 1,
     "place": 1,
     "speaker_name": 1,
-    "embedding": 1,
 }
+_VECTOR: Doc = {"_id": 0, "seq": 1, "embedding": 1}
 
 
 def _indexed(doc: Doc) -> Message:
@@ -64,24 +65,31 @@ class MessageIndexes:
     def cached_agents(self) -> Mapping[str, ConversationIndex]:
         return self._cache
 
-    async def index(self, messages: AsyncCollection[Any], agent_id: str) -> ConversationIndex:
+    async def index(
+        self, messages: AsyncCollection[Any], vectors: AsyncCollection[Any], agent_id: str
+    ) -> ConversationIndex:
+        """The agent's index, brought up to date: `messages` and their `vectors`
+        (memory/mongo/vectors.py) with a higher seq than it holds."""
         index = self._cache.get(agent_id)
         if index is None:
             index = self._cache[agent_id] = ConversationIndex()
-        cursor = messages.find({"agent_id": agent_id, "seq": {"$gt": index.last_seq}}, _INDEXED)
-        docs = [doc async for doc in cursor.sort("seq", ASCENDING)]
+        newer = {"agent_id": agent_id, "seq": {"$gt": index.last_seq}}
+        docs = [doc async for doc in messages.find(newer, _INDEXED).sort("seq", ASCENDING)]
         if docs:
-            index.add(map(_indexed, docs), {doc["seq"]: doc["embedding"] for doc in docs if "embedding" in doc})
+            seqs = {doc["seq"] for doc in docs}  # not a vector of a message that came after this read
+            found = {doc["seq"]: doc["embedding"] async for doc in vectors.find(newer, _VECTOR) if doc["seq"] in seqs}
+            index.add(map(_indexed, docs), found)
             return index
         missing = index.missing_vectors(REFRESH_LIMIT)
         if missing:
-            where = {"agent_id": agent_id, "seq": {"$in": missing}, "embedding": {"$exists": True}}
-            index.set_vectors({doc["seq"]: doc["embedding"] async for doc in messages.find(where, _INDEXED)})
+            where = {"agent_id": agent_id, "seq": {"$in": missing}}
+            index.set_vectors({doc["seq"]: doc["embedding"] async for doc in vectors.find(where, _VECTOR)})
         return index
 
     async def rank(
         self,
         messages: AsyncCollection[Any],
+        vectors: AsyncCollection[Any],
         agent_id: str,
         query: str,
         query_vector: Sequence[float] | None,
@@ -89,7 +97,7 @@ class MessageIndexes:
         offset: int,
         visible: Visibility | None = None,
     ) -> Ranked:
-        return (await self.index(messages, agent_id)).rank(query, query_vector, limit, offset, visible=visible)
+        return (await self.index(messages, vectors, agent_id)).rank(query, query_vector, limit, offset, visible=visible)
 
     def added(self, agent_id: str, vectors: Mapping[int, Vector]) -> None:
         """Vectors this process stored (an uncached agent reads them later)."""

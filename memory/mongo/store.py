@@ -13,10 +13,12 @@ carries `agent_id`, and every query filters on it):
     blocks    {agent_id, label, lines, limit, updated_at, position}
                (memory/mongo/blocks.py)
     messages  {agent_id, seq, batch_end, tok_total, role, content, tool_calls,
-               tool_call_id, name, created_at, place, terms, [embedding],
+               tool_call_id, name, created_at, place, terms, [embedded],
                [speaker, speaker_name, edited_at]: channels.py}
     passages  {_id: int id, agent_id, text, source, position, created_at,
                place, embedding, embedded, [hash], terms, words, analysed}
+    message_vectors {_id: "<agent id>:<seq>", agent_id, seq, embedding}
+               (memory/mongo/vectors.py: recall's embeddings, apart)
     counters  {_id: "passage_id" | "vectors:<agent id>", value}
     sources, source_attachments, documents (see memory/mongo/sources.py)
     lease_owners, lease_tickets (memory/mongo/coordination.py)
@@ -44,7 +46,7 @@ rest of its seqs unused: a gap, which nothing relies on (seqs stay unique and
 ordered, the queue is still a suffix). See docs/mongodb.md.
 
 Search. Recall: the agent's messages and the embeddings recall search stores
-lazily on them (memory/recall.py) are ranked in memory by conversation search,
+lazily for them (memory/recall.py; in message_vectors) are ranked in memory by conversation search,
 as the SQLite store ranks them (memory/mongo/recall.py, memory/search/
 conversation.py), with or without a query vector. Each message also stores its
 distinct folded words (`terms`, a multikey index) for queries made only of stop
@@ -65,7 +67,7 @@ import functools
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 from pymongo import ASCENDING, DESCENDING, AsyncMongoClient
@@ -83,9 +85,9 @@ from memory.mongo.keywords import bm25, upgrade_passage_terms, words
 from memory.mongo.schedules import MongoScheduleStore
 from memory.mongo.sources import MongoSources
 from memory.mongo.usage import MongoUsage
+from memory.mongo.vectors import VECTORS, upgrade_message_vectors
 from memory.places import DM_KEY, Visibility
 from memory.search.analysis import query_terms
-from memory.search.vector_index import check_dimension, embedding_matrix
 from memory.store import OutboxEntry, Store, StoreError
 from memory.types import AgentRecord, Block, Message, SearchPage
 
@@ -93,7 +95,7 @@ log = logging.getLogger(__name__)
 
 _MAX_QUERY_TERMS = 32
 # Search-only fields, never sent back with a message.
-_NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0, "embedding": 0}
+_NO_TERMS: Doc = {"terms": 0, "batch_end": 0, "tok_total": 0, "embedded": 0}
 
 
 # -- values ------------------------------------------------------------------
@@ -156,6 +158,7 @@ class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations
             await upgrade_to_places(db)
             await upgrade_block_lines(db)
             await upgrade_passage_terms(db["passages"])
+            await upgrade_message_vectors(db)
             await self._prepare_coordination(db)
             capabilities = await detect(db, self._vector_index)
             try:
@@ -228,7 +231,7 @@ class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations
         return None  # a server-backed store has no files of its own to clean
 
     async def _purge(self, agent_id: str) -> None:
-        for name in ("messages", "passages", "blocks", "conversations"):
+        for name in (VECTORS, "messages", "passages", "blocks", "conversations"):  # vectors first (see forgetting.py)
             await self._c(name).delete_many({"agent_id": agent_id})
         await self._c("counters").delete_one({"_id": f"vectors:{agent_id}"})
         await self._purge_sources(agent_id)
@@ -425,45 +428,16 @@ class MongoStore(MongoCoordination, MongoInbox, MongoSources, MongoConversations
     ) -> SearchPage:
         """Conversation search ranking over the agent's messages (memory/mongo/recall.py)."""
         messages = self._c("messages")
-        ranked = await self._conversations.rank(messages, agent_id, query, query_vector, limit, offset, visible)
+        vectors = self._c(VECTORS)
+        ranked = await self._conversations.rank(
+            messages, vectors, agent_id, query, query_vector, limit, offset, visible
+        )
         seqs = [seq for seq, _ in ranked.items]
         if not seqs:
             return SearchPage(items=[], total=ranked.total)
         found = messages.find({"agent_id": agent_id, "seq": {"$in": seqs}}, _NO_TERMS)
         by_seq = {doc["seq"]: _message(doc) async for doc in found}
         return SearchPage(items=[by_seq[seq] for seq in seqs if seq in by_seq], total=ranked.total)
-
-    @guarded
-    async def messages_without_embedding(self, agent_id: str, limit: int) -> list[Message]:
-        if limit <= 0:
-            return []
-        # People's and the agent's own words; tool results and system alerts
-        # (role user, name system_alert) are left to keyword search.
-        where = {
-            "agent_id": agent_id,
-            "role": {"$in": ["user", "assistant"]},
-            "content": {"$nin": [None, ""]},
-            "name": {"$ne": "system_alert"},
-            "embedding": {"$exists": False},
-        }
-        cursor = self._c("messages").find(where, _NO_TERMS).sort("seq", DESCENDING).limit(limit)
-        return [_message(doc) async for doc in cursor]
-
-    @guarded
-    async def set_message_embeddings(self, agent_id: str, vectors: Mapping[int, Sequence[float]]) -> None:
-        if not vectors:
-            return
-        seqs = [int(seq) for seq in vectors]
-        matrix = embedding_matrix([vectors[seq] for seq in vectors])
-        messages = self._c("messages")
-        stored = await messages.find_one({"agent_id": agent_id, "embedding": {"$exists": True}}, {"embedding": 1})
-        check_dimension(matrix, None if stored is None else len(stored["embedding"]))
-        # Only the agent's own messages (looked up by agent_id) are written.
-        where = {"agent_id": agent_id, "seq": {"$in": seqs}}
-        ids = {doc["seq"]: doc["_id"] async for doc in messages.find(where, {"_id": 1, "seq": 1})}
-        updates = [(ids[seq], {"embedding": matrix[n].tolist()}) for n, seq in enumerate(seqs) if seq in ids]
-        await self._update_by_id(messages, updates)
-        self._conversations.added(agent_id, {seq: matrix[n] for n, seq in enumerate(seqs) if seq in ids})
 
     @guarded
     async def messages_between(

@@ -319,4 +319,6 @@ async def _vector_of(store: Store, agent_id: str, text: str) -> bytes:
     assert isinstance(store, MongoStore)
     doc = await store.collection("messages").find_one({"agent_id": agent_id, "content": text})
     assert doc is not None
-    return np.asarray(doc["embedding"], dtype="<f4").tobytes()
+    vector = await store.collection("message_vectors").find_one({"agent_id": agent_id, "seq": doc["seq"]})
+    assert vector is not None
+    return np.asarray(vector["embedding"], dtype="<f4").tobytes()
