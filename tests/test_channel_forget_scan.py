@@ -198,7 +198,10 @@ class World:
         assert self.mongo is not None and isinstance(self.store, MongoStore)
         client: MongoClient[dict[str, Any]] = MongoClient(self.mongo.uri, serverSelectionTimeoutMS=5000)
         try:
-            doc = client[self.store.database]["messages"].find_one({"event_id": self.alice.event})
+            db = client[self.store.database]
+            line = db["messages"].find_one({"event_id": self.alice.event})
+            assert line is not None
+            doc = db["message_vectors"].find_one({"agent_id": line["agent_id"], "seq": line["seq"]})
         finally:
             client.close()
         assert doc is not None
