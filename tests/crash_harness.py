@@ -42,9 +42,11 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
+from bot.channels.listening import LISTENING_NOTICE
 from bot.durable.inbox import GAVE_UP
 from memory.types import Block, join_lines
 from tests.crash_script import FACT, MESSAGE, BatchModel, answered_in, scripted_model
@@ -56,6 +58,10 @@ from tests.helpers import free_port
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "crash-harness-signing-secret"
 TEAM = "T1"
+# The channel the bot listens in, and how often a user speaks there (each line kept once across the kills).
+LISTEN_CHANNEL = "CLISTEN"
+LISTEN_EVERY = 2  # a user's every second DM is followed by a line of theirs in the listening channel
+HEARD = re.compile(r"heard (U\d+) (\d+)")
 
 
 # --------------------------------------------------------------------------- the bot process
@@ -177,6 +183,9 @@ class Conversation:
     # Each user sends runs of 1 to 4 messages in a row (for debounce to batch), not one at a time.
     runs: bool = False
     gap: float = 0.03  # at most this many seconds between one event's acknowledgement and the next event
+    # A channel the bots listen in (SLACK_LISTEN_CHANNELS): after every LISTEN_EVERY-th DM of a
+    # user, a message of theirs there, mentioning nobody: kept in the channel's memory, never answered.
+    listen_in: str = ""
 
     def events(self) -> list[tuple[str, int, str]]:
         """(user, number, event id), users interleaved, each user's in order."""
@@ -191,49 +200,70 @@ class Conversation:
                 sent[user] += run
         return ordered
 
+    def heard(self) -> list[tuple[str, int, str]]:
+        """The messages said in the listening channel: (user, number, event id)."""
+        if not self.listen_in:
+            return []
+        return [(user, n, f"Ev{user}L{n:04d}") for user, n, _ in self.events() if n % LISTEN_EVERY == 0]
+
     async def play(self, port: int | Sequence[int], session: aiohttp.ClientSession) -> None:
         """Deliver every event, each attempt to a random one of `port` (a load balancer)."""
         ports = [port] if isinstance(port, int) else list(port)
+        heard = {(user, n) for user, n, _ in self.heard()}
         for user, number, event_id in self.events():
-            event = {
-                "type": "message",
-                "channel_type": "im",
-                "channel": f"D{user}",
-                "user": user,
-                "team": TEAM,
-                "text": f"msg {user} {number}",
-                "ts": f"{int(time.time())}.{number:06d}",
+            direct = _message(f"D{user}", "im", user, f"msg {user} {number}", number)
+            await self._deliver(direct, event_id, ports, session)
+            if (user, number) in heard:  # its ts unique in the channel: the line's message id
+                ts_number = self.users.index(user) * 10_000 + number
+                event = _message(self.listen_in, "channel", user, f"heard {user} {number}", ts_number)
+                await self._deliver(event, f"Ev{user}L{number:04d}", ports, session)
+
+    async def _deliver(
+        self, event: dict[str, Any], event_id: str, ports: Sequence[int], session: aiohttp.ClientSession
+    ) -> None:
+        body = json.dumps(
+            {
+                "token": "x",
+                "team_id": TEAM,
+                "api_app_id": "A1",
+                "event": event,
+                "type": "event_callback",
+                "event_id": event_id,
+                "event_time": int(time.time()),
             }
-            body = json.dumps(
-                {
-                    "token": "x",
-                    "team_id": TEAM,
-                    "api_app_id": "A1",
-                    "event": event,
-                    "type": "event_callback",
-                    "event_id": event_id,
-                    "event_time": int(time.time()),
-                }
-            )
-            attempt = 0
-            while True:  # Slack re-delivers until it gets a 2xx
-                headers = {"Content-Type": "application/json", **signature_headers(body, SECRET)}
-                if attempt:
-                    headers |= {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"}
-                self.deliveries += 1
-                url = f"http://127.0.0.1:{self.rng.choice(ports) if len(ports) > 1 else ports[0]}/slack/events"
-                try:
-                    async with session.post(
-                        url, data=body.encode(), headers=headers, timeout=aiohttp.ClientTimeout(total=3)
-                    ) as response:
-                        if 200 <= response.status < 300:
-                            break
-                except (aiohttp.ClientError, TimeoutError):
-                    pass
-                attempt += 1
-                await asyncio.sleep(0.05)
-            self.acked += 1
-            await asyncio.sleep(self.rng.uniform(0.0, self.gap))
+        )
+        attempt = 0
+        while True:  # Slack re-delivers until it gets a 2xx
+            headers = {"Content-Type": "application/json", **signature_headers(body, SECRET)}
+            if attempt:
+                headers |= {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"}
+            self.deliveries += 1
+            url = f"http://127.0.0.1:{self.rng.choice(ports) if len(ports) > 1 else ports[0]}/slack/events"
+            try:
+                async with session.post(
+                    url, data=body.encode(), headers=headers, timeout=aiohttp.ClientTimeout(total=3)
+                ) as response:
+                    if 200 <= response.status < 300:
+                        break
+            except (aiohttp.ClientError, TimeoutError):
+                pass
+            attempt += 1
+            await asyncio.sleep(0.05)
+        self.acked += 1
+        await asyncio.sleep(self.rng.uniform(0.0, self.gap))
+
+
+def _message(channel: str, channel_type: str, user: str, text: str, number: int) -> dict[str, Any]:
+    """A Slack `message` event of `user` in `channel`."""
+    return {
+        "type": "message",
+        "channel_type": channel_type,
+        "channel": channel,
+        "user": user,
+        "team": TEAM,
+        "text": text,
+        "ts": f"{int(time.time())}.{number:06d}",
+    }
 
 
 # --------------------------------------------------------------------------- the run
@@ -258,6 +288,8 @@ class Report:
     batched: int = 0  # posts that answered several messages at once (debounce on)
     gave_up: Counter[str] = field(default_factory=Counter)  # "could not process" notices, by user
     unexpected: Counter[str] = field(default_factory=Counter)  # posts that are neither answers nor notices, by user
+    heard: Counter[tuple[str, int]] = field(default_factory=Counter)  # lines in the channel's memory: each once
+    listening_notices: int = 0  # the channel's "I keep what is said here": at most once
     problems: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
@@ -273,7 +305,9 @@ class Report:
             f"given up (notices by user): {dict(sorted(self.gave_up.items()))} "
             f"after {self.poison_deaths} deaths on the poison event; "
             f"answers to several messages at once: {self.batched}; "
-            f"kills put off while a suspect ran alone: {self.held_back}"
+            f"kills put off while a suspect ran alone: {self.held_back}; "
+            f"listening channel lines not kept exactly once: {sum(1 for c in self.heard.values() if c != 1)} "
+            f"of {len(self.heard)}"
         )
 
 
@@ -289,13 +323,15 @@ async def run(
     poison: tuple[str, int] | None = None,
     hogs: int = 0,
     debounce: float = 0.0,
+    listen: bool = True,
 ) -> Report:
     """Play the conversation, SIGKILLing the bot `kills` times (the first
     `startup_kills` of them during start-up, before it listens) and
     restarting it. With `poison` (user, message number), the bot is also
     killed whenever the model is asked about that message, as if the event
     itself crashed it. `hogs` processes spin on the CPU meanwhile. `debounce`:
-    MEMGPT_DEBOUNCE_SECONDS (0: off)."""
+    MEMGPT_DEBOUNCE_SECONDS (0: off). `listen`: users also speak in a channel the
+    bot listens in (each line kept once)."""
     rng = random.Random(seed)
     llm = start_fake_llm()
     slack = FakeSlack(bot_token="xoxb-crash-harness", team_id=TEAM).start()
@@ -317,6 +353,7 @@ async def run(
         "SLACK_API_URL": slack.api_url,
         "SLACK_HTTP_HOST": "127.0.0.1",
         "SLACK_HTTP_PORT": str(port),
+        "SLACK_LISTEN_CHANNELS": LISTEN_CHANNEL,
         # The conversation is a burst far above any sane per-user rate: no limits here.
         "MEMGPT_RATE_LIMIT_PER_MINUTE": "0",
         "MEMGPT_DAILY_TOKEN_BUDGET": "0",
@@ -339,7 +376,8 @@ async def run(
     poisoned = kill_on_poison if poison else None
     batches = BatchModel() if debounce > 0 else None
     llm.set_handler(lambda request: scripted_model(request, poisoned, batches=batches))
-    conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng, runs=debounce > 0)
+    people = [f"U{n}" for n in range(1, users + 1)]
+    conversation = Conversation(people, per_user, rng, runs=debounce > 0, listen_in=LISTEN_CHANNEL if listen else "")
     started = time.monotonic()
     done_killing = 0
     spinners = [
@@ -514,9 +552,29 @@ def tally_posts(report: Report, slack: FakeSlack) -> None:
             report.batched += len(asked) > 1
         elif text == GAVE_UP:
             report.gave_up[user] += 1
+        elif text == LISTENING_NOTICE and not user.startswith("U"):  # said in the channel, not to a person
+            report.listening_notices += 1
         else:
             report.unexpected[user] += 1
             report.problems.append(f"unexpected post to {user}: {text[:80]!r}")
+
+
+def check_heard(report: Report, conversation: Conversation, kept: Sequence[str]) -> None:
+    """The listening channel's memory (`kept`: its lines' texts) holds each line said there
+    once, and nothing else; its notice was said at most once."""
+    for user, number, _ in conversation.heard():
+        report.heard.setdefault((user, number), 0)
+    for text in kept:
+        found = HEARD.fullmatch(text)
+        if found is None or (found.group(1), int(found.group(2))) not in report.heard:
+            report.problems.append(f"the channel's memory holds {text[:80]!r}")
+            continue
+        report.heard[(found.group(1), int(found.group(2)))] += 1
+    for (user, number), count in sorted(report.heard.items()):
+        if count != 1:
+            report.problems.append(f"{user}'s channel line {number} kept {count} times")
+    if report.listening_notices > 1:
+        report.problems.append(f"the listening notice was said {report.listening_notices} times")
 
 
 def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversation) -> None:
@@ -552,6 +610,11 @@ def _check(report: Report, slack: FakeSlack, db: Path, conversation: Conversatio
             if missing:
                 report.facts_ok = False
                 report.problems.append(f"working context of {key} lost facts {sorted(missing)[:5]}")
+        kept = conn.execute(
+            "SELECT m.content FROM messages m JOIN agents a ON a.id = m.agent_id WHERE a.key = ?",
+            (f"channel:slack:{TEAM}:{LISTEN_CHANNEL}",),
+        ).fetchall()
+        check_heard(report, conversation, [str(content or "") for (content,) in kept])
         troubled = set(report.unexpected)
         for (user, number), count in sorted(report.answers.items()):
             if count > 1 or (count == 0 and user not in report.gave_up):

@@ -9,9 +9,14 @@ model: tests/crash_harness.py, tests/crash_script.py).
 
     python -m tests.multiproc_harness --seeds 10 [--processes 3 --kills 20 --users 6 --messages 12]
 
+Each user's every second DM is followed by a line of theirs in a channel the
+bots listen in (SLACK_LISTEN_CHANNELS), mentioning nobody: kept, not answered.
+
 Checked at the end: every message named by exactly one post (0 lost, 0
-doubled), every message in recall storage exactly once, the working context
-whole facts only, nothing left unfinished in the inbox or the outbox.
+doubled), every message in recall storage exactly once, every channel line in
+the channel's memory exactly once (and the listening notice said at most
+once), the working context whole facts only, nothing left unfinished in the
+inbox or the outbox.
 """
 
 from __future__ import annotations
@@ -35,12 +40,14 @@ from pymongo.errors import PyMongoError
 
 from memory.mongo.blocks import block_from_doc
 from tests.crash_harness import (
+    LISTEN_CHANNEL,
     SECRET,
     TEAM,
     BotProcess,
     Conversation,
     Report,
     _all_answered,
+    check_heard,
     free_port,
     kill_blaming_no_one,
     tally_posts,
@@ -129,6 +136,7 @@ async def run(
         "SLACK_SIGNING_SECRET": SECRET,
         "SLACK_API_URL": slack.api_url,
         "SLACK_HTTP_HOST": "127.0.0.1",
+        "SLACK_LISTEN_CHANNELS": LISTEN_CHANNEL,
         "MEMGPT_RATE_LIMIT_PER_MINUTE": "0",
         "MEMGPT_DAILY_TOKEN_BUDGET": "0",
         "MEMGPT_WARM_UP": "off",
@@ -157,7 +165,9 @@ async def run(
 
     batches = BatchModel(delivered)  # debounce on or off: one post may answer several messages
     llm.set_handler(lambda request: scripted_model(request, None, batches=batches))
-    conversation = Conversation([f"U{n}" for n in range(1, users + 1)], per_user, rng, runs=debounce > 0, gap=gap)
+    conversation = Conversation(
+        [f"U{n}" for n in range(1, users + 1)], per_user, rng, runs=debounce > 0, gap=gap, listen_in=LISTEN_CHANNEL
+    )
     expected = len(conversation.events())
     started = time.monotonic()
     done_killing = held_back = 0
@@ -261,6 +271,10 @@ async def _check(report: Report, slack: FakeSlack, db: object, conversation: Con
         if missing:
             report.facts_ok = False
             report.problems.append(f"working context of {user} lost facts {sorted(missing)[:5]}")
+    memory_key = f"channel:slack:{TEAM}:{LISTEN_CHANNEL}"
+    channel = next((agent_id for agent_id, key in keys.items() if key == memory_key), None)
+    lines = db["messages"].find({"agent_id": channel}, {"content": 1})  # type: ignore[index]
+    check_heard(report, conversation, [str(doc.get("content") or "") async for doc in lines])
     troubled = set(report.unexpected)
     for (user, number), count in sorted(report.answers.items()):
         if count != 1:
@@ -316,6 +330,8 @@ def line(seed: int, report: Report) -> str:
     return (
         f"seed {seed}: {report.events} messages, {report.kills} kills, {report.deliveries} deliveries, "
         f"{report.seconds:.0f} s: lost {lost}, doubled {doubled}, recall not once {recall}, "
+        f"channel lines heard {len(report.heard)}: lost {sum(1 for c in report.heard.values() if c == 0)}, "
+        f"kept twice {sum(1 for c in report.heard.values() if c > 1)}, "
         f"given up {sum(report.gave_up.values())}, batched posts {report.batched}, "
         f"kills put off while a suspect ran alone {report.held_back}, "
         f"left unfinished {report.pending_events}+{report.pending_replies}, facts whole {report.facts_ok}"

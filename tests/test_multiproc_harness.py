@@ -32,6 +32,7 @@ async def test_three_processes_with_kills_lose_nothing_and_double_nothing(
     assert report.kills >= 1, line(seed, report)  # the kills did land
     assert Counter(report.answers.values()) == Counter({1: report.events}), line(seed, report)
     assert Counter(report.recall.values()) == Counter({1: report.events}), line(seed, report)
+    assert report.heard and set(report.heard.values()) == {1}, line(seed, report)  # each channel line kept once
     assert report.facts_ok and report.duplicate_facts == 0, report.problems
     assert (report.pending_events, report.pending_replies) == (0, 0), line(seed, report)
     assert report.gave_up == Counter(), line(seed, report)  # no event killed the bots: none given up
