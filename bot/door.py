@@ -167,6 +167,7 @@ class Doors:
         # Work in flight, for `settle`: turns held or awaited (an event's, from building it to
         # its last reply; a tick's; a command's), and inbox writes under way.
         self._open: dict[object, asyncio.Event] = {}
+        self._after: set[asyncio.Task[None]] = set()  # what `after` started, held while it runs
 
     def door(self, key: str) -> Door:
         return Door(key, self)
@@ -181,6 +182,24 @@ class Doors:
     def counted(self) -> _Open:
         """Counts the `with` body as work in flight, for `settle`."""
         return _Open(self._open)
+
+    def after(self, work: Callable[[], Awaitable[object]]) -> None:
+        """Run `work` beside the caller's turn, counted in flight from now: for what must
+        not wait inside the door asking for it (it passes other people's doors)."""
+        counted = self.counted()
+        counted.__enter__()
+
+        async def running() -> None:
+            try:
+                await work()
+            except Exception:
+                log.exception("work started by an agent's turn failed")
+            finally:
+                counted.__exit__()
+
+        task = asyncio.create_task(running())
+        self._after.add(task)
+        task.add_done_callback(self._after.discard)
 
     async def settle(self, within: float = SHUTDOWN_GRACE, *, say: Callable[[str], Any] | None = None) -> int:
         """The one shutdown wait: at most `within` seconds for the work in flight now

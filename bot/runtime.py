@@ -138,6 +138,7 @@ class Runtime(LedgerCommands):
             store_wait=self.store_wait,
             limits=self.limits,
         )
+        self.services.forget_in_channels = self.forget_in_channels_after  # the chat's forget_memories
         # The event port (bot/ports.py): the doors', the inbox's replays and the outbox's reports.
         self.handle, self.turn, self.deliver, self.settle = doors.handle, doors.turn, doors.deliver, doors.settle
         self.receive, self.finished, self.leftovers = doors.receive, doors.finished, self.inbox.leftovers

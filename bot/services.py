@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,3 +52,6 @@ class AgentServices:
     # and their notes (memory/channel_notes.py); None: no channel memory (bare services in tests).
     channels: ChannelMemory | None = None
     channel_notes: ChannelNotes | None = None
+    # Forget a topic in what channels kept of a person (key, topic), after their turn:
+    # the chat's forget_memories (bot/functions/forget.py); set by the runtime.
+    forget_in_channels: Callable[[str, str], None] | None = None

@@ -109,6 +109,10 @@ class ChannelNotes:
             return copy[0]
         return await self._load(channel)
 
+    def forget(self, channel: str) -> None:
+        """Notes of the channel were deleted: read them from the store next time."""
+        self._copies.pop(channel, None)
+
     async def _load(self, channel: str) -> Block | None:
         memory_id = await self.memory.memory_id(channel)
         block = None

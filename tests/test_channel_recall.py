@@ -29,7 +29,8 @@ GENERAL = Place("public", "C100", "#general")
 RANDOM = Place("public", "C101", "#random")
 TEAM = Place("private", "G200", "#team")
 ALICE, BOB, CAROL = "T1:UALICE", "T1:UBOB", "T2:UCAROL"
-COMMAND = re.compile(r"CMD (find|pages|note|renote|say) ([^\n]*)")
+COMMAND = re.compile(r"CMD (find|pages|note|renote|forget|confirm|say) ([^\n]*)")
+CODE = re.compile(r"with code '([0-9a-f]+)'")
 
 
 def scripted(request: dict[str, Any]) -> Reply:
@@ -52,6 +53,12 @@ def scripted(request: dict[str, Any]) -> Reply:
         pages, _, query = text.partition(" ")
         calls = [{"query": query, "page": page, "request_heartbeat": True} for page in range(int(pages))]
         return reply_tool_calls(*(tool_call("conversation_search", arguments) for arguments in calls))
+    if verb == "forget":  # the chat's two-step forget: the topic, then its code after a yes
+        return reply_tool_calls(tool_call("forget_memories", {"topic": text, "request_heartbeat": True}))
+    if verb == "confirm":
+        codes = [CODE.search(m.get("content") or "") for m in messages if m.get("role") == "tool"]
+        code = next(found.group(1) for found in reversed(codes) if found)
+        return reply_tool_calls(tool_call("forget_memories", {"code": code, "request_heartbeat": True}))
     if verb == "note":
         arguments = {"name": "channel", "content": text, "request_heartbeat": True}
         return reply_tool_calls(tool_call("core_memory_append", arguments))
@@ -245,3 +252,36 @@ def test_an_edit_keeps_credits_it_does_not_touch() -> None:
         assert "limit is 200" in str(error)
     else:
         raise AssertionError("an edit over the limit is refused")
+
+
+async def test_a_forgotten_line_leaves_the_loaded_agents_that_were_shown_it(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # Bob's search result is kept as a placeholder, but shown whole while his agent stays
+    # loaded: alice's forget passes his door, so his next request is built without it.
+    llm_server.set_handler(scripted)
+    runtime = await make_runtime(channel_context_messages=0)
+    talk = Channels(runtime, llm_server)
+    await talk.heard(ALICE, "The launch moves to May 3, code name Falcon.", GENERAL)
+    assert "Falcon" in search_result(await talk.say(BOB, "CMD find Falcon", GENERAL))
+    receipt = await runtime.forget_topic(f"slack:{ALICE}", "Falcon")
+    assert receipt.channel_lines == 1
+    later = await talk.say(BOB, "CMD say anything new?", GENERAL)
+    assert later and "May 3" not in dumps(later)  # her line; "Falcon" is in bob's own question
+
+
+async def test_forgetting_in_chat_reaches_her_channel_lines(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # forget_memories, asked in her DM, reaches what channels kept of her, as /forget about: does.
+    llm_server.set_handler(scripted)
+    runtime = await make_runtime(channel_context_messages=0)
+    talk = Channels(runtime, llm_server)
+    await talk.heard(ALICE, "The launch moves to May 3, code name Falcon.", GENERAL)
+    await talk.heard(ALICE, "Lunch is at noon on Fridays.", GENERAL)
+    await talk.say(ALICE, "I said the launch is code name Falcon")  # something to match in her own memory
+    await talk.say(ALICE, "CMD forget Falcon")
+    await talk.say(ALICE, "CMD confirm yes")
+    assert await runtime.settle(30) == 0  # the channel part runs after her turn
+    kept = [line.text for line in await runtime.channel_memory.speaker_lines(f"slack:{ALICE}")]
+    assert kept == ["Lunch is at noon on Fridays."]

@@ -39,6 +39,7 @@ from memory.working_context import forget_lines
 
 if TYPE_CHECKING:
     from bot.door import Doors
+    from bot.services import AgentServices
     from memory.store import Store
 
 CHANNELS_OFF = (
@@ -67,6 +68,7 @@ class ChannelCommands:
     store: Store
     doors: Doors
     channel_memory: ChannelMemory
+    services: AgentServices
 
     # -- reading --------------------------------------------------------------
     async def credited_notes(self, key: str, channel: str | None = None) -> list[ChannelNote]:
@@ -128,6 +130,17 @@ class ChannelCommands:
         )
 
     # -- deleting -------------------------------------------------------------
+    def forget_in_channels_after(self, key: str, about: str) -> None:
+        """Forget `about` in their channel lines and credited notes once the turn asking for it
+        ends (the chat's forget_memories: its agent's door is held, and this passes others')."""
+
+        async def forgetting() -> None:
+            lines, notes = await self.find_in_channels(key, Matcher(about, self.services.archival.embedder))
+            if lines or notes:
+                await self.erase_in_channels(key, lines, notes)
+
+        self.doors.after(forgetting)
+
     async def erase_in_channels(
         self,
         key: str,
@@ -150,7 +163,8 @@ class ChannelCommands:
             notes = await self.credited_notes(key, channel)
         dropped = await self._drop_notes(notes)
         texts = [line.text for line in listed] + [note.line.text for note in notes]
-        copies = await remove_copies(self.store, self.doors, texts, owner=key)
+        channels = {channel_id(line.channel) for line in listed} | {channel_id(note.channel) for note in notes}
+        copies = await remove_copies(self.store, self.doors, texts, owner=key, channels=channels)
         await self.store.inbox_scrub(key)  # a listened message's payload is theirs (bot/durable/inbox.py)
         await self.store.flush_deleted()
         return ChannelErased(deleted, dropped, copies)
@@ -166,6 +180,8 @@ class ChannelCommands:
 
             # The channel's door: a note written there meanwhile is not lost, nor this one restored.
             await self.doors.admin(memory_key(channel), dropping)
+            if self.services.channel_notes is not None:
+                self.services.channel_notes.forget(channel)  # this process's copy, read again at once
         return len(notes)
 
     # -- /memory channels -----------------------------------------------------------

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from bot.forgetting.matching import with_their_pairs
@@ -111,9 +111,14 @@ def _json_strings(text: str) -> Iterator[str]:
             stack.extend(item)
 
 
-async def copies_of(store: Store, agent_id: str, quotes: Quotes) -> list[Message]:
+async def channel_places(store: Store, agent_id: str) -> list[str]:
+    """The places of the agent's conversations in channels ("public:C7", ...)."""
+    return [c.place for c in await store.list_conversations(agent_id) if c.place != DM_KEY]
+
+
+async def copies_of(store: Store, agent_id: str, quotes: Quotes, places: Sequence[str] | None = None) -> list[Message]:
     """The agent's messages in channel conversations that quote one of the lines, with their pairs."""
-    places = [c.place for c in await store.list_conversations(agent_id) if c.place != DM_KEY]
+    places = await channel_places(store, agent_id) if places is None else places
     held: list[Message] = []
     history: list[Message] = []
     for place in places:
@@ -123,9 +128,17 @@ async def copies_of(store: Store, agent_id: str, quotes: Quotes) -> list[Message
     return with_their_pairs(held, history) if held else []
 
 
-async def remove_copies(store: Store, doors: Doors, lines: Sequence[str], *, owner: str) -> int:
+async def remove_copies(
+    store: Store, doors: Doors, lines: Sequence[str], *, owner: str, channels: Collection[str] = ()
+) -> int:
     """Delete every copy of `lines` in the memories of people other than
-    `owner` (who forgot them), each through its agent's door; how many messages went."""
+    `owner` (who forgot them), each through its agent's door; how many messages went.
+
+    Everyone who talked with the bot in one of `channels` (the ids of the channels the
+    lines were said in) also has their agent's door passed, copies or not: a search
+    result is kept as a placeholder but shown whole while their agent stays loaded
+    (Message.shown), as are a channel's notes in its system message; the door's pass
+    reloads it, here and, under leases, in every process."""
     quotes = Quotes(lines)
     if not quotes:
         return 0
@@ -133,7 +146,9 @@ async def remove_copies(store: Store, doors: Doors, lines: Sequence[str], *, own
     for agent in await store.list_agents():
         if agent.key == owner or not is_person_key(agent.key):
             continue
-        if not await copies_of(store, agent.id, quotes):  # a read outside the door: most people hold none
+        places = await channel_places(store, agent.id)
+        was_there = any(place.partition(":")[2] in channels for place in places)
+        if not was_there and not await copies_of(store, agent.id, quotes, places):  # most people hold none
             continue
 
         async def removing(agent_id: str = agent.id, key: str = agent.key) -> int:

@@ -105,6 +105,8 @@ def register_forget_functions(functions: FunctionSet[Agent]) -> None:
         proposals.pop(agent.id, None)
         _, receipt = await forget_about(agent.services, agent.record, proposal.topic, keep=_under_way(agent))
         await reload(agent)  # the queues, notes and counts the next requests are built from
+        if agent.services.forget_in_channels is not None:  # their channel lines and notes, as /forget about: does
+            agent.services.forget_in_channels(agent.record.key, proposal.topic)
         if not agent.place.is_dm:
             return "Forgotten everywhere. The person can check what is left with /memory (only they see it)."
         return receipt.text()
