@@ -113,12 +113,13 @@ class ChannelMemory:
         None while nothing was kept there, unless `create` makes its record."""
         return await (self._new_memory_id(channel) if create else self._memory_id(channel))
 
-    async def _memory_id(self, channel: str) -> str | None:
+    async def _memory_id(self, channel: str, *, trust_a_miss: bool = True) -> str | None:
         """The channel memory's agent id; None while nothing was kept there
-        (a miss is remembered for MISSING_SECONDS)."""
+        (a miss is remembered for MISSING_SECONDS, unless not to be trusted:
+        an edit or deletion that another process's keep may have made apply)."""
         known = self._ids.get(channel)
         if known is None:
-            if channel in self._missing:
+            if trust_a_miss and channel in self._missing:
                 return None
             record = await self.store.find_agent(memory_key(channel))
             if record is None:
@@ -165,7 +166,7 @@ class ChannelMemory:
 
     async def edit(self, channel: str, message_id: str, text: str, edited_at: datetime) -> bool:
         """A platform edit: the line's new text (searched and embedded anew). False if it was never kept."""
-        memory_id = await self._memory_id(channel)
+        memory_id = await self._memory_id(channel, trust_a_miss=False)
         if memory_id is None or not await self.store.edit_message(memory_id, message_id, text, edited_at):
             return False
         self.recall.embed_later(memory_id, GATHER)
@@ -230,7 +231,7 @@ class ChannelMemory:
         return deleted
 
     async def _delete_lines(self, channel: str, message_ids: Sequence[str], *, flush: bool = True) -> int:
-        memory_id = await self._memory_id(channel)
+        memory_id = await self._memory_id(channel, trust_a_miss=False)
         if memory_id is None:
             return 0
         deleted = await self.store.delete_event_messages(memory_id, message_ids)

@@ -38,6 +38,7 @@ from memory.types import CHANNEL_KEY_PREFIX, ChannelLine
 from memory.working_context import forget_lines
 
 if TYPE_CHECKING:
+    from bot.channels.listening import ChannelListener
     from bot.door import Doors
     from bot.services import AgentServices
     from memory.store import Store
@@ -69,6 +70,7 @@ class ChannelCommands:
     doors: Doors
     channel_memory: ChannelMemory
     services: AgentServices
+    channels: ChannelListener
 
     # -- reading --------------------------------------------------------------
     async def credited_notes(self, key: str, channel: str | None = None) -> list[ChannelNote]:
@@ -191,11 +193,13 @@ class ChannelCommands:
         if choice == "off":
             # The choice first: from now on no keep adds a line of theirs (see the docstring).
             await self.channel_memory.set_consent(key, False)
+            self.channels.consent_changed(key)
             erased = await self.erase_in_channels(key)
             gone = f"{plural(erased.lines, 'message')} and {plural(erased.notes, 'note')} credited to you"
             return CHANNELS_OFF.format(gone=gone)
         if choice == "on":
             await self.channel_memory.set_consent(key, True)
+            self.channels.consent_changed(key)  # this process keeps their next line at once
             return CHANNELS_ON
         if choice:
             return f"/memory channels takes on or off, not {choice!r}."

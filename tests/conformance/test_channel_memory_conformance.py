@@ -166,6 +166,24 @@ async def test_an_edit_replaces_the_text_and_a_deletion_removes_the_line(channel
     assert await channels.speaker_counts(BOB) == {}
 
 
+async def test_an_edit_or_deletion_applies_where_another_process_kept_the_line(
+    store: Store, embedder: Embedder, channels: ChannelMemory
+) -> None:
+    # This process found the channel without a memory (and remembers that for a while);
+    # another kept a line there since: the platform's edit and deletion of it still apply.
+    other_recall = RecallMemory(store, embedder)
+    other = ChannelMemory(store, other_recall)
+    try:
+        assert (await channels.search(GENERAL, "Marlin", 10)).total == 0
+        said = Said()
+        await keep_all(other, [said.line(GENERAL, ALICE, "the code name is Marlin")])
+        assert await channels.edit(GENERAL, "m1", "the code name is Sailfish", T0 + timedelta(hours=1))
+        assert await channels.delete(GENERAL, "m1")
+        assert await other.speaker_counts(ALICE) == {}
+    finally:
+        await other_recall.close()
+
+
 async def test_a_speakers_lines_are_counted_listed_and_forgotten_by_channel_or_topic(
     store: Store, channels: ChannelMemory
 ) -> None:
