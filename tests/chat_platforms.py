@@ -5,8 +5,11 @@ every test reads the same on every platform. The bot itself is `memgpt-bot run` 
 its own process (`BotProcess`), talking to the stand-in through the platform's real
 client library (slack-bolt / slack-sdk in Socket Mode; discord.py's gateway and HTTP).
 
-People: "alice" (a member of the private channel) and "bob". Places: "dm:<person>",
-"public" and "private".
+People: "alice" (a member of the private channel) and "bob"; "carol", of another
+workspace (Slack) or also in another server (Discord). Places: "dm:<person>",
+"public", "private", "other" (a second public channel) and "far" (a public channel
+of the other workspace or server; on Slack the same channel id as "public", as a
+channel shared between two workspaces has).
 """
 
 from __future__ import annotations
@@ -42,8 +45,25 @@ class ChatPlatform(Protocol):
         ...
 
     def redeliver(self, sent: Any) -> None: ...
-    def command(self, person: str, name: str) -> None:
-        """`person` runs the slash command `/name` in their DMs."""
+    def message_id(self, sent: Any) -> str:
+        """The platform's id of a message `say` or `mention` sent."""
+        ...
+
+    def edit(self, sent: Any, text: str) -> None:
+        """Its author edits a message `say` sent."""
+        ...
+
+    def delete(self, sent: Any) -> None: ...
+    def listen(self, *places: str) -> dict[str, str]:
+        """The settings that make these channels listen."""
+        ...
+
+    def command(self, person: str, name: str, **options: str) -> None:
+        """`person` runs the slash command `/name` in their DMs (options as `name: value`)."""
+        ...
+
+    def press(self, person: str, label: str) -> None:
+        """`person` presses the button `label` under the newest answer that has one."""
         ...
 
     def private_answers(self, person: str) -> list[str]:
@@ -74,12 +94,14 @@ class SlackPlatform:
     def __init__(self, slack: FakeSlack) -> None:
         self.slack = slack
         self.secrets = (slack.bot_token, slack.app_token)
-        self.ids = {"alice": "U1", "bob": "U2"}
+        self.ids = {"alice": "U1", "bob": "U2", "carol": "U3"}
+        self.teams = {"alice": slack.team_id, "bob": slack.team_id, "carol": "T2"}
         for person, user_id in self.ids.items():
-            slack.add_user(user_id, person.title())
+            slack.add_user(user_id, person.title(), team_id=self.teams[person])
         slack.add_channel("C1", "general")
         slack.add_channel("G1", "team", private=True)
-        self.channels = {"public": "C1", "private": "G1"}
+        slack.add_channel("C2", "random")
+        self.channels = {"public": "C1", "private": "G1", "other": "C2", "far": "C1"}
 
     def env(self) -> dict[str, str]:
         return {
@@ -91,16 +113,23 @@ class SlackPlatform:
     def _channel(self, place: str) -> str:
         return f"D{self.ids[place[3:]]}" if place.startswith("dm:") else self.channels[place]
 
-    def _send(self, event: dict[str, Any]) -> dict[str, Any]:
+    def _team(self, place: str) -> str:
+        return "T2" if place == "far" else self.slack.team_id
+
+    def _kind(self, place: str) -> str:
+        return "group" if place == "private" else "channel"
+
+    def _send(self, event: dict[str, Any], team: str = "") -> dict[str, Any]:
+        team = team or self.slack.team_id
         body = {
             "token": "legacy-verification-token",
-            "team_id": self.slack.team_id,
+            "team_id": team,
             "api_app_id": "A1",
             "event": event,
             "type": "event_callback",
             "event_id": f"Ev{uuid.uuid4().hex[:12].upper()}",
             "event_time": int(time.time()),
-            "authorizations": [{"team_id": self.slack.team_id, "user_id": self.slack.bot_user_id, "is_bot": True}],
+            "authorizations": [{"team_id": team, "user_id": self.slack.bot_user_id, "is_bot": True}],
         }
         self.wait_until(lambda: self.slack.socket_connected, 60)
         self.slack.send_socket_event(body)
@@ -113,39 +142,92 @@ class SlackPlatform:
 
     def mention(self, place: str, person: str, text: str) -> Any:
         # Slack sends both: the app_mention, and the message itself (message.channels).
-        channel, user = self._channel(place), self.ids[person]
+        channel, user, team = self._channel(place), self.ids[person], self._team(place)
         message = self.slack.add_message(channel, user, f"<@{self.slack.bot_user_id}> {text}")
-        where = {"channel": channel, "team": self.slack.team_id}
-        sent = self._send(message | where | {"type": "app_mention"})
-        self._send(message | where | {"channel_type": "channel" if place == "public" else "group"})
+        where = {"channel": channel, "team": team}
+        sent = self._send(message | where | {"type": "app_mention"}, team)
+        self._send(message | where | {"channel_type": self._kind(place)}, team)
         return sent
 
     def say(self, place: str, person: str, text: str) -> Any:
-        channel, user = self._channel(place), self.ids[person]
+        channel, user, team = self._channel(place), self.ids[person], self._team(place)
         message = self.slack.add_message(channel, user, text)
-        kind = "channel" if place == "public" else "group"
-        return self._send(message | {"channel": channel, "channel_type": kind, "team": self.slack.team_id})
+        return self._send(message | {"channel": channel, "channel_type": self._kind(place), "team": team}, team)
+
+    def message_id(self, sent: Any) -> str:
+        return str(sent["event"]["ts"])
+
+    def edit(self, sent: Any, text: str) -> None:
+        event, stamp = sent["event"], f"{time.time():.6f}"
+        edited = {k: v for k, v in event.items() if k in ("type", "user", "ts", "team")}
+        edited |= {"text": text, "edited": {"user": event["user"], "ts": stamp}}
+        changed = {"type": "message", "subtype": "message_changed", "hidden": True, "message": edited}
+        changed |= {"previous_message": event, "channel": event["channel"], "channel_type": event["channel_type"]}
+        self._send(changed | {"ts": stamp, "event_ts": stamp}, sent["team_id"])
+
+    def delete(self, sent: Any) -> None:
+        event, stamp = sent["event"], f"{time.time():.6f}"
+        deleted = {"type": "message", "subtype": "message_deleted", "hidden": True, "deleted_ts": event["ts"]}
+        deleted |= {"previous_message": event, "channel": event["channel"], "channel_type": event["channel_type"]}
+        self._send(deleted | {"ts": stamp, "event_ts": stamp}, sent["team_id"])
+
+    def listen(self, *places: str) -> dict[str, str]:
+        return {"SLACK_LISTEN_CHANNELS": ",".join(self._channel(place) for place in places)}
 
     def redeliver(self, sent: Any) -> None:
         # Slack retries an event it thinks was not acknowledged: the same event_id.
         self.wait_until(lambda: self.slack.socket_connected, 60)
         self.slack.send_socket_event(sent, retry_attempt=1, retry_reason="timeout")
 
-    def command(self, person: str, name: str) -> None:
+    def command(self, person: str, name: str, **options: str) -> None:
         user = self.ids[person]
         payload = {
             "token": "legacy-verification-token",
-            "team_id": self.slack.team_id,
+            "team_id": self.teams[person],
             "channel_id": f"D{user}",
             "user_id": user,
             "command": f"/{name}",
-            "text": "",
+            "text": " ".join(f"{option}: {value}" for option, value in options.items()),
             "api_app_id": "A1",
             "response_url": self.slack.response_url(person),
             "trigger_id": uuid.uuid4().hex,
         }
         self.wait_until(lambda: self.slack.socket_connected, 60)
         self.slack.send_socket_event(payload, envelope_type="slash_commands")
+
+    def press(self, person: str, label: str) -> None:
+        user, team = self.ids[person], self.teams[person]
+        buttons = [
+            element
+            for call in self.slack.calls_to("response_url")
+            if call.args.get("tag") == person
+            for block in call.args.get("blocks") or []
+            if block.get("type") == "actions"
+            for element in block["elements"]
+            if element["text"]["text"] == label
+        ]
+        payload = {
+            "type": "block_actions",
+            "team": {"id": team, "domain": "test"},
+            "user": {"id": user, "username": person, "team_id": team},
+            "api_app_id": "A1",
+            "token": "legacy-verification-token",
+            "trigger_id": uuid.uuid4().hex,
+            "response_url": self.slack.response_url(person),
+            "container": {"type": "message", "channel_id": f"D{user}", "is_ephemeral": True},
+            "channel": {"id": f"D{user}", "name": "directmessage"},
+            "actions": [
+                {
+                    "type": "button",
+                    "action_id": buttons[-1]["action_id"],
+                    "block_id": "memgpt",
+                    "value": buttons[-1].get("value", ""),
+                    "action_ts": f"{time.time():.6f}",
+                }
+            ],
+        }
+        self.wait_until(lambda: self.slack.socket_connected, 60)
+        self.slack.send_socket_event(payload, envelope_type="interactive")
 
     def private_answers(self, person: str) -> list[str]:
         calls = self.slack.calls_to("response_url")
@@ -186,8 +268,14 @@ class DiscordPlatform:
         self.people = {
             "alice": discord.add_user("Alice", in_private_channel=True),
             "bob": discord.add_user("Bob"),
+            "carol": discord.add_user("Carol"),
         }
-        self.channels = {"public": discord.public_channel, "private": discord.private_channel}
+        self.channels = {
+            "public": discord.public_channel,
+            "private": discord.private_channel,
+            "other": discord.add_channel("random"),
+            "far": discord.add_channel("general", guild_id=discord.add_guild()),
+        }
 
     def env(self) -> dict[str, str]:
         return {
@@ -220,17 +308,44 @@ class DiscordPlatform:
         self._connected()
         self.discord.redeliver(sent)
 
-    def command(self, person: str, name: str) -> None:
+    def message_id(self, sent: Any) -> str:
+        return str(sent["id"])
+
+    def edit(self, sent: Any, text: str) -> None:
         self._connected()
-        self.discord.slash_command(self.people[person], name)
+        self.discord.edit(sent, text)
+
+    def delete(self, sent: Any) -> None:
+        self._connected()
+        self.discord.delete(sent)
+
+    def listen(self, *places: str) -> dict[str, str]:
+        return {"DISCORD_LISTEN_CHANNELS": ",".join(str(self.channels[place]["id"]) for place in places)}
+
+    def command(self, person: str, name: str, **options: str) -> None:
+        self._connected()
+        self.discord.slash_command(self.people[person], name, **options)
+
+    def press(self, person: str, label: str) -> None:
+        self._connected()
+        user = self.people[person]
+        [*_, message] = [
+            followup
+            for followup in self.discord.followups()
+            if any(b["label"] == label for row in followup["components"] for b in row["components"])
+        ]
+        self.discord.press(user, message, label)
 
     def private_answers(self, person: str) -> list[str]:
-        # The bot defers (thinking, ephemeral), then sends the answer as a follow-up.
+        # The bot defers (thinking, ephemeral), then sends the answer as a follow-up; a pressed
+        # question's answer replaces its text (an edit of the interaction's first answer).
         answers = []
         for callback in self.discord.interaction_callbacks:
             data = callback.get("data") or {}
             if callback.get("type") == "followup" and int(data.get("flags") or 0) & 64:
                 answers.append(str(data.get("content", "")))
+            elif callback.get("type") == "edit" and data.get("content"):
+                answers.append(str(data["content"]))
         return answers
 
     def reconnect(self) -> None:

@@ -100,6 +100,7 @@ class FakeDiscord:
         self.application_id = self.bot_user["id"]
         self.users: dict[str, JSONDict] = {self.bot_user["id"]: self.bot_user}
         self.guild_id = self.snowflake()
+        self.guild_ids = [self.guild_id]  # the first, then any added with add_guild
         self.channels: dict[str, JSONDict] = {}
         self.messages: dict[str, list[JSONDict]] = {}
         self.calls: list[DiscordCall] = []
@@ -114,6 +115,7 @@ class FakeDiscord:
         self._sessions: dict[str, _Session] = {}
         self._connections: list[_Connection] = []
         self._nonces: dict[tuple[str, str], JSONDict] = {}
+        self._interaction_channels: dict[str, str] = {}  # interaction token -> where it happened
         self._changed = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -142,7 +144,17 @@ class FakeDiscord:
             self._allow(self.private_channel, user["id"])
         return user
 
-    def _add_channel(self, name: str, *, private: bool = False) -> JSONDict:
+    def add_guild(self) -> str:
+        """Another server the bot is in (call before the bot connects), with everyone in it; its id."""
+        guild_id = self.snowflake()
+        self.guild_ids.append(guild_id)
+        return guild_id
+
+    def add_channel(self, name: str, *, guild_id: str | None = None) -> JSONDict:
+        """Another public text channel (call before the bot connects), in `guild_id` or the first server."""
+        return self._add_channel(name, guild_id=guild_id)
+
+    def _add_channel(self, name: str, *, private: bool = False, guild_id: str | None = None) -> JSONDict:
         channel_id = self.snowflake()
         overwrites = []
         if private:  # @everyone (the role whose id is the guild's) may not view it; the bot may
@@ -153,7 +165,7 @@ class FakeDiscord:
         channel = {
             "id": channel_id,
             "type": 0,
-            "guild_id": self.guild_id,
+            "guild_id": guild_id or self.guild_id,
             "name": name,
             "position": len(self.channels),
             "permission_overwrites": overwrites,
@@ -197,12 +209,13 @@ class FakeDiscord:
     def _member(self, user: JSONDict) -> JSONDict:
         return {"user": user, "roles": [], "joined_at": _now(), "deaf": False, "mute": False, "flags": 0, "nick": None}
 
-    def guild(self) -> JSONDict:
-        """The GUILD_CREATE payload (also GET /guilds/{id})."""
-        guild_channels = [c for c in self.channels.values() if c.get("guild_id") and c["type"] != 11]
-        threads = [c for c in self.channels.values() if c["type"] == 11]
+    def guild(self, guild_id: str | None = None) -> JSONDict:
+        """The GUILD_CREATE payload (also GET /guilds/{id}) of a server (the first by default)."""
+        guild_id = guild_id or self.guild_id
+        guild_channels = [c for c in self.channels.values() if c.get("guild_id") == guild_id and c["type"] != 11]
+        threads = [c for c in self.channels.values() if c.get("guild_id") == guild_id and c["type"] == 11]
         return {
-            "id": self.guild_id,
+            "id": guild_id,
             "name": "Test Server",
             "icon": None,
             "owner_id": next(iter(u["id"] for u in self.users.values() if not u.get("bot")), self.bot_user["id"]),
@@ -219,7 +232,7 @@ class FakeDiscord:
             "stickers": [],
             "roles": [
                 {
-                    "id": self.guild_id,
+                    "id": guild_id,
                     "name": "@everyone",
                     "permissions": str(EVERYONE_PERMISSIONS),
                     "position": 0,
@@ -236,7 +249,7 @@ class FakeDiscord:
             "threads": threads,
             "large": False,
             "unavailable": False,
-            "system_channel_id": self.system_channel_id,
+            "system_channel_id": self.system_channel_id if guild_id == self.guild_id else None,
             "system_channel_flags": 0,
             "joined_at": _now(),
             "voice_states": [],
@@ -280,17 +293,35 @@ class FakeDiscord:
     ) -> JSONDict:
         """`user` runs `/name` (in `channel`, else their DMs): INTERACTION_CREATE. In a server,
         `permissions` are theirs in that channel (e.g. 1 << 4, Manage Channels)."""
-        channel = channel or self.dm_channel_of(user["id"])
+        data = {
+            "id": self.snowflake(),
+            "name": name,
+            "type": 1,
+            "options": [{"name": k, "type": 3, "value": v} for k, v in options.items()],
+        }
+        return self._interact(user, 2, data, channel or self.dm_channel_of(user["id"]), permissions)
+
+    def press(self, user: JSONDict, message: JSONDict, label: str) -> JSONDict:
+        """`user` presses the button labelled `label` under `message` (a follow-up the bot sent
+        them, as `followups()` lists it): a component INTERACTION_CREATE."""
+        buttons = {b["label"]: b["custom_id"] for row in message.get("components") or [] for b in row["components"]}
+        data = {"custom_id": buttons[label], "component_type": 2}
+        return self._interact(user, 3, data, self.channels[message["channel_id"]], 0, message)
+
+    def _interact(
+        self,
+        user: JSONDict,
+        kind: int,
+        data: JSONDict,
+        channel: JSONDict,
+        permissions: int,
+        message: JSONDict | None = None,
+    ) -> JSONDict:
         interaction: JSONDict = {
             "id": self.snowflake(),
             "application_id": self.application_id,
-            "type": 2,
-            "data": {
-                "id": self.snowflake(),
-                "name": name,
-                "type": 1,
-                "options": [{"name": k, "type": 3, "value": v} for k, v in options.items()],
-            },
+            "type": kind,
+            "data": data,
             "channel_id": channel["id"],
             "channel": channel,
             "token": f"interaction-token-{uuid.uuid4().hex}",
@@ -299,16 +330,44 @@ class FakeDiscord:
             "locale": "en-US",
             "attachment_size_limit": 10 * 1024 * 1024,
             "entitlements": [],
-            "authorizing_integration_owners": {"0": self.guild_id} if channel.get("guild_id") else {"1": user["id"]},
+            "authorizing_integration_owners": {"0": channel["guild_id"]}
+            if channel.get("guild_id")
+            else {"1": user["id"]},
             "context": 0 if channel.get("guild_id") else 1,
         }
+        if message is not None:
+            interaction["message"] = message
         if channel.get("guild_id"):
-            interaction |= {"guild_id": self.guild_id, "member": self._member(user) | {"permissions": str(permissions)}}
+            member = self._member(user) | {"permissions": str(permissions)}
+            interaction |= {"guild_id": channel["guild_id"], "member": member}
             interaction["guild_locale"] = "en-US"
         else:
             interaction["user"] = user
+        self._interaction_channels[interaction["token"]] = channel["id"]
         self.dispatch("INTERACTION_CREATE", interaction)
         return interaction
+
+    def edit(self, message: JSONDict, text: str) -> JSONDict:
+        """Its author edits a message: MESSAGE_UPDATE with the whole message, as Discord sends it."""
+        edited = message | {"content": text, "edited_timestamp": _now()}
+        with self._changed:
+            stored = self.messages[message["channel_id"]]
+            stored[:] = [edited if m["id"] == message["id"] else m for m in stored]
+        self.dispatch("MESSAGE_UPDATE", edited)
+        return edited
+
+    def delete(self, message: JSONDict) -> None:
+        """A message is deleted: MESSAGE_DELETE (ids only)."""
+        with self._changed:
+            stored = self.messages[message["channel_id"]]
+            stored[:] = [m for m in stored if m["id"] != message["id"]]
+        deleted = {"id": message["id"], "channel_id": message["channel_id"]}
+        self.dispatch("MESSAGE_DELETE", deleted | ({"guild_id": message["guild_id"]} if "guild_id" in message else {}))
+
+    def followups(self) -> list[JSONDict]:
+        """Every follow-up message the bot sent to an interaction, as the stand-in answered it (with its id)."""
+        with self._changed:
+            return [dict(c["message"]) for c in self.interaction_callbacks if c.get("type") == "followup"]
 
     def _message(self, channel_id: str, author: JSONDict, text: str, *, mentions: list[JSONDict]) -> JSONDict:
         channel = self.channels[channel_id]
@@ -333,7 +392,7 @@ class FakeDiscord:
         if channel.get("guild_id"):
             member = self._member(author)
             del member["user"]
-            message |= {"guild_id": self.guild_id, "member": member}
+            message |= {"guild_id": channel["guild_id"], "member": member}
         return message
 
     def _store(self, message: JSONDict) -> None:
@@ -545,7 +604,7 @@ class FakeDiscord:
             ready = {
                 "v": 10,
                 "user": self.bot_user,
-                "guilds": [{"id": self.guild_id, "unavailable": True}] if connection.shard[0] == 0 else [],
+                "guilds": [{"id": g, "unavailable": True} for g in self.guild_ids] if connection.shard[0] == 0 else [],
                 "session_id": session.session_id,
                 "resume_gateway_url": self.gateway_url,
                 "shard": list(connection.shard),
@@ -554,7 +613,8 @@ class FakeDiscord:
             }
             await self._send_dispatch(connection, session, "READY", ready)
             if connection.shard[0] == 0:
-                await self._send_dispatch(connection, session, "GUILD_CREATE", self.guild())
+                for guild_id in self.guild_ids:
+                    await self._send_dispatch(connection, session, "GUILD_CREATE", self.guild(guild_id))
         elif op == 6:  # resume
             session = self._sessions.get(str(data.get("session_id")))
             if session is None or data.get("token") != self.token:
@@ -612,7 +672,7 @@ class FakeDiscord:
             ("GET", "/gateway/bot", self._r_gateway_bot),
             ("GET", "/users/{user}", self._r_user),
             ("POST", "/users/@me/channels", self._r_open_dm),
-            ("GET", "/guilds/{guild}", lambda call, guild: _json(self.guild())),
+            ("GET", "/guilds/{guild}", lambda call, guild: _json(self.guild(guild))),
             ("GET", "/channels/{channel}", self._r_channel),
             ("GET", "/channels/{channel}/messages", self._r_history),
             ("POST", "/channels/{channel}/messages", self._r_send),
@@ -726,14 +786,23 @@ class FakeDiscord:
 
     def _r_followup(self, call: DiscordCall, app: str, token: str) -> web.Response:
         body = call.body or {}
+        channel = self._interaction_channels.get(token, next(iter(self.channels)))
+        message = self._message(channel, self.bot_user, str(body.get("content") or ""), mentions=[])
+        message |= {"flags": int(body.get("flags") or 0), "webhook_id": app, "components": body.get("components") or []}
         with self._changed:
-            self.interaction_callbacks.append({"type": "followup", "data": body})
+            self.interaction_callbacks.append({"type": "followup", "data": body, "message": message})
             self._changed.notify_all()
-        message = self._message(next(iter(self.channels)), self.bot_user, str(body.get("content") or ""), mentions=[])
-        return _json(message | {"flags": int(body.get("flags") or 0), "webhook_id": app})
+        return _json(message)
 
     def _r_followup_edit(self, call: DiscordCall, app: str, token: str) -> web.Response:
-        return self._r_followup(call, app, token)
+        """An edit of the interaction's first answer (a pressed question's, say): recorded as "edit"."""
+        body = call.body or {}
+        channel = self._interaction_channels.get(token, next(iter(self.channels)))
+        message = self._message(channel, self.bot_user, str(body.get("content") or ""), mentions=[])
+        with self._changed:
+            self.interaction_callbacks.append({"type": "edit", "data": body, "message": message})
+            self._changed.notify_all()
+        return _json(message | {"flags": int(body.get("flags") or 0), "webhook_id": app})
 
 
 def _mention_tokens(text: str) -> list[str]:
