@@ -2,10 +2,11 @@
 are kept, embedding included, against the bare embedding rate in the same
 run, and how fast a channel's memory is searched once it is large.
 
-Keep: N lines (default 2,000) are kept one after another, as a listening bot
-keeps them (each `ChannelMemory.keep` awaited: one append, the embedding left
-to RecallMemory's background batches), and the clock stops once every line is
-embedded. "Bare" is `Embedder.encode_now` (the model alone, no store, batches
+Keep: N lines (default 2,000) are heard one after another, as a listening bot
+keeps them (each `ChannelListener.hear` awaited: the channel's mode and the
+speaker's consent from their caches, one append and the consent read after it,
+the embedding left to RecallMemory's background batches), and the clock stops
+once every line is embedded. "Bare" is `Embedder.encode_now` (the model alone, no store, batches
 of recall.BATCH) on the same lines, measured just before and just after (the
 mean of the two, so a shared machine's drifting load hits both alike). The
 ratio is the issue's yardstick (at least 0.8).
@@ -44,8 +45,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.load_throughput import WORDS, machine
+from bot.channels.listening import ChannelListener
+from bot.channels.port import ChannelRef, Heard
 from memory.channels import ChannelMemory, as_message, memory_key
 from memory.embeddings import Embedder
+from memory.places import Place
 from memory.recall import BATCH, RecallMemory
 from memory.store import Store
 from memory.types import ChannelLine
@@ -102,12 +106,18 @@ def bare_rate(embedder: Embedder, texts: list[str]) -> float:
 
 
 async def keep_rate(store: Store, embedder: Embedder, kept: list[ChannelLine]) -> tuple[float, float]:
-    """Lines per second kept and embedded, and kept only (the appends' own pace)."""
+    """Lines per second kept and embedded, and kept only (the appends' own pace), each heard
+    as an adapter hands it over (bot/channels/listening.py: the channel's mode and the
+    speaker's consent from their caches, the append, the consent read after it)."""
     recall = RecallMemory(store, embedder)
     channels = ChannelMemory(store, recall)
+    listener = ChannelListener(channels)
+    where = ChannelRef("slack", "T01", Place("public", "C01"))
     started = time.perf_counter()
     for line in kept:
-        await channels.keep(line)
+        await listener.channel_mode(where, "listen")
+        user = line.speaker.removeprefix("slack:")
+        await listener.hear(Heard(where, line.message_id, user, line.speaker_name, line.text, line.said_at))
     appended = time.perf_counter() - started
     await channels.settle(CHANNEL)
     record = await store.find_agent(memory_key(CHANNEL))

@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 # Messages embedded per embedder call: enough for a typical history in one
 # search, small enough that the search waits well under a second or two.
 BATCH = 256
+# Seconds without a new line after which a gathering background embedding takes what it has.
+QUIET = 0.1
 
 
 class RecallMemory:
@@ -127,11 +129,21 @@ class RecallMemory:
         more = False
         while True:
             if gather and not more:
-                await asyncio.sleep(gather)
+                await self._gather(agent_id, gather)
             more = (await self._embed_batch(agent_id, done))[0]
             if not more and agent_id not in self._again:
                 return
             self._again.discard(agent_id)
+
+    async def _gather(self, agent_id: str, gather: float) -> None:
+        """Wait while lines keep coming, at most `gather` seconds: until none came for QUIET
+        seconds (a stream that stopped is embedded at once, not after the whole wait)."""
+        deadline = asyncio.get_running_loop().time() + gather
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            self._again.discard(agent_id)
+            await asyncio.sleep(min(QUIET, left))
+            if agent_id not in self._again:
+                return
 
     def _finished(self, agent_id: str, task: asyncio.Task[None]) -> None:
         if self._backlog.get(agent_id) is task:
