@@ -32,6 +32,12 @@ NOISY_LIBRARIES = (
     "urllib3",
     "pymongo",
 )
+# At DEBUG the platform libraries log whole payloads: what people write, which forgetting
+# (bot/forgetting/) cannot reach in a log file. Said at every start at that level.
+DEBUG_KEEPS_WORDS = (
+    "MEMGPT_LOG_LEVEL=DEBUG: {path} keeps what people write (the chat libraries log whole payloads), "
+    "and forgetting does not reach it; use DEBUG only to diagnose, then delete the log"
+)
 # Said once at every start, about features the bot does not use (voice).
 UNUSED_FEATURE_NOTES = ("PyNaCl is not installed", "davey is not installed")
 
@@ -102,4 +108,6 @@ def configure_logging(settings: Settings, *, verbose: bool, counts_tokens: bool 
     # sentence-transformers shows progress bars whenever its logger is at INFO.
     logging.getLogger("sentence_transformers").setLevel(logging.INFO if verbose else logging.WARNING)
     logging.captureWarnings(True)
+    if file_level <= logging.DEBUG:
+        logging.getLogger(__name__).warning(DEBUG_KEEPS_WORDS.format(path=path))
     return path

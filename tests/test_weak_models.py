@@ -212,3 +212,19 @@ async def test_an_empty_answer_goes_straight_to_the_plain_text_request(
     replies = await runtime.handle(said("I'm Dana"))
     assert [r.text for r in replies] == ["Hello Dana."]
     assert [bool(request.get("tools")) for request in llm_server.requests] == [True, False]
+
+
+def test_a_debug_log_says_it_keeps_what_people_write(tmp_path: Path) -> None:
+    # Forgetting cannot reach a log file: at DEBUG, where the chat libraries log whole
+    # payloads, the operator is told so, in the log and on the console.
+    root = logging.getLogger()
+    try:
+        path = logs.configure_logging(make_settings(tmp_path, log_level="DEBUG"), verbose=False)
+        assert "forgetting does not reach it" in path.read_text()
+        path = logs.configure_logging(make_settings(tmp_path / "info"), verbose=False)
+        assert "forgetting does not reach it" not in path.read_text()
+    finally:
+        for handler in logs._handlers:
+            root.removeHandler(handler)
+            handler.close()
+        logs._handlers.clear()
