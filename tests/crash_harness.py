@@ -60,7 +60,7 @@ SECRET = "crash-harness-signing-secret"
 TEAM = "T1"
 # The channel the bot listens in, and how often a user speaks there (each line kept once across the kills).
 LISTEN_CHANNEL = "CLISTEN"
-LISTEN_EVERY = 2  # a user's every second DM is followed by a line of theirs in the listening channel
+LISTEN_EVERY = 4  # a user's every fourth DM is followed by a line of theirs in the listening channel
 HEARD = re.compile(r"heard (U\d+) (\d+)")
 
 

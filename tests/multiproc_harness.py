@@ -9,7 +9,7 @@ model: tests/crash_harness.py, tests/crash_script.py).
 
     python -m tests.multiproc_harness --seeds 10 [--processes 3 --kills 20 --users 6 --messages 12]
 
-Each user's every second DM is followed by a line of theirs in a channel the
+Each user's every fourth DM is followed by a line of theirs in a channel the
 bots listen in (SLACK_LISTEN_CHANNELS), mentioning nobody: kept, not answered.
 
 Checked at the end: every message named by exactly one post (0 lost, 0
