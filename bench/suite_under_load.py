@@ -71,6 +71,10 @@ def one_run(command: str, label: str) -> tuple[float, str, int]:
         found = _SUMMARY.findall(text)
         summary = found[-1][0] if found else text.strip().splitlines()[-1][-120:] if text.strip() else "(no output)"
         print(f"{label:>10}  {seconds / 60:5.2f} min  exit {code}  {summary}", flush=True)
+        if code:  # which tests, and why: the run's log goes with its scratch folder
+            for line in text.splitlines():
+                if line.startswith(("FAILED ", "ERROR ")) or line.startswith("E   "):
+                    print(f"{'':>12}{line[:300]}", flush=True)
         return seconds, summary, code
 
 
