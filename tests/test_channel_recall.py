@@ -254,15 +254,21 @@ def test_an_edit_keeps_credits_it_does_not_touch() -> None:
         raise AssertionError("an edit over the limit is refused")
 
 
+async def alice_said_the_code_name(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> tuple[Runtime, Channels]:
+    """A runtime (channel context off, the scripted model) whose #general kept alice's launch line."""
+    llm_server.set_handler(scripted)
+    runtime = await make_runtime(channel_context_messages=0)
+    talk = Channels(runtime, llm_server)
+    await talk.heard(ALICE, "The launch moves to May 3, code name Falcon.", GENERAL)
+    return runtime, talk
+
+
 async def test_a_forgotten_line_leaves_the_loaded_agents_that_were_shown_it(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     # Bob's search result is kept as a placeholder, but shown whole while his agent stays
     # loaded: alice's forget passes his door, so his next request is built without it.
-    llm_server.set_handler(scripted)
-    runtime = await make_runtime(channel_context_messages=0)
-    talk = Channels(runtime, llm_server)
-    await talk.heard(ALICE, "The launch moves to May 3, code name Falcon.", GENERAL)
+    runtime, talk = await alice_said_the_code_name(make_runtime, llm_server)
     assert "Falcon" in search_result(await talk.say(BOB, "CMD find Falcon", GENERAL))
     receipt = await runtime.forget_topic(f"slack:{ALICE}", "Falcon")
     assert receipt.channel_lines == 1
@@ -274,10 +280,7 @@ async def test_forgetting_in_chat_reaches_her_channel_lines(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
     # forget_memories, asked in her DM, reaches what channels kept of her, as /forget about: does.
-    llm_server.set_handler(scripted)
-    runtime = await make_runtime(channel_context_messages=0)
-    talk = Channels(runtime, llm_server)
-    await talk.heard(ALICE, "The launch moves to May 3, code name Falcon.", GENERAL)
+    runtime, talk = await alice_said_the_code_name(make_runtime, llm_server)
     await talk.heard(ALICE, "Lunch is at noon on Fridays.", GENERAL)
     await talk.say(ALICE, "I said the launch is code name Falcon")  # something to match in her own memory
     await talk.say(ALICE, "CMD forget Falcon")
