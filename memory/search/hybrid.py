@@ -69,6 +69,8 @@ STOPWORDS = frozenset(
 
 def fold(text: str) -> str:
     """Text as FTS5 unicode61 with remove_diacritics sees it: no accents, no case."""
+    if text.isascii():  # most text: nothing to decompose, and ASCII's casefold is its lower case
+        return text.lower()
     decomposed = unicodedata.normalize("NFKD", text)
     return "".join(ch for ch in decomposed if not unicodedata.combining(ch)).casefold()
 
