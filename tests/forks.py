@@ -31,6 +31,9 @@ FORKS.set_forkserver_preload(
         "cli.main",
         "cli.app",
         "bot.runtime",
+        "bot.checkins.scheduler",  # APScheduler: about 20 ms of CPU per bot start
+        "memory.sqlite.store",
+        "dotenv",
         "adapters.slack",
         "adapters.discord",
         "memory.embeddings",
