@@ -104,7 +104,7 @@ class Agent:
         # the model wrote during the current event (sent if nothing else was).
         self.calls = AgentCalls(self)
         self._best_text = ""
-        self._failed: dict[str, str] = {}  # the functions that failed on the last step, with why (_execute)
+        self._results: dict[str, tuple[bool, str]] = {}  # each function of the last step: ok, result (_execute)
 
     @property
     def store(self) -> Store:
@@ -250,7 +250,7 @@ class Agent:
                 if not await self._execute(completion, first_step=result.steps == 1):
                     break
                 loops = loops or FunctionLoops()
-                loop = loops.ran(completion, self._failed)
+                loop = loops.ran(completion, self._results)
             if loop:
                 log.warning("agent %s: a function loop (%s): the chain ends", self.id, loop)
                 result.looped = True
@@ -357,7 +357,7 @@ class Agent:
             # running it blind a second time (a fact saved twice, two reminders).
             await self.record_messages(produced)
             produced = []
-        heartbeat, self._failed = False, {}
+        heartbeat, self._results = False, {}
         for call in calls:
             try:
                 outcome = await self.services.functions.run(self, call.name, call.arguments)
@@ -374,8 +374,7 @@ class Agent:
                 log.exception("agent %s: function %s raised", self.id, call.name)
                 ok, result, asks_heartbeat = False, f"{call.name} failed: {type(error).__name__}: {error}"[:500], True
             heartbeat = heartbeat or asks_heartbeat
-            if not ok:
-                self._failed[call.name] = result
+            self._results[call.name] = ok, result
             # A function with nothing to tell (send_message) gives its status alone.
             body = {"status": "OK" if ok else "Failed"} | ({"result": result} if result else {})
             content = json.dumps(body, ensure_ascii=False)

@@ -11,7 +11,10 @@ at once; the last request then answers the person (bot/agent_calls.py: plain_ans
 - a function fails on two steps in a row with the same error, the values it quotes aside:
   the model did not act on what the first said (SmolLM2 asked for blocks "user", "Dana",
   "dana" step after step, told each time the blocks are persona, human and private),
-  so its next try is no better.
+  so its next try is no better;
+- a search finds what a search of the chain found before, its query's words aside (SmolLM2
+  searched archival storage with garbled queries up to the step cap, every search
+  showing the same few passages): the model has learned all it will.
 
 Made only once a chain goes past its first step: the usual one-step answer never comes here.
 """
@@ -25,6 +28,7 @@ from collections.abc import Mapping
 from bot.llm import Completion
 
 FAILED_STEPS_IN_A_ROW = 4
+SEARCHES = frozenset({"archival_memory_search", "conversation_search", "conversation_search_date"})
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"|\d+")
 
 
@@ -47,21 +51,31 @@ def _kind(error: str) -> str:
     return _QUOTED.sub("", error)
 
 
+def _hits(result: str) -> str:
+    """A search's result without what depends on its query: the lines under its header
+    (bot/functions/core.py: _page_text) without their scores, or a header alone
+    ("Nothing found for ...") without the query."""
+    header, _, hits = result.partition("\n")
+    return _kind(hits or header)
+
+
 class FunctionLoops:
     def __init__(self) -> None:
         self.made: set[tuple[str, str]] = set()  # the chain's calls (name, arguments)
         self.failing: dict[str, int] = {}  # a function that failed on the last step: steps in a row
         self.errors: Mapping[str, str] = {}  # what each function that failed on the last step said
+        self.found: set[str] = set()  # what the chain's searches found, their queries' words aside
 
     def repeated(self, completion: Completion) -> str:
         """What of `completion`'s calls the chain made before ("": nothing)."""
         again = self.made & _calls(completion)
         return f"{min(again)[0]} called again with the same arguments" if again else ""
 
-    def ran(self, completion: Completion, failed: Mapping[str, str]) -> str:
-        """A step ran `completion`'s calls, `failed` failing (with the error each gave): what has
-        failed on too many steps in a row, or as before ("": nothing)."""
+    def ran(self, completion: Completion, results: Mapping[str, tuple[bool, str]]) -> str:
+        """A step ran `completion`'s calls, each with its `results` (ok, what it said): what has
+        failed on too many steps in a row, or as before, or found nothing new ("": nothing)."""
         self.made |= _calls(completion)
+        failed = {name: result for name, (ok, result) in results.items() if not ok}
         self.failing = {name: self.failing.get(name, 0) + 1 for name in failed}
         kinds = {name: _kind(error) for name, error in failed.items()}
         same = sorted(name for name, kind in kinds.items() if self.errors.get(name) == kind)
@@ -69,4 +83,9 @@ class FunctionLoops:
         if same:
             return f"{same[0]} failed again with the same error"
         again = sorted(name for name, steps in self.failing.items() if steps >= FAILED_STEPS_IN_A_ROW)
-        return f"{again[0]} failed on {FAILED_STEPS_IN_A_ROW} steps in a row" if again else ""
+        if again:
+            return f"{again[0]} failed on {FAILED_STEPS_IN_A_ROW} steps in a row"
+        found = {name: _hits(result) for name, (ok, result) in results.items() if ok and name in SEARCHES}
+        stale = sorted(name for name, kind in found.items() if kind in self.found)
+        self.found |= set(found.values())
+        return f"{stale[0]} found nothing new" if stale else ""

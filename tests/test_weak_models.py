@@ -15,6 +15,7 @@ from bot.agent import NO_ANSWER
 from bot.agent_calls import PLAIN_ANSWER_REQUEST
 from bot.function_loops import FAILED_STEPS_IN_A_ROW
 from cli import logs
+from memory.types import Passage
 from tests.conftest import RuntimeFactory, make_settings
 from tests.fake_llm import CompletionReply, FakeLLMServer, reply_text, reply_tool_calls, tool_call
 from tests.helpers import said
@@ -98,6 +99,48 @@ async def test_a_function_that_keeps_failing_ends_the_chain(
     assert [r.text for r in result.replies] == ["Hello Dana."] and result.trouble is None
     assert result.looped and result.steps == FAILED_STEPS_IN_A_ROW < 8
     assert [bool(request.get("tools")) for request in llm_server.requests] == [True] * FAILED_STEPS_IN_A_ROW + [False]
+
+
+async def test_a_search_that_finds_nothing_new_ends_the_chain(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 through llama-cpp-python searched archival storage with a garbled query at every
+    # step, to the step cap: each search showed the same passages. The second search that
+    # finds what the first found ends the chain; a page of new hits does not.
+    def garbled_searches(request: dict[str, Any]) -> CompletionReply:
+        if not request.get("tools"):
+            return reply_text("Your dog is Rex.")
+        steps = sum(1 for message in request["messages"] if message["role"] == "tool")
+        arguments = {"query": f"dog {'x' * steps}", "page": 0, "request_heartbeat": True}
+        return reply_tool_calls(tool_call("archival_memory_search", arguments))
+
+    llm_server.set_handler(garbled_searches)
+    runtime = await make_runtime(max_steps_per_event=8)
+    agent = await runtime.agent("terminal:alice")
+    await agent.save_passages([Passage("Alice's dog is called Rex.")])
+    result = await runtime.handle_with_details(said("What is my dog called?"))
+    assert [r.text for r in result.replies] == ["Your dog is Rex."] and result.trouble is None
+    assert result.looped and result.steps == 2
+    assert [bool(request.get("tools")) for request in llm_server.requests] == [True, True, False]
+
+
+async def test_searches_that_page_on_keep_the_chain(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
+    # Each page shows other passages: the model learns something at every step.
+    def paging(request: dict[str, Any]) -> CompletionReply:
+        steps = sum(1 for message in request["messages"] if message["role"] == "tool")
+        if steps == 3:
+            return reply_tool_calls(tool_call("send_message", {"message": "Rex, Fido and Tom."}))
+        arguments = {"query": "dog", "page": steps, "request_heartbeat": True}
+        return reply_tool_calls(tool_call("archival_memory_search", arguments))
+
+    llm_server.set_handler(paging)
+    runtime = await make_runtime(max_steps_per_event=8, search_page_size=1)
+    agent = await runtime.agent("terminal:alice")
+    texts = ["Alice's dog is called Rex.", "Bob's dog is called Fido.", "Carol's dog is called Tom."]
+    await agent.save_passages([Passage(text) for text in texts])
+    result = await runtime.handle_with_details(said("Whose dogs do you know?"))
+    assert [r.text for r in result.replies] == ["Rex, Fido and Tom."]
+    assert not result.looped and result.steps == 4
 
 
 SILENT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": False})
