@@ -158,10 +158,20 @@ class MongoBase:
         message of `event_id` is stored. One query when this process saw the
         agent's newest before: every message from that one on (the newest of
         them is the agent's newest) and the event's; a plain read of the newest
-        only when that one is gone (forgotten) or was never seen here."""
+        only when that one is gone (forgotten) or was never seen here.
+
+        With `event_id`, the newest is always read before the event's message is
+        looked for: a message of the event that another writer stores between the
+        two reads has a higher seq, so the second read finds it too, and one stored
+        after both took the seq the caller's insert will want (a lost race). The
+        other order let two processes keep one channel line twice: the event not
+        found, then the other's message read as the newest, and ours put after it."""
         messages, fields = self._c("messages"), {"seq": 1, "batch_end": 1, "tok_total": 1, "event_id": 1}
         known = self._newest.get(agent_id)
         seen = None if known is None else known["seq"]
+        if seen is None and event_id is not None:
+            newest = await messages.find_one({"agent_id": agent_id}, fields, sort=[("seq", -1)], session=session)
+            seen = 0 if newest is None else newest["seq"]
         found: list[Doc] = []
         if seen is not None or event_id is not None:
             either = ([{"seq": {"$gte": seen}}] if seen is not None else []) + (
@@ -172,6 +182,10 @@ class MongoBase:
         if event_id is not None and any(doc.get("event_id") == event_id for doc in found):
             return None, True
         recent = [doc for doc in found if seen is not None and doc["seq"] >= seen]
+        if not recent and event_id is not None and known is not None:
+            # The newest seen here is gone (forgotten): read the newest first, as above.
+            self._newest.pop(agent_id, None)
+            return await self._newest_message(agent_id, event_id, session)
         newest = (
             max(recent, key=lambda doc: int(doc["seq"]))
             if recent
