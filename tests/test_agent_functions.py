@@ -82,14 +82,15 @@ async def test_step_cap_stops_an_endless_chain(
 ) -> None:
     llm_server.set_handler(
         lambda request: (
-            # A new query at every step: no function loop (the same call again), which ends a chain sooner.
+            # A new note at every step: no function loop (bot/function_loops.py), which ends a chain sooner.
             reply_tool_calls(
                 tool_call(
-                    "conversation_search", {"query": f"anything {len(request['messages'])}", "request_heartbeat": True}
+                    "core_memory_append",
+                    {"name": "human", "content": f"Note {len(request['messages'])}.", "request_heartbeat": True},
                 )
             )
             if request.get("tools")
-            else reply_text("I looked, and found nothing.")
+            else reply_text("I noted it all.")
         )
     )
     runtime = await make_runtime(max_steps_per_event=4)
@@ -98,7 +99,7 @@ async def test_step_cap_stops_an_endless_chain(
     assert result.hit_step_cap and result.steps == 4
     # Four steps, then one request without functions for a plain-text answer, which is sent.
     assert [bool(request.get("tools")) for request in llm_server.requests] == [True] * 4 + [False]
-    assert [r.text for r in result.replies] == ["I looked, and found nothing."]
+    assert [r.text for r in result.replies] == ["I noted it all."]
     assert any("step cap of 4 reached" in record.getMessage() for record in caplog.records)
     # The agent is not stuck: the next event runs normally.
     llm_server.set_handler(None)

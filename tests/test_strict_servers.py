@@ -279,16 +279,12 @@ async def test_a_slow_single_slot_server_gets_each_request_once(
 
 async def test_one_message_has_a_time_budget(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     llm_server.strict = Strict(seconds=0.3)
-    # Another search at every step: no function loop (the same call again), which ends a chain sooner.
+    # A new note at every step: no function loop (bot/function_loops.py), which ends a chain sooner.
     llm_server.set_handler(
         lambda request: reply_tool_calls(
             tool_call(
-                "conversation_search_date",
-                {
-                    "start_date": "2020-01-01",
-                    "end_date": f"{2030 + len(request['messages'])}-01-01",
-                    "request_heartbeat": True,
-                },
+                "core_memory_append",
+                {"name": "human", "content": f"Note {len(request['messages'])}.", "request_heartbeat": True},
             )
         )
     )
