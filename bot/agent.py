@@ -105,6 +105,7 @@ class Agent:
         self.calls = AgentCalls(self)
         self._best_text = ""
         self._results: dict[str, tuple[bool, str]] = {}  # each function of the last step: ok, result (_execute)
+        self._looped = False  # the last chain ended in a function loop or at the step cap (bot/function_loops.py)
 
     @property
     def store(self) -> Store:
@@ -249,7 +250,7 @@ class Agent:
             if not loop:
                 if not await self._execute(completion, first_step=result.steps == 1):
                     break
-                loops = loops or FunctionLoops()
+                loops = loops or FunctionLoops(after_a_loop=self._looped)
                 loop = loops.ran(completion, self._results)
             if loop:
                 log.warning("agent %s: a function loop (%s): the chain ends", self.id, loop)
@@ -264,6 +265,7 @@ class Agent:
                     event.event_id,
                 )
                 break
+        self._looped = result.looped or result.hit_step_cap
         if not self._outbox and self._awaits_answer():
             await self._answer_anyway(result)
         await self._save_replies()

@@ -14,7 +14,12 @@ at once; the last request then answers the person (bot/agent_calls.py: plain_ans
   so its next try is no better;
 - a search finds what a search of the chain found before, its query's words aside (SmolLM2
   searched archival storage with garbled queries up to the step cap, every search
-  showing the same few passages): the model has learned all it will.
+  showing the same few passages): the model has learned all it will;
+- after a chain that looped (or ran to the step cap), the agent's next chain ends at its
+  first failed step: a model that looped once mostly loops again (SmolLM2's
+  core_memory_replace failed twice a message, every message, two requests a step on
+  llama-cpp-python), and its retries cost a step each. One chain that ends by itself
+  gives the model its retries back.
 
 Made only once a chain goes past its first step: the usual one-step answer never comes here.
 """
@@ -60,7 +65,8 @@ def _hits(result: str) -> str:
 
 
 class FunctionLoops:
-    def __init__(self) -> None:
+    def __init__(self, *, after_a_loop: bool = False) -> None:
+        self.after_a_loop = after_a_loop  # the agent's last chain looped: no retry after a failure
         self.made: set[tuple[str, str]] = set()  # the chain's calls (name, arguments)
         self.failing: dict[str, int] = {}  # a function that failed on the last step: steps in a row
         self.errors: Mapping[str, str] = {}  # what each function that failed on the last step said
@@ -82,6 +88,8 @@ class FunctionLoops:
         self.errors = kinds
         if same:
             return f"{same[0]} failed again with the same error"
+        if failed and self.after_a_loop:
+            return f"{min(failed)} failed, after a chain that looped"
         again = sorted(name for name, steps in self.failing.items() if steps >= FAILED_STEPS_IN_A_ROW)
         if again:
             return f"{again[0]} failed on {FAILED_STEPS_IN_A_ROW} steps in a row"

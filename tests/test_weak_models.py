@@ -80,6 +80,30 @@ async def test_a_function_failing_again_with_the_same_error_ends_the_chain(
     assert [bool(request.get("tools")) for request in llm_server.requests] == [True, True, False]
 
 
+async def test_after_a_chain_that_looped_the_next_ends_at_its_first_failure(
+    make_runtime: RuntimeFactory, llm_server: FakeLLMServer
+) -> None:
+    # SmolLM2 on llama-cpp-python looped on every message, two requests a failed step: a model
+    # that looped once loses its retries until one of its chains ends by itself.
+    def blocks_that_are_not_there(request: dict[str, Any]) -> CompletionReply:
+        if not request.get("tools"):
+            return reply_text("Hello Dana.")
+        arguments = {"name": f"dana{len(request['messages'])}", "content": "Dana.", "request_heartbeat": True}
+        return reply_tool_calls(tool_call("core_memory_append", arguments))
+
+    runtime = await make_runtime(max_steps_per_event=8)
+    steps = []
+    for handler in [blocks_that_are_not_there, blocks_that_are_not_there, None, blocks_that_are_not_there]:
+        llm_server.set_handler(handler)
+        if handler is None:
+            llm_server.script(reply_tool_calls(tool_call("send_message", {"message": "Hi again."})))
+        result = await runtime.handle_with_details(said("I'm Dana"))
+        assert result.trouble is None and result.replies
+        steps.append((result.steps, result.looped))
+    # Two failed steps (the same error again), then one, then a chain that ends by itself, then two.
+    assert steps == [(2, True), (1, True), (1, False), (2, True)]
+
+
 async def test_a_function_that_keeps_failing_ends_the_chain(
     make_runtime: RuntimeFactory, llm_server: FakeLLMServer
 ) -> None:
