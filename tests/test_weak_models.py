@@ -23,6 +23,20 @@ from tests.helpers import said
 HEARTBEAT_CALL = tool_call("core_memory_append", {"name": "human", "content": "Likes tea.", "request_heartbeat": True})
 
 
+def steps_so_far(request: dict[str, Any]) -> int:
+    """The steps the chain took before this request: one function result each."""
+    return sum(1 for message in request["messages"] if message["role"] == "tool")
+
+
+def blocks_that_are_not_there(request: dict[str, Any]) -> CompletionReply:
+    """SmolLM2's core_memory_append on a block named after a word of the message, another at
+    every step, always failing with the same error (the name aside); "Hello Dana." in plain text."""
+    if not request.get("tools"):
+        return reply_text("Hello Dana.")
+    arguments = {"name": f"dana{len(request['messages'])}", "content": "Dana.", "request_heartbeat": True}
+    return reply_tool_calls(tool_call("core_memory_append", arguments))
+
+
 def another_fact(request: dict[str, Any]) -> CompletionReply:
     """A memory call with a heartbeat, its arguments new at every step (no function loop)."""
     fact = f"Likes tea ({len(request['messages'])})."
@@ -65,13 +79,6 @@ async def test_a_function_failing_again_with_the_same_error_ends_the_chain(
     # the message, failing, then again on another, eight steps of three requests a message.
     # The second error says what the first did (the values it quotes aside): the model did
     # not act on it, so a third try would be no better.
-    def blocks_that_are_not_there(request: dict[str, Any]) -> CompletionReply:
-        if not request.get("tools"):
-            return reply_text("Hello Dana.")
-        block = f"dana{len(request['messages'])}"
-        arguments = {"name": block, "content": "Dana.", "request_heartbeat": True}
-        return reply_tool_calls(tool_call("core_memory_append", arguments))
-
     llm_server.set_handler(blocks_that_are_not_there)
     runtime = await make_runtime(max_steps_per_event=8)
     result = await runtime.handle_with_details(said("I'm Dana"))
@@ -85,12 +92,6 @@ async def test_after_a_chain_that_looped_the_next_ends_at_its_first_failure(
 ) -> None:
     # SmolLM2 on llama-cpp-python looped on every message, two requests a failed step: a model
     # that looped once loses its retries until one of its chains ends by itself.
-    def blocks_that_are_not_there(request: dict[str, Any]) -> CompletionReply:
-        if not request.get("tools"):
-            return reply_text("Hello Dana.")
-        arguments = {"name": f"dana{len(request['messages'])}", "content": "Dana.", "request_heartbeat": True}
-        return reply_tool_calls(tool_call("core_memory_append", arguments))
-
     runtime = await make_runtime(max_steps_per_event=8)
     steps = []
     for handler in [blocks_that_are_not_there, blocks_that_are_not_there, None, blocks_that_are_not_there]:
@@ -112,7 +113,7 @@ async def test_a_function_that_keeps_failing_ends_the_chain(
     def new_mistakes(request: dict[str, Any]) -> CompletionReply:
         if not request.get("tools"):
             return reply_text("Hello Dana.")
-        steps = sum(1 for message in request["messages"] if message["role"] == "tool")
+        steps = steps_so_far(request)
         block, content = ("human", "") if steps % 2 else (f"dana{steps}", "Dana.")
         arguments = {"name": block, "content": content, "request_heartbeat": True}
         return reply_tool_calls(tool_call("core_memory_append", arguments))
@@ -134,7 +135,7 @@ async def test_a_search_that_finds_nothing_new_ends_the_chain(
     def garbled_searches(request: dict[str, Any]) -> CompletionReply:
         if not request.get("tools"):
             return reply_text("Your dog is Rex.")
-        steps = sum(1 for message in request["messages"] if message["role"] == "tool")
+        steps = steps_so_far(request)
         arguments = {"query": f"dog {'x' * steps}", "page": 0, "request_heartbeat": True}
         return reply_tool_calls(tool_call("archival_memory_search", arguments))
 
@@ -151,7 +152,7 @@ async def test_a_search_that_finds_nothing_new_ends_the_chain(
 async def test_searches_that_page_on_keep_the_chain(make_runtime: RuntimeFactory, llm_server: FakeLLMServer) -> None:
     # Each page shows other passages: the model learns something at every step.
     def paging(request: dict[str, Any]) -> CompletionReply:
-        steps = sum(1 for message in request["messages"] if message["role"] == "tool")
+        steps = steps_so_far(request)
         if steps == 3:
             return reply_tool_calls(tool_call("send_message", {"message": "Rex, Fido and Tom."}))
         arguments = {"query": "dog", "page": steps, "request_heartbeat": True}
